@@ -1,0 +1,149 @@
+# libmegatrain build. `make` builds the shared and static libraries, the CLI,
+# the tests and the benchmarks; `make test` runs the Criterion suite;
+# `make CUDA=0` builds without the CUDA backend.
+
+# Version numbers come from the public header (one source of truth).
+VMAJOR := $(shell sed -n 's/^\#define MT_VERSION_MAJOR *\([0-9]*\).*/\1/p' include/megatrain.h)
+VMINOR := $(shell sed -n 's/^\#define MT_VERSION_MINOR *\([0-9]*\).*/\1/p' include/megatrain.h)
+VPATCH := $(shell sed -n 's/^\#define MT_VERSION_PATCH *\([0-9]*\).*/\1/p' include/megatrain.h)
+VERSION := $(VMAJOR).$(VMINOR).$(VPATCH)
+
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+
+CC ?= cc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# CUDA=1 where nvcc exists, unless the caller says CUDA=0.
+ifeq ($(NVCC),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+
+OPT ?= -O2
+CFLAGS ?= $(OPT) -g
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY
+DEPFLAGS = -MMD -MP
+LDLIBS_PRIV := -lnuma -lpthread -lm
+
+# Per-file instruction sets: kernels named *_avx2.c / *_avx512.c are built for
+# that ISA and only called after a run-time CPU check.
+ISA_avx2 := -mavx2 -mfma -mf16c
+ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma
+ISA_avx512bf16 := $(ISA_avx512) -mavx512bf16
+
+SRC := $(sort $(wildcard src/*.c))
+OBJ := $(SRC:src/%.c=build/src/%.o)
+
+ifeq ($(CUDA),1)
+NVCCFLAGS ?= -O3 -g -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
+  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc -DMT_BUILDING_LIBRARY
+CU_SRC := $(sort $(wildcard cuda/*.cu))
+CU_OBJ := $(CU_SRC:cuda/%.cu=build/cuda/%.o)
+BASE_CFLAGS += -DMT_HAVE_CUDA=1
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else
+CU_OBJ :=
+CUDA_LIBS :=
+endif
+
+SONAME := libmegatrain.so.$(VMAJOR)
+SHLIB := lib/libmegatrain.so.$(VERSION)
+STLIB := lib/libmegatrain.a
+PCFILE := pkgconfig/megatrain.pc
+
+TEST_SRC := $(sort $(wildcard tests/*.c))
+TEST_BIN := build/tests/mt_tests
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=build/bench/%)
+TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
+CLI := bin/megatrain
+
+all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
+.PHONY: all test memcheck install uninstall clean check-exports
+
+# -- library ------------------------------------------------------------
+build/src/%.o: src/%.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
+
+build/cuda/%.o: cuda/%.cu Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(SHLIB): $(OBJ) $(CU_OBJ) src/megatrain.map
+	@mkdir -p lib
+	$(CC) -shared -pthread -Wl,-soname,$(SONAME) -Wl,--version-script=src/megatrain.map -Wl,--no-undefined \
+	  -o $@ $(OBJ) $(CU_OBJ) $(CUDA_LIBS) $(LDLIBS_PRIV)
+	ln -sf libmegatrain.so.$(VERSION) lib/$(SONAME)
+	ln -sf $(SONAME) lib/libmegatrain.so
+
+$(STLIB): $(OBJ) $(CU_OBJ)
+	@mkdir -p lib
+	rm -f $@
+	ar rcs $@ $^
+
+$(PCFILE): pkgconfig/megatrain.pc.in include/megatrain.h Makefile
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(CUDA_LIBS) $(LDLIBS_PRIV)|' $< > $@
+
+# -- tests, benchmarks, CLI (linked statically so tests reach internals) ---
+build/tests/%.o: tests/%.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(TEST_BIN): $(TEST_SRC:tests/%.c=build/tests/%.o) $(STLIB)
+	$(CC) -pthread -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+build/bench/%: bench/%.c $(STLIB)
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+build/tools/%.o: tools/megatrain/%.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# The CLI uses only the public API and links the shared library.
+$(CLI): $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.o) $(SHLIB)
+	@mkdir -p bin
+	$(CC) -pthread -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lm
+
+# -- running --------------------------------------------------------------
+# Criterion runs each test in its own process. JOBS=1 for GPU suites.
+JOBS ?= 2
+test: $(TEST_BIN)
+	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
+
+# valgrind follows Criterion's child processes; any leak or invalid access
+# makes the child exit 99, which Criterion reports as a failed test.
+VALGRIND := valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect,possible \
+  --errors-for-leak-kinds=definite,indirect,possible --suppressions=tests/valgrind.supp --trace-children=yes
+memcheck: $(TEST_BIN)
+	MT_MEMCHECK=1 $(VALGRIND) $(TEST_BIN) --jobs 1 $(TEST_ARGS)
+
+check-exports: $(SHLIB)
+	@bad=$$(nm -D --defined-only $(SHLIB) | awk '{print $$3}' | grep -v '^mt_' | grep -v '^MEGATRAIN_' ); \
+	if [ -n "$$bad" ]; then echo "non-API symbols exported:"; echo "$$bad"; exit 1; fi; \
+	echo "exports: $$(nm -D --defined-only $(SHLIB) | grep -c ' T mt_') mt_ functions, nothing else"
+
+install: $(SHLIB) $(STLIB) $(PCFILE)
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 644 include/megatrain.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf libmegatrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmegatrain.so
+	install -m 644 $(STLIB) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(PCFILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	if [ -f $(CLI) ]; then install -d $(DESTDIR)$(PREFIX)/bin && install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/megatrain.h $(DESTDIR)$(LIBDIR)/libmegatrain.* \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc $(DESTDIR)$(PREFIX)/bin/megatrain
+
+clean:
+	rm -rf build lib bin $(PCFILE)
+
+-include $(OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TEST_SRC:tests/%.c=build/tests/%.d)

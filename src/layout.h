@@ -1,0 +1,70 @@
+/* The model as a list of units (embedding, decoder layers, head), each a list
+ * of tensors with Hugging Face names, and the byte layout of each unit's host
+ * tile. Pure arithmetic on a validated config: shared by the plan, the tiler,
+ * the loaders and the backends. */
+#ifndef MT_LAYOUT_H
+#define MT_LAYOUT_H
+
+#include "megatrain.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MT_TENSOR_ALIGN_BYTES 256 /* every tensor starts at a multiple of this in every block */
+#define MT_BLOCK_ALIGN_BYTES 4096 /* every block starts at a multiple of this in its tile */
+/* Tensor offsets are counted in elements and rounded to this, which puts them
+ * on 256-byte boundaries in both bf16 (2 B) and fp32 (4 B) blocks. */
+#define MT_TENSOR_ALIGN_ELEMS (MT_TENSOR_ALIGN_BYTES / 2)
+
+typedef enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_LAYER = 1, MT_UNIT_HEAD = 2 } mt_unit_kind;
+
+typedef enum mt_tensor_role {
+    MT_T_EMBED, /* (V, C) token embedding */
+    MT_T_ATTN_NORM, MT_T_Q, MT_T_K, MT_T_V, MT_T_Q_BIAS, MT_T_K_BIAS, MT_T_V_BIAS, MT_T_O,
+    MT_T_MLP_NORM, MT_T_GATE, MT_T_UP, MT_T_DOWN,
+    MT_T_FINAL_NORM, MT_T_LM_HEAD,
+    MT_T_ROLE_COUNT
+} mt_tensor_role;
+
+typedef struct mt_tensor_desc {
+    mt_tensor_role role;
+    char name[96];      /* Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight" */
+    uint32_t rows, cols;/* cols == 1 for vectors; numel = rows * cols */
+    uint64_t numel;
+    uint64_t offset;    /* in elements from the start of the unit's blocks */
+    int decay;          /* matrices take weight decay; norms and biases do not */
+} mt_tensor_desc;
+
+#define MT_MAX_UNIT_TENSORS 13
+
+typedef struct mt_unit_desc {
+    mt_unit_kind kind;
+    int layer;                 /* layer index for MT_UNIT_LAYER, -1 otherwise */
+    int n_tensors;
+    mt_tensor_desc tensors[MT_MAX_UNIT_TENSORS];
+    uint64_t numel;            /* parameters in the unit */
+    uint64_t padded;           /* elements per block including alignment padding */
+    /* byte offsets of the blocks inside the tile; 0-size blocks have offset 0 */
+    uint64_t weight_off, weight_bytes; /* the streamed copy: bf16, or none in fp32 mode */
+    uint64_t grad_off, grad_bytes;     /* fp32 mode only; bf16 mode lands gradients in the weight block */
+    uint64_t master_off, m_off, v_off; /* fp32, padded*4 bytes each */
+    uint64_t tile_bytes;               /* total, a multiple of 4 KiB */
+} mt_unit_desc;
+
+typedef struct mt_layout {
+    int n_units;               /* layers + 2 */
+    mt_unit_desc *units;       /* [n_units]: 0 embedding, 1..L layers, L+1 head */
+    uint64_t num_params;
+    uint64_t tile_bytes;       /* sum over units */
+    uint64_t largest_unit_padded;
+    uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes;
+} mt_layout;
+
+/* cfg must have passed mt_config_import. Returns -1 when out of memory. */
+int mt_layout_build(mt_layout *lo, const mt_model_config *cfg);
+void mt_layout_free(mt_layout *lo);
+
+/* The number of parameters without building anything (for quick checks). */
+uint64_t mt_layout_count_params(const mt_model_config *cfg);
+
+#endif

@@ -1,0 +1,25 @@
+/* The model handle: configuration, host tiles, the thread pool and the
+ * backend state. */
+#ifndef MT_MODEL_H
+#define MT_MODEL_H
+
+#include "internal.h"
+#include "layout.h"
+#include "threadpool.h"
+#include "tiler.h"
+
+struct mt_model {
+    mt_model_config cfg;   /* validated, head_dim resolved */
+    mt_offload_policy pol; /* validated */
+    mt_backend backend;    /* CPU or CUDA, resolved */
+    mt_logger log;
+    char errmsg[MT_ERRMSG_MAX];
+    mt_layout layout;
+    mt_tiles tiles;
+    mt_pool *pool;         /* optimizer and CPU-backend threads, created once */
+    uint64_t step;         /* optimizer steps taken */
+};
+
+static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }
+
+#endif

@@ -1,0 +1,150 @@
+#include "plan.h"
+#include "cuda_host.h"
+#include "sysinfo.h"
+
+#include <stdio.h>
+#include <string.h>
+
+mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backend *out, char *why, size_t why_len)
+{
+    char reason[256] = "";
+    if (pol->backend == MT_BACKEND_CPU) {
+        snprintf(reason, sizeof reason, "the policy asks for the CPU backend");
+        *out = MT_BACKEND_CPU;
+    } else {
+        int n = mt_cuda_device_count(reason, sizeof reason);
+        if (n > 0 && pol->device >= n)
+            snprintf(reason, sizeof reason, "device %d requested, but only %d CUDA device(s) present", pol->device, n);
+        if (n > pol->device) {
+            *out = MT_BACKEND_CUDA;
+            reason[0] = '\0';
+        } else if (pol->backend == MT_BACKEND_CUDA) {
+            return mt_fail(err, MT_ERR_NO_DEVICE, "the policy asks for the CUDA backend, but %s", reason);
+        } else {
+            *out = MT_BACKEND_CPU;
+        }
+    }
+    if (why && why_len) snprintf(why, why_len, "%s", reason);
+    return MT_OK;
+}
+
+static uint64_t act_bytes(const mt_model_config *c) { return c->precision == MT_PRECISION_FP32 ? 4 : 2; }
+
+uint64_t mt_plan_checkpoint_bytes(const mt_model_config *c, uint64_t T)
+{
+    /* the input of every layer and of the head */
+    return ((uint64_t)c->num_hidden_layers + 1) * T * c->hidden_size * act_bytes(c);
+}
+
+uint64_t mt_plan_layer_work_bytes(const mt_model_config *c, uint64_t T)
+{
+    const uint64_t C = c->hidden_size, F = c->intermediate_size;
+    const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
+    /* Saved while one layer's forward is recomputed and differentiated:
+     * normed inputs (2C), q k v (q + 2kv), attention output (q), residual (C),
+     * gate, up, activation (3F); their gradients need about as much again,
+     * with one live at a time per branch (C + q + 2kv + 2F). Kept in fp32. */
+    uint64_t saved = 3 * C + 2 * q + 2 * kv + 3 * F;
+    uint64_t grads = 2 * C + q + 2 * kv + 2 * F;
+    uint64_t lse = (uint64_t)c->num_attention_heads; /* per token */
+    return T * (saved + grads + lse) * 4;
+}
+
+/* Logits are computed in chunks of this many tokens, so the head never holds
+ * a T x V tensor. */
+#define HEAD_CHUNK_TOKENS 1024
+
+mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *cfg, const mt_offload_policy *pol,
+                          const mt_batch_shape *shape, mt_backend backend, const mt_layout *lo)
+{
+    char b1[32], b2[32];
+    mt_memory_plan_init(p);
+    p->backend = backend;
+    p->num_params = lo->num_params;
+    p->num_units = (uint32_t)lo->n_units;
+    p->weight_slots = pol->weight_slots;
+    p->weight_bytes = lo->weight_bytes;
+    p->grad_bytes = lo->grad_bytes;
+    p->master_bytes = lo->master_bytes;
+    p->optim_bytes = lo->optim_bytes;
+    for (int i = 0; i < lo->n_units; i++) p->largest_unit_params = MT_MAX(p->largest_unit_params, lo->units[i].numel);
+
+    const uint64_t slot_elem = cfg->precision == MT_PRECISION_FP32 ? 4 : 2;
+    uint64_t workspace = 0, checkpoints = 0;
+    if (shape) {
+        const uint64_t T = (uint64_t)shape->micro_batch_size * shape->seq_len;
+        checkpoints = mt_plan_checkpoint_bytes(cfg, T) * shape->num_micro_batches;
+        workspace = (uint64_t)pol->weight_slots * lo->largest_unit_padded * slot_elem /* weight slots */
+                  + 2 * lo->largest_unit_padded * 4                                  /* fp32 gradient accumulators */
+                  + mt_plan_layer_work_bytes(cfg, T)
+                  + (uint64_t)MT_MIN(T, HEAD_CHUNK_TOKENS) * cfg->vocab_size * 4;    /* a logits chunk */
+    }
+    p->activation_bytes = checkpoints;
+    p->workspace_bytes = workspace;
+
+    uint64_t gpu_budget = pol->gpu_budget_bytes;
+    if (backend == MT_BACKEND_CUDA && gpu_budget == 0) {
+        size_t fr = 0, tot = 0;
+        if (mt_cuda_mem_info(pol->device, &fr, &tot) == 0) gpu_budget = fr;
+    }
+    p->gpu_budget_bytes = gpu_budget;
+    p->host_budget_bytes = pol->host_budget_bytes ? pol->host_budget_bytes : mt_sys_mem_available();
+
+    if (backend == MT_BACKEND_CPU) {
+        /* The CPU backend's "device" is host memory too. */
+        p->activations = MT_PLACE_HOST;
+        p->host_pageable_bytes = lo->tile_bytes + workspace + checkpoints;
+    } else {
+        int on_device = pol->activations == MT_PLACE_DEVICE ||
+                        (pol->activations == MT_PLACE_AUTO && workspace + checkpoints <= gpu_budget);
+        p->activations = on_device ? MT_PLACE_DEVICE : MT_PLACE_HOST;
+        const int pin = pol->pin_host != MT_PIN_NEVER;
+        p->host_pinned_bytes = (pin ? lo->tile_bytes : 0) + (on_device ? 0 : checkpoints);
+        p->host_pageable_bytes = pin ? 0 : lo->tile_bytes;
+        p->gpu_bytes = workspace + (on_device ? checkpoints : 0);
+    }
+
+    const uint64_t host = p->host_pinned_bytes + p->host_pageable_bytes;
+    if (host > p->host_budget_bytes)
+        return mt_fail(err, MT_ERR_HOST_BUDGET,
+                       "the model needs %s of host memory (%llu parameters at %.1f bytes each%s), but %s %s",
+                       mt_fmt_bytes(b1, sizeof b1, host), (unsigned long long)lo->num_params,
+                       (double)lo->tile_bytes / (double)lo->num_params, shape ? ", plus activations" : "",
+                       pol->host_budget_bytes ? "the policy's host budget is" : "the machine has available only",
+                       mt_fmt_bytes(b2, sizeof b2, p->host_budget_bytes));
+    if (backend == MT_BACKEND_CUDA && p->gpu_bytes > gpu_budget)
+        return mt_fail(err, MT_ERR_GPU_BUDGET, "the plan needs %s of GPU memory, but the %s is %s",
+                       mt_fmt_bytes(b1, sizeof b1, p->gpu_bytes),
+                       pol->gpu_budget_bytes ? "policy's GPU budget" : "device's free memory",
+                       mt_fmt_bytes(b2, sizeof b2, gpu_budget));
+    return MT_OK;
+}
+
+mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_offload_policy *pol_in,
+                  const mt_batch_shape *shape_in)
+{
+    mt_err err = mt_err_thread();
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_plan: out is NULL");
+    mt_model_config cfg;
+    mt_offload_policy pol;
+    mt_batch_shape shape;
+    mt_status st;
+    uint32_t out_size;
+    memcpy(&out_size, out, sizeof out_size);
+    if (out_size < mt_plan_min_size())
+        return mt_fail(err, MT_ERR_STRUCT_SIZE, "mt_memory_plan.struct_size is %u, but the smallest accepted is %zu: "
+                       "initialise it with mt_memory_plan_init()", out_size, mt_plan_min_size());
+    if ((st = mt_config_import(err, &cfg, cfg_in)) || (st = mt_policy_import(err, &pol, pol_in)) ||
+        (st = mt_shape_import(err, &shape, shape_in)))
+        return st;
+    mt_backend backend;
+    if ((st = mt_resolve_backend(err, &pol, &backend, NULL, 0))) return st;
+    mt_layout lo;
+    if (mt_layout_build(&lo, &cfg)) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of memory for the layout");
+    mt_memory_plan p;
+    st = mt_plan_compute(err, &p, &cfg, &pol, shape_in ? &shape : NULL, backend, &lo);
+    mt_layout_free(&lo);
+    mt_copy_out(err, out, &p, sizeof p, mt_plan_min_size(), "mt_memory_plan");
+    return st;
+}

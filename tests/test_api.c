@@ -1,0 +1,366 @@
+/* The public API's contract: status codes and messages for misuse, struct
+ * versioning, configuration validation, budgets, the learning-rate schedule. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "megatrain.h"
+
+static mt_model_config tiny_config(void)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 128;
+    return c;
+}
+
+static mt_offload_policy quiet_cpu_policy(void)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.log_level = MT_LOG_ERROR;
+    return p;
+}
+
+Test(api, version_matches_header)
+{
+    cr_assert_eq(mt_version_number(), MT_VERSION_NUMBER);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", MT_VERSION_MAJOR, MT_VERSION_MINOR, MT_VERSION_PATCH);
+    cr_assert_str_eq(mt_version_string(), want);
+}
+
+Test(api, every_status_has_a_distinct_string)
+{
+    const char *seen[MT_ERR_INTERNAL + 1];
+    for (int s = MT_OK; s <= MT_ERR_INTERNAL; s++) {
+        seen[s] = mt_status_str((mt_status)s);
+        cr_assert(seen[s] && *seen[s]);
+        cr_assert_str_neq(seen[s], "unknown status", "status %d has no string", s);
+        for (int t = 0; t < s; t++) cr_assert_str_neq(seen[s], seen[t]);
+    }
+    cr_assert_str_eq(mt_status_str((mt_status)12345), "unknown status");
+    cr_assert_eq(sizeof(mt_status), 4);
+}
+
+Test(api, create_with_null_arguments)
+{
+    mt_model_config c = tiny_config();
+    mt_model *m = (mt_model *)0x1;
+    cr_assert_eq(mt_model_create(NULL, &c, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_last_errmsg(), "out is NULL"), "message: %s", mt_last_errmsg());
+    cr_assert_eq(mt_model_create(&m, NULL, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_null(m, "a failed create sets *out to NULL");
+    cr_assert(strstr(mt_last_errmsg(), "mt_model_config is NULL"), "message: %s", mt_last_errmsg());
+    mt_model_destroy(NULL); /* a no-op */
+    cr_assert_eq(mt_model_num_params(NULL), 0);
+    cr_assert_str_eq(mt_model_errmsg(NULL), "model is NULL");
+    cr_assert_eq(mt_model_get_config(NULL, &c), MT_ERR_INVALID_ARGUMENT);
+}
+
+Test(api, create_and_destroy_a_tiny_model)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_not_null(m);
+    cr_assert_eq(mt_model_backend(m), MT_BACKEND_CPU);
+    /* V*C + L*(2C + q*C + 2*kv*C + C*q + 3*F*C) + C + V*C (untied) */
+    uint64_t C = 32, V = 64, F = 64, q = 32, kv = 16;
+    cr_assert_eq(mt_model_num_params(m), V * C + 2 * (2 * C + q * C + 2 * kv * C + C * q + 3 * F * C) + C + V * C);
+    cr_assert_str_eq(mt_model_errmsg(m), "");
+    mt_model_config got;
+    mt_model_config_init(&got);
+    cr_assert_eq(mt_model_get_config(m, &got), MT_OK);
+    cr_assert_eq(got.head_dim, 8, "head_dim resolved to hidden / heads");
+    cr_assert_eq(got.num_key_value_heads, 2);
+    got.struct_size = 4;
+    cr_assert_eq(mt_model_get_config(m, &got), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_model_errmsg(m), "struct_size is 4"), "message: %s", mt_model_errmsg(m));
+    mt_model_destroy(m);
+}
+
+/* ---- struct versioning ---------------------------------------------------- */
+
+Test(api, struct_size_from_an_older_caller_is_refused)
+{
+    mt_model_config c = tiny_config();
+    mt_model *m = NULL;
+    c.struct_size = 8; /* smaller than any released mt_model_config */
+    cr_assert_eq(mt_model_create(&m, &c, NULL), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_last_errmsg(), "mt_model_config.struct_size is 8"), "message: %s", mt_last_errmsg());
+    c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    p.struct_size = 0;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_last_errmsg(), "mt_offload_policy.struct_size is 0"), "message: %s", mt_last_errmsg());
+    cr_assert_null(m);
+}
+
+/* A newer caller's struct: ours followed by fields this version lacks. */
+typedef struct {
+    mt_model_config base;
+    uint64_t future_field;
+} newer_config;
+
+Test(api, struct_size_from_a_newer_caller)
+{
+    newer_config nc;
+    memset(&nc, 0, sizeof nc);
+    nc.base = tiny_config();
+    nc.base.struct_size = sizeof nc;
+    mt_offload_policy p = quiet_cpu_policy();
+    mt_model *m = NULL;
+    /* unknown fields left zero: accepted, they mean "default" */
+    cr_assert_eq(mt_model_create(&m, &nc.base, &p), MT_OK, "%s", mt_last_errmsg());
+    mt_model_destroy(m);
+    /* an unknown field set: this library cannot honour it */
+    nc.future_field = 1;
+    cr_assert_eq(mt_model_create(&m, &nc.base, &p), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_last_errmsg(), "is not zero"), "message: %s", mt_last_errmsg());
+    cr_assert_null(m);
+}
+
+Test(api, plan_output_struct_sizes)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    plan.struct_size = 12;
+    cr_assert_eq(mt_plan(&plan, &c, &p, NULL), MT_ERR_STRUCT_SIZE);
+    cr_assert_eq(mt_plan(NULL, &c, &p, NULL), MT_ERR_INVALID_ARGUMENT);
+    /* a newer caller's larger output struct: the fields we know are written, the rest untouched */
+    struct { mt_memory_plan base; uint64_t future; } big;
+    memset(&big, 0, sizeof big);
+    big.base.struct_size = sizeof big;
+    big.future = 77;
+    cr_assert_eq(mt_plan(&big.base, &c, &p, NULL), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_gt(big.base.num_params, 0);
+    cr_assert_eq(big.future, 77);
+    cr_assert_eq(big.base.struct_size, sizeof big, "the caller's size is kept");
+}
+
+/* ---- configuration validation ------------------------------------------------ */
+
+typedef struct {
+    const char *what;
+    void (*mutate)(mt_model_config *);
+    const char *needle;
+} bad_config;
+
+static void zero_vocab(mt_model_config *c) { c->vocab_size = 0; }
+static void zero_hidden(mt_model_config *c) { c->hidden_size = 0; }
+static void zero_layers(mt_model_config *c) { c->num_hidden_layers = 0; }
+static void zero_heads(mt_model_config *c) { c->num_attention_heads = 0; }
+static void kv_not_dividing(mt_model_config *c) { c->num_key_value_heads = 3; }
+static void hidden_not_multiple(mt_model_config *c) { c->hidden_size = 30; }
+static void odd_head_dim(mt_model_config *c) { c->head_dim = 7; }
+static void nan_eps(mt_model_config *c) { c->rms_norm_eps = NAN; }
+static void bad_theta(mt_model_config *c) { c->rope_theta = 0; }
+static void bad_arch(mt_model_config *c) { c->arch = 99; }
+static void bad_precision(mt_model_config *c) { c->precision = 5; }
+static void absurd_layers(mt_model_config *c) { c->num_hidden_layers = 1u << 30; }
+static void absurd_vocab(mt_model_config *c) { c->vocab_size = 0xffffffffu; }
+static void bad_llama3(mt_model_config *c) { c->rope_scaling = MT_ROPE_SCALING_LLAMA3; c->rope_high_freq_factor = 0.5f; }
+static void reserved_set(mt_model_config *c) { c->reserved0 = 1; }
+
+Test(api, bad_configurations_are_refused_with_a_message)
+{
+    static const bad_config cases[] = {
+        {"vocab 0", zero_vocab, "vocab_size 0"},
+        {"hidden 0", zero_hidden, "hidden_size 0"},
+        {"layers 0", zero_layers, "num_hidden_layers 0"},
+        {"heads 0", zero_heads, "num_attention_heads 0"},
+        {"kv heads", kv_not_dividing, "num_key_value_heads 3 must divide"},
+        {"hidden % heads", hidden_not_multiple, "not a multiple of num_attention_heads"},
+        {"odd head_dim", odd_head_dim, "head_dim 7"},
+        {"eps NaN", nan_eps, "rms_norm_eps"},
+        {"theta", bad_theta, "rope_theta"},
+        {"arch", bad_arch, "arch 99"},
+        {"precision", bad_precision, "precision 5"},
+        {"absurd layers", absurd_layers, "num_hidden_layers"},
+        {"absurd vocab", absurd_vocab, "vocab_size"},
+        {"llama3 factors", bad_llama3, "llama3"},
+        {"reserved", reserved_set, "reserved0"},
+    };
+    mt_offload_policy p = quiet_cpu_policy();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mt_model_config c = tiny_config();
+        cases[i].mutate(&c);
+        mt_model *m = (mt_model *)0x1;
+        cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT, "%s", cases[i].what);
+        cr_assert_null(m, "%s", cases[i].what);
+        cr_assert(strstr(mt_last_errmsg(), cases[i].needle), "%s: message '%s' lacks '%s'", cases[i].what,
+                  mt_last_errmsg(), cases[i].needle);
+        mt_memory_plan plan;
+        mt_memory_plan_init(&plan);
+        cr_assert_eq(mt_plan(&plan, &c, &p, NULL), MT_ERR_INVALID_ARGUMENT, "%s (mt_plan)", cases[i].what);
+    }
+}
+
+Test(api, bad_policies_are_refused)
+{
+    mt_model_config c = tiny_config();
+    mt_model *m = NULL;
+    mt_offload_policy p = quiet_cpu_policy();
+    p.weight_slots = 1;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_last_errmsg(), "weight_slots 1"), "message: %s", mt_last_errmsg());
+    p = quiet_cpu_policy();
+    p.backend = 9;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    p = quiet_cpu_policy();
+    p.numa_node = -7;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    p = quiet_cpu_policy();
+    p.device = -1;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_null(m);
+}
+
+/* ---- budgets -------------------------------------------------------------------- */
+
+static unsigned long vm_size_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %lu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* A refused model must not have mapped its tiles: the address space grows by
+ * far less than the tiles' size (a little slack for the allocator and, under
+ * valgrind, the tool's own bookkeeping). */
+#define NOTHING_MAPPED_SLACK_KB 1024ul
+
+Test(api, host_budget_too_small_is_refused_before_allocating)
+{
+    mt_model_config c = tiny_config();
+    c.vocab_size = 32000;
+    c.hidden_size = 1024; /* two 32000 x 1024 matrices: ~900 MiB of tiles */
+    mt_offload_policy p = quiet_cpu_policy();
+    p.host_budget_bytes = 100 << 20;
+    mt_model *m = (mt_model *)0x1;
+    unsigned long before = vm_size_kb();
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_HOST_BUDGET);
+    cr_assert_lt(vm_size_kb(), before + NOTHING_MAPPED_SLACK_KB, "nothing was mapped (VmSize %lu -> %lu kB)", before,
+                 vm_size_kb());
+    cr_assert_null(m);
+    cr_assert(strstr(mt_last_errmsg(), "host budget is 100.00 MiB"), "message: %s", mt_last_errmsg());
+    cr_assert(strstr(mt_last_errmsg(), "needs"), "message: %s", mt_last_errmsg());
+}
+
+Test(api, model_larger_than_the_machine_is_refused)
+{
+    mt_model_config c = tiny_config();
+    c.vocab_size = 128000;
+    c.hidden_size = 65536;
+    c.intermediate_size = 200000;
+    c.num_attention_heads = 512;
+    c.num_key_value_heads = 64;
+    c.num_hidden_layers = 2000; /* ~ 100 T parameters */
+    mt_offload_policy p = quiet_cpu_policy();
+    mt_model *m = NULL;
+    unsigned long before = vm_size_kb();
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_HOST_BUDGET);
+    cr_assert_lt(vm_size_kb(), before + NOTHING_MAPPED_SLACK_KB);
+    cr_assert(strstr(mt_last_errmsg(), "the machine has available only"), "message: %s", mt_last_errmsg());
+    cr_assert(strstr(mt_last_errmsg(), "PiB"), "message names the bytes: %s", mt_last_errmsg());
+}
+
+Test(api, cuda_backend_without_a_gpu)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    p.backend = MT_BACKEND_AUTO;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+    mt_backend chosen = mt_model_backend(m);
+    mt_model_destroy(m);
+    if (chosen == MT_BACKEND_CUDA) cr_skip_test("a GPU is present: nothing to refuse");
+    p.backend = MT_BACKEND_CUDA;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_NO_DEVICE);
+    cr_assert(strstr(mt_last_errmsg(), "CUDA backend"), "message: %s", mt_last_errmsg());
+}
+
+/* ---- logging ------------------------------------------------------------------ */
+
+typedef struct { int lines; int saw_backend; } log_count;
+
+static void count_log(mt_log_level level, const char *text, void *user)
+{
+    log_count *lc = user;
+    cr_assert(level >= MT_LOG_INFO);
+    lc->lines++;
+    if (strstr(text, "backend: CPU")) lc->saw_backend = 1;
+}
+
+Test(api, log_callback_says_which_backend)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    log_count lc = {0, 0};
+    p.log_callback = count_log;
+    p.log_user_data = &lc;
+    p.log_level = MT_LOG_INFO;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK);
+    cr_assert(lc.saw_backend, "the log names the backend chosen");
+    mt_model_destroy(m);
+    lc = (log_count){0, 0};
+    p.log_level = MT_LOG_WARN;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK);
+    cr_assert_eq(lc.lines, 0, "INFO lines are filtered at WARN");
+    mt_model_destroy(m);
+}
+
+/* ---- learning-rate schedule ------------------------------------------------------ */
+
+Test(api, lr_schedule_values)
+{
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-3f;
+    o.warmup_steps = 10;
+    o.total_steps = 110;
+    o.min_lr_ratio = 0.1f;
+    o.schedule = MT_LR_COSINE;
+    /* warm-up: (step + 1) / warmup * lr */
+    cr_assert_float_eq(mt_lr_at(&o, 0), 1e-4f, 1e-9f);
+    cr_assert_float_eq(mt_lr_at(&o, 4), 5e-4f, 1e-9f);
+    cr_assert_float_eq(mt_lr_at(&o, 9), 1e-3f, 1e-9f);
+    /* cosine: lr at its start, the midpoint between lr and the floor halfway, the floor at the end */
+    cr_assert_float_eq(mt_lr_at(&o, 10), 1e-3f, 1e-9f);
+    cr_assert_float_eq(mt_lr_at(&o, 60), 0.5f * (1e-3f + 1e-4f), 1e-9f);
+    cr_assert_float_eq(mt_lr_at(&o, 35), 1e-4f + 0.9e-3f * 0.5f * (1.0f + cosf(0.25f * 3.14159265f)), 1e-8f);
+    cr_assert_float_eq(mt_lr_at(&o, 110), 1e-4f, 1e-9f);
+    cr_assert_float_eq(mt_lr_at(&o, 1000000), 1e-4f, 1e-9f);
+    /* monotone after warm-up */
+    for (uint64_t s = 10; s < 110; s++) cr_assert_leq(mt_lr_at(&o, s + 1), mt_lr_at(&o, s));
+    o.schedule = MT_LR_CONSTANT;
+    cr_assert_float_eq(mt_lr_at(&o, 3), 4e-4f, 1e-9f);
+    cr_assert_eq(mt_lr_at(&o, 11), 1e-3f);
+    cr_assert_eq(mt_lr_at(&o, 99999), 1e-3f);
+    o.warmup_steps = 0;
+    cr_assert_eq(mt_lr_at(&o, 0), 1e-3f);
+    /* invalid configs give NaN */
+    o.beta1 = 1.0f;
+    cr_assert(isnan(mt_lr_at(&o, 0)));
+    cr_assert(isnan(mt_lr_at(NULL, 0)));
+    mt_optim_config_init(&o);
+    o.struct_size = 3;
+    cr_assert(isnan(mt_lr_at(&o, 0)));
+}
