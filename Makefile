@@ -63,7 +63,7 @@ TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck install uninstall clean check-exports
+.PHONY: all test memcheck check setup install uninstall clean check-exports
 
 # -- library ------------------------------------------------------------
 build/src/%.o: src/%.c Makefile
@@ -86,9 +86,10 @@ $(STLIB): $(OBJ) $(CU_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(CUDA_LIBS) $(LDLIBS_PRIV)|'
 $(PCFILE): pkgconfig/megatrain.pc.in include/megatrain.h Makefile
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
-	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(CUDA_LIBS) $(LDLIBS_PRIV)|' $< > $@
+	$(PC_SED) $< > $@
 
 # -- tests, benchmarks, CLI (linked statically so tests reach internals) ---
 build/tests/%.o: tests/%.c Makefile
@@ -124,6 +125,16 @@ VALGRIND := valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-k
 memcheck: $(TEST_BIN)
 	MT_MEMCHECK=1 $(VALGRIND) $(TEST_BIN) --jobs 1 $(TEST_ARGS)
 
+# Everything CI runs: dependencies, build, tests, exports, install.
+check: setup
+	$(MAKE) all
+	$(MAKE) test
+	$(MAKE) check-exports
+	tools/install-check.sh
+
+setup:
+	@tools/setup.sh
+
 check-exports: $(SHLIB)
 	@bad=$$(nm -D --defined-only $(SHLIB) | awk '{print $$3}' | grep -v '^mt_' | grep -v '^MEGATRAIN_' ); \
 	if [ -n "$$bad" ]; then echo "non-API symbols exported:"; echo "$$bad"; exit 1; fi; \
@@ -136,7 +147,7 @@ install: $(SHLIB) $(STLIB) $(PCFILE)
 	ln -sf libmegatrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmegatrain.so
 	install -m 644 $(STLIB) $(DESTDIR)$(LIBDIR)/
-	install -m 644 $(PCFILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(PC_SED) pkgconfig/megatrain.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc
 	if [ -f $(CLI) ]; then install -d $(DESTDIR)$(PREFIX)/bin && install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/; fi
 
 uninstall:

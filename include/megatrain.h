@@ -307,6 +307,55 @@ MT_API uint64_t mt_model_num_params(const mt_model *model);
 /* The backend in use: MT_BACKEND_CPU or MT_BACKEND_CUDA. */
 MT_API mt_backend mt_model_backend(const mt_model *model);
 
+/* ---- token data ---------------------------------------------------------------- */
+
+typedef enum mt_token_format {
+    MT_TOKENS_AUTO = 0, /* the llm.c header when the file starts with its magic, else raw uint16 */
+    MT_TOKENS_U16 = 1,  /* raw little-endian uint16 */
+    MT_TOKENS_U32 = 2,  /* raw little-endian uint32 */
+    MT_TOKENS_LLMC = 3, /* llm.c .bin: 256 int32 header (magic 20240520, version 1: uint16 or 2: uint32, count) */
+    MT_TOKENS_MAX_ENUM = 0x7FFFFFFF
+} mt_token_format;
+
+typedef enum mt_split {
+    MT_SPLIT_TRAIN = 0,
+    MT_SPLIT_HELDOUT = 1,
+    MT_SPLIT_MAX_ENUM = 0x7FFFFFFF
+} mt_split;
+
+typedef struct mt_dataset_options {
+    uint32_t struct_size;      /* sizeof(mt_dataset_options), set by mt_dataset_options_init */
+    uint32_t format;           /* mt_token_format */
+    uint32_t vocab_size;       /* token ids >= this are refused at open; 0: no check */
+    uint32_t seq_len;          /* tokens per training sequence; a window holds seq_len + 1 tokens */
+    float heldout_fraction;    /* share of the windows held out (the file's last ones), in [0, 0.5] */
+    uint32_t reserved0;        /* zero */
+    uint64_t seed;             /* the order in which training windows are drawn */
+} mt_dataset_options;
+
+/* Defaults: AUTO format, no vocabulary check, seq_len 1024, 1% held out, seed 1. */
+MT_API void mt_dataset_options_init(mt_dataset_options *opt);
+
+/* A memory-mapped token file cut into windows of seq_len + 1 tokens (stride
+ * seq_len). Training windows are visited in a seeded random order that is
+ * reshuffled every epoch; held-out windows in file order. Read-only after
+ * open: one dataset may serve several threads. */
+typedef struct mt_dataset mt_dataset;
+
+/* Opens and validates path (size, header, every token id against vocab_size).
+ * On failure *out is NULL and mt_last_errmsg() names the file and the problem. */
+MT_API mt_status mt_dataset_open(mt_dataset **out, const char *path, const mt_dataset_options *opt);
+MT_API void mt_dataset_close(mt_dataset *ds); /* NULL ok */
+MT_API uint64_t mt_dataset_num_tokens(const mt_dataset *ds);
+MT_API uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split);
+
+/* Fills n_seq sequences starting at window `position` of the split (training
+ * positions run on past the end into the next epochs; held-out ones wrap):
+ * tokens[n_seq * seq_len] and targets[n_seq * seq_len], the next token of
+ * each. The next call's position is position + n_seq. */
+MT_API mt_status mt_dataset_read(const mt_dataset *ds, mt_split split, uint64_t position, uint32_t n_seq,
+                                 int32_t *tokens, int32_t *targets);
+
 #ifdef __cplusplus
 }
 #endif

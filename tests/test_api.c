@@ -244,7 +244,7 @@ static unsigned long vm_size_kb(void)
 /* A refused model must not have mapped its tiles: the address space grows by
  * far less than the tiles' size (a little slack for the allocator and, under
  * valgrind, the tool's own bookkeeping). */
-#define NOTHING_MAPPED_SLACK_KB 1024ul
+#define NOTHING_MAPPED_SLACK_KB (16ul << 10)
 
 Test(api, host_budget_too_small_is_refused_before_allocating)
 {
