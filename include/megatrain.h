@@ -307,6 +307,70 @@ MT_API uint64_t mt_model_num_params(const mt_model *model);
 /* The backend in use: MT_BACKEND_CPU or MT_BACKEND_CUDA. */
 MT_API mt_backend mt_model_backend(const mt_model *model);
 
+/* ---- training and evaluation ----------------------------------------------------- */
+
+/* Targets equal to this are not predicted (prompt tokens, padding), as in transformers. */
+#define MT_IGNORE_INDEX (-100)
+
+/* One optimizer step's tokens: num_micro_batches micro-batches of
+ * micro_batch_size sequences of seq_len tokens, laid out in that order. */
+typedef struct mt_batch {
+    uint32_t struct_size;       /* sizeof(mt_batch), set by mt_batch_init */
+    uint32_t micro_batch_size;
+    uint32_t seq_len;
+    uint32_t num_micro_batches;
+    const int32_t *tokens;      /* [num_micro_batches * micro_batch_size * seq_len] input ids */
+    const int32_t *targets;     /* same shape: the id to predict at each position, or MT_IGNORE_INDEX */
+} mt_batch;
+
+MT_API void mt_batch_init(mt_batch *batch);
+
+typedef struct mt_step_stats {
+    uint32_t struct_size;       /* set by the caller (mt_step_stats_init) */
+    uint32_t reserved0;
+    uint64_t step;              /* optimizer steps taken, this one included */
+    double loss;                /* mean cross-entropy over the step's target tokens */
+    double grad_norm;           /* global L2 norm of the gradients, before clipping */
+    float lr;                   /* the learning rate this step used */
+    uint32_t reserved1;
+    uint64_t tokens;            /* tokens processed */
+    uint64_t target_tokens;     /* tokens whose target was not ignored */
+    double seconds;             /* wall time of the step */
+    double forward_seconds;     /* forward pass */
+    double backward_seconds;    /* loss, backward with recompute, gradient transfers */
+    double optimizer_seconds;   /* clipping and AdamW */
+} mt_step_stats;
+
+MT_API void mt_step_stats_init(mt_step_stats *stats);
+
+/* One optimizer step: forward and backward over every micro-batch, exact
+ * global-norm clipping, AdamW with the learning rate of the model's step
+ * counter under opt's schedule. stats may be NULL. On failure the model's
+ * weights, optimizer state and step counter are as before the call;
+ * MT_ERR_NONFINITE when the loss or gradient norm is not finite. */
+MT_API mt_status mt_step(mt_model *model, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats);
+
+typedef struct mt_eval_stats {
+    uint32_t struct_size;       /* set by the caller (mt_eval_stats_init) */
+    uint32_t reserved0;
+    double loss;                /* mean cross-entropy over the target tokens */
+    uint64_t tokens;
+    uint64_t target_tokens;
+    double seconds;
+} mt_eval_stats;
+
+MT_API void mt_eval_stats_init(mt_eval_stats *stats);
+
+/* The loss of the model on batch, without changing anything. */
+MT_API mt_status mt_eval(mt_model *model, const mt_batch *batch, mt_eval_stats *stats);
+
+/* Next-token logits after each of n_seq sequences of seq_len tokens:
+ * out[n_seq * vocab_size], the scores at each sequence's last position. */
+MT_API mt_status mt_model_logits(mt_model *model, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out);
+
+/* Optimizer steps the model has taken. */
+MT_API uint64_t mt_model_step_count(const mt_model *model);
+
 /* ---- token data ---------------------------------------------------------------- */
 
 typedef enum mt_token_format {

@@ -122,6 +122,7 @@ fail:
 void mt_model_destroy(mt_model *m)
 {
     if (!m) return;
+    if (m->be) m->be->ops->destroy(m->be);
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);
     mt_layout_free(&m->layout);

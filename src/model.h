@@ -7,6 +7,7 @@
 #include "layout.h"
 #include "threadpool.h"
 #include "tiler.h"
+#include "backend.h"
 
 struct mt_model {
     mt_model_config cfg;   /* validated, head_dim resolved */
@@ -18,6 +19,8 @@ struct mt_model {
     mt_tiles tiles;
     mt_pool *pool;         /* optimizer and CPU-backend threads, created once */
     uint64_t step;         /* optimizer steps taken */
+    mt_be *be;             /* created at the first step, evaluation or logits */
+    mt_be_shape be_shape;  /* what be is reserved for */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }

@@ -1,0 +1,378 @@
+/* The scheduler: one optimizer step as a fixed sequence of unit visits,
+ * layer-major over the micro-batches, with each unit's weights loaded into
+ * one of K slots K-1 visits ahead; then exact clipping and AdamW on the host.
+ *
+ *   forward   units 0 .. L        (embedding, layers), every micro-batch
+ *   head      unit L+1            loss and its gradient, every micro-batch
+ *   backward  units L .. 1, 0     recompute + backward, every micro-batch;
+ *                                 gradients accumulated, then sent to the tile
+ *
+ * So each unit's weights cross to the device twice per step (once for the
+ * embedding, whose backward needs none) and its gradients come back once,
+ * whatever the number of micro-batches. */
+#include "adamw.h"
+#include "backend.h"
+#include "bf16.h"
+#include "model.h"
+#include "plan.h"
+#include "sysinfo.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { PH_FORWARD, PH_HEAD, PH_HEAD_LOGITS, PH_BACKWARD };
+
+typedef struct visit {
+    int unit;
+    int phase;
+    int needs_weights;
+} visit;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs visits[0..n) over n_micro micro-batches with K slots. */
+static void run_visits(mt_model *m, const visit *v, int n, int n_micro, float loss_scale, float *logits_out,
+                       double *t_split, int split_at)
+{
+    mt_be *be = m->be;
+    const int K = (int)m->pol.weight_slots;
+    int loads[2 * 4096 + 8], n_loads = 0; /* visits that need weights, in order */
+    for (int i = 0; i < n; i++)
+        if (v[i].needs_weights) loads[n_loads++] = i;
+    for (int j = 0; j < K - 1 && j < n_loads; j++) be->ops->load_weights(be, j % K, v[loads[j]].unit);
+    int li = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == split_at && t_split) *t_split = now();
+        int slot = -1;
+        if (v[i].needs_weights) {
+            slot = li % K;
+            if (li + K - 1 < n_loads) be->ops->load_weights(be, (li + K - 1) % K, v[loads[li + K - 1]].unit);
+            li++;
+        }
+        const int u = v[i].unit;
+        switch (v[i].phase) {
+        case PH_FORWARD:
+            for (int mb = 0; mb < n_micro; mb++) be->ops->forward(be, slot, u, mb);
+            break;
+        case PH_HEAD:
+            if (loss_scale != 0) be->ops->begin_grads(be, u);
+            for (int mb = 0; mb < n_micro; mb++) be->ops->head(be, slot, mb, loss_scale, loss_scale != 0);
+            if (loss_scale != 0) be->ops->send_grads(be, u);
+            break;
+        case PH_HEAD_LOGITS:
+            for (int mb = 0; mb < n_micro; mb++)
+                be->ops->head_logits(be, slot, mb, logits_out + (size_t)mb * m->be_shape.n_seq * m->cfg.vocab_size);
+            break;
+        case PH_BACKWARD:
+            be->ops->begin_grads(be, u);
+            for (int mb = n_micro - 1; mb >= 0; mb--) be->ops->backward(be, slot, u, mb);
+            be->ops->send_grads(be, u);
+            break;
+        }
+        if (slot >= 0) be->ops->release_slot(be, slot);
+    }
+}
+
+/* The visit list of a step (train), an evaluation or a logits pass. */
+static int build_visits(const mt_model *m, visit *v, int phase_head, int train)
+{
+    const int L = (int)m->cfg.num_hidden_layers;
+    int n = 0;
+    for (int u = 0; u <= L; u++) v[n++] = (visit){u, PH_FORWARD, 1};
+    v[n++] = (visit){L + 1, phase_head, 1};
+    if (train) {
+        for (int u = L; u >= 1; u--) v[n++] = (visit){u, PH_BACKWARD, 1};
+        v[n++] = (visit){0, PH_BACKWARD, 0};
+    }
+    return n;
+}
+
+/* Makes the backend ready for this shape: created on first use, reserved
+ * again when the shape changes or training needs gradient buffers that an
+ * evaluation-only reservation lacks. The activations are checked against
+ * the host budget first (what the tiles leave of it). */
+static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int want_grad)
+{
+    mt_err err = mt_model_err(m);
+    if (!m->be) {
+        m->be = mt_cpu_backend_create(m);
+        if (!m->be) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the backend");
+        memset(&m->be_shape, 0, sizeof m->be_shape);
+    }
+    const mt_be_shape *have = &m->be_shape;
+    if (have->n_seq == n_seq && have->seq_len == seq_len && have->n_micro == n_micro && have->want_grad >= want_grad)
+        return MT_OK;
+    mt_batch_shape bs;
+    mt_batch_shape_init(&bs);
+    bs.micro_batch_size = (uint32_t)n_seq;
+    bs.seq_len = (uint32_t)seq_len;
+    bs.num_micro_batches = (uint32_t)n_micro;
+    mt_offload_policy pol = m->pol;
+    if (!pol.host_budget_bytes) pol.host_budget_bytes = mt_sys_mem_available() + m->layout.tile_bytes;
+    mt_memory_plan plan;
+    mt_status st = mt_plan_compute(err, &plan, &m->cfg, &pol, &bs, m->backend, &m->layout);
+    if (st) return st;
+    memset(&m->be_shape, 0, sizeof m->be_shape);
+    mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
+    if ((st = m->be->ops->reserve(m->be, &s, err))) return st;
+    m->be_shape = s;
+    return MT_OK;
+}
+
+/* Checks a batch and counts its target tokens. */
+static mt_status check_batch(mt_model *m, mt_batch *b, const mt_batch *src, int need_targets, uint64_t *n_targets)
+{
+    mt_err err = mt_model_err(m);
+    mt_batch_init(b);
+    mt_status st = mt_copy_in(err, b, sizeof *b, src, sizeof(mt_batch), "mt_batch");
+    if (st) return st;
+    if (!b->micro_batch_size || !b->seq_len || !b->num_micro_batches)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch needs micro_batch_size, seq_len and num_micro_batches > 0");
+    if (b->seq_len > m->cfg.max_position_embeddings)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "seq_len %u exceeds the model's max_position_embeddings %u",
+                       b->seq_len, m->cfg.max_position_embeddings);
+    if ((uint64_t)b->micro_batch_size * b->seq_len > (1u << 24) || b->num_micro_batches > 4096)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch of %u x %u x %u tokens is too large", b->num_micro_batches,
+                       b->micro_batch_size, b->seq_len);
+    if (!b->tokens) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.tokens is NULL");
+    if (need_targets && !b->targets) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.targets is NULL");
+    const size_t n = (size_t)b->num_micro_batches * b->micro_batch_size * b->seq_len;
+    const int32_t V = (int32_t)m->cfg.vocab_size;
+    uint64_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= V)
+            return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "token id %d at position %zu is outside the vocabulary [0, %d)",
+                           b->tokens[i], i, V);
+        if (b->targets) {
+            int32_t t = b->targets[i];
+            if (t == MT_IGNORE_INDEX) continue;
+            if (t < 0 || t >= V)
+                return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                               "target id %d at position %zu is outside the vocabulary [0, %d) and not %d", t, i, V,
+                               MT_IGNORE_INDEX);
+            count++;
+        }
+    }
+    if (need_targets && count == 0)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "every target of the batch is MT_IGNORE_INDEX: nothing to learn");
+    *n_targets = count;
+    return MT_OK;
+}
+
+static void stage_tokens(mt_model *m, const mt_batch *b)
+{
+    const size_t per = (size_t)b->micro_batch_size * b->seq_len;
+    for (uint32_t mb = 0; mb < b->num_micro_batches; mb++)
+        m->be->ops->set_tokens(m->be, (int)mb, b->tokens + mb * per, b->targets ? b->targets + mb * per : NULL);
+}
+
+/* ---- the optimizer ---------------------------------------------------------- */
+
+static void optimizer_step(mt_model *m, const mt_optim_config *o, float lr, float grad_scale)
+{
+    const double t = (double)(m->step + 1);
+    mt_adamw_hyper h = {lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                        (float)(1.0 - pow((double)o->beta1, t)), (float)(1.0 - pow((double)o->beta2, t)), grad_scale};
+    mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        const mt_tile *tl = &m->tiles.tile[ui];
+        mt_adamw_segment seg[MT_MAX_UNIT_TENSORS];
+        uint16_t *w = mt_tile_weights_bf16(tl, u);
+        float *g32 = mt_tile_grad_f32(tl, u);
+        for (int i = 0; i < u->n_tensors; i++) {
+            const mt_tensor_desc *td = &u->tensors[i];
+            seg[i] = (mt_adamw_segment){
+                .master = mt_tile_master(tl, u) + td->offset,
+                .m = mt_tile_m(tl, u) + td->offset,
+                .v = mt_tile_v(tl, u) + td->offset,
+                .grad = w ? (const void *)(w + td->offset) : (const void *)(g32 + td->offset),
+                .grad_is_bf16 = w != NULL,
+                .w_bf16 = w ? w + td->offset : NULL,
+                .n = td->numel,
+                .weight_decay = td->decay ? o->weight_decay : 0.0f,
+            };
+        }
+        mt_adamw_apply(m->pool, k, &h, seg, (size_t)u->n_tensors);
+    }
+}
+
+/* After a failed step in bf16 mode the weight blocks hold gradients: put
+ * the weights back from the master copy. */
+typedef struct restore_job { const float *master; uint16_t *w; size_t n; } restore_job;
+
+static void restore_task(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const restore_job *j = ctx;
+    size_t lo = task * 65536, hi = MT_MIN(lo + 65536, j->n);
+    for (size_t i = lo; i < hi; i++) j->w[i] = mt_f32_to_bf16(j->master[i]);
+}
+
+static void restore_weights(mt_model *m)
+{
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        const mt_tile *tl = &m->tiles.tile[ui];
+        restore_job j = {mt_tile_master(tl, u), mt_tile_weights_bf16(tl, u), u->padded};
+        if (j.w) mt_pool_run(m->pool, (j.n + 65535) / 65536, restore_task, &j);
+    }
+}
+
+/* ---- public entry points ------------------------------------------------------- */
+
+/* Forward and backward of a checked batch: leaves the gradients in the tiles
+ * and returns the mean loss and the global gradient norm. */
+mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
+                          double *t_head);
+mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
+                          double *t_head)
+{
+    mt_err err = mt_model_err(m);
+    mt_status st;
+    if ((st = prepare(m, (int)b->micro_batch_size, (int)b->seq_len, (int)b->num_micro_batches, 1))) return st;
+    stage_tokens(m, b);
+    visit v[2 * 4096 + 8];
+    const int n = build_visits(m, v, PH_HEAD, 1);
+    run_visits(m, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL, t_head,
+               (int)m->cfg.num_hidden_layers + 1);
+    double loss_sum, sumsq;
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    *loss = loss_sum / (double)n_targets;
+    *norm = sqrt(sumsq);
+    return MT_OK;
+}
+
+mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    const double t0 = now();
+    mt_batch b;
+    mt_optim_config o;
+    uint64_t n_targets = 0;
+    mt_status st;
+    if ((st = check_batch(m, &b, batch_in, 1, &n_targets)) || (st = mt_optim_import(err, &o, opt_in))) return st;
+    if (stats) {
+        mt_step_stats probe;
+        mt_step_stats_init(&probe);
+        if ((st = mt_copy_out(err, stats, &probe, sizeof probe, sizeof probe, "mt_step_stats"))) return st;
+    }
+    double loss, norm, t_head = t0;
+    if ((st = mt_engine_grads(m, &b, n_targets, &loss, &norm, &t_head))) {
+        restore_weights(m);
+        return st;
+    }
+    const double t_bwd = now();
+    if (!isfinite(loss) || !isfinite(norm)) {
+        restore_weights(m);
+        return mt_fail(err, MT_ERR_NONFINITE, "step %llu: loss %g, gradient norm %g: weights left unchanged",
+                       (unsigned long long)m->step + 1, loss, norm);
+    }
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
+    float scale = 1.0f;
+    if (o.grad_clip > 0 && norm > o.grad_clip) scale = (float)((double)o.grad_clip / (norm + 1e-6));
+    const float lr = mt_lr_at(&o, m->step);
+    optimizer_step(m, &o, lr, scale);
+    m->step++;
+    const double t_end = now();
+    if (stats) {
+        mt_step_stats s;
+        mt_step_stats_init(&s);
+        s.step = m->step;
+        s.loss = loss;
+        s.grad_norm = norm;
+        s.lr = lr;
+        s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
+        s.target_tokens = n_targets;
+        s.seconds = t_end - t0;
+        s.forward_seconds = t_head - t0;
+        s.backward_seconds = t_bwd - t_head;
+        s.optimizer_seconds = t_end - t_bwd;
+        mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_step_stats");
+    }
+    return MT_OK;
+}
+
+mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    const double t0 = now();
+    mt_batch b;
+    uint64_t n_targets = 0;
+    mt_status st;
+    if ((st = check_batch(m, &b, batch_in, 1, &n_targets))) return st;
+    if (!stats) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_eval: stats is NULL");
+    mt_eval_stats s;
+    mt_eval_stats_init(&s);
+    if ((st = mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_eval_stats"))) return st;
+    if ((st = prepare(m, (int)b.micro_batch_size, (int)b.seq_len, (int)b.num_micro_batches, 0))) return st;
+    stage_tokens(m, &b);
+    visit v[4096 + 8];
+    int n = build_visits(m, v, PH_HEAD, 0);
+    run_visits(m, v, n, (int)b.num_micro_batches, 0.0f, NULL, NULL, -1);
+    double loss_sum, sumsq;
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    s.loss = loss_sum / (double)n_targets;
+    s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
+    s.target_tokens = n_targets;
+    s.seconds = now() - t0;
+    return mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_eval_stats");
+}
+
+mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_logits: out is NULL");
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = n_seq;
+    b.seq_len = seq_len;
+    b.num_micro_batches = 1;
+    b.tokens = tokens;
+    uint64_t n_targets;
+    mt_status st;
+    if ((st = check_batch(m, &b, &b, 0, &n_targets))) return st;
+    if ((st = prepare(m, (int)n_seq, (int)seq_len, 1, 0))) return st;
+    stage_tokens(m, &b);
+    visit v[4096 + 8];
+    int n = build_visits(m, v, PH_HEAD_LOGITS, 0);
+    run_visits(m, v, n, 1, 0.0f, out, NULL, -1);
+    double loss_sum, sumsq;
+    return m->be->ops->sync(m->be, &loss_sum, &sumsq, err);
+}
+
+uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }
+
+void mt_batch_init(mt_batch *b)
+{
+    if (!b) return;
+    memset(b, 0, sizeof *b);
+    b->struct_size = sizeof *b;
+}
+
+void mt_step_stats_init(mt_step_stats *s)
+{
+    if (!s) return;
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
+void mt_eval_stats_init(mt_eval_stats *s)
+{
+    if (!s) return;
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
