@@ -1,0 +1,428 @@
+/* Token data: a memory-mapped file of token ids (raw uint16, raw uint32 or
+ * llm.c .bin), validated once at open, cut into windows of seq_len + 1
+ * tokens with stride seq_len, split into training and held-out windows, and
+ * read in a seeded order that is a fresh permutation every epoch.
+ *
+ * The permutation is computed, not stored: a keyed Feistel network over the
+ * next power of two above the number of training windows, restricted to
+ * [0, n_train) by cycle-walking. Reads are O(seq_len) with no table, and a
+ * dataset is immutable after open, so any number of threads may read it. */
+#define _DEFAULT_SOURCE
+#include "internal.h"
+#include "rng.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DATASET_SIZE_V0_1 sizeof(mt_dataset_options)
+
+#define LLMC_MAGIC 20240520
+#define LLMC_HEADER_BYTES 1024u /* 256 int32 */
+
+/* The stream of mt_rng_u64 that keys the shuffle of epoch e is SHUFFLE_STREAM + e. */
+#define SHUFFLE_STREAM 0x5348554646ull /* "SHUFF" */
+#define FEISTEL_ROUNDS 6
+
+/* Token ids are handed out as int32. */
+#define MAX_TOKEN_ID 0x7FFFFFFFu
+
+struct mt_dataset {
+    const unsigned char *map; /* the whole file, read-only */
+    size_t map_size;
+    const unsigned char *tok; /* the first token */
+    uint32_t tok_bytes;       /* 2 or 4 */
+    uint32_t seq_len;
+    uint64_t n_tokens;
+    uint64_t n_windows;
+    uint64_t n_train; /* windows [0, n_train) */
+    uint64_t n_heldout; /* windows [n_train, n_windows) */
+    uint64_t seed;
+};
+
+/* ---- options ------------------------------------------------------------ */
+
+void mt_dataset_options_init(mt_dataset_options *o)
+{
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->format = MT_TOKENS_AUTO;
+    o->vocab_size = 0;
+    o->seq_len = 1024;
+    o->heldout_fraction = 0.01f;
+    o->seed = 1;
+}
+
+static mt_status dataset_import(mt_err err, mt_dataset_options *o, const mt_dataset_options *src)
+{
+    mt_dataset_options_init(o);
+    mt_status st = mt_copy_in(err, o, sizeof *o, src, DATASET_SIZE_V0_1, "mt_dataset_options");
+    if (st) return st;
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+    if (o->format > MT_TOKENS_LLMC)
+        return BAD("mt_dataset_options.format %u is not an mt_token_format value", o->format);
+    if (o->seq_len == 0) return BAD("mt_dataset_options.seq_len is 0: a sequence needs at least one token");
+    if (!(o->heldout_fraction >= 0.0f && o->heldout_fraction <= 0.5f))
+        return BAD("mt_dataset_options.heldout_fraction %g is outside [0, 0.5]", (double)o->heldout_fraction);
+    if (o->reserved0) return BAD("mt_dataset_options.reserved0 must be zero");
+#undef BAD
+    return MT_OK;
+}
+
+/* ---- little-endian loads -------------------------------------------------- */
+
+/* The mapping is page-aligned and tokens start at byte 0 or 1024, so every
+ * token is naturally aligned; mapped memory has no declared type. */
+static inline uint32_t le16(uint16_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap16(v);
+#endif
+    return v;
+}
+
+static inline uint32_t le32(uint32_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static uint32_t header_word(const unsigned char *p, int i)
+{
+    uint32_t v;
+    memcpy(&v, p + 4 * i, sizeof v);
+    return le32(v);
+}
+
+static const char *format_name(uint32_t format, uint32_t tok_bytes)
+{
+    if (format == MT_TOKENS_LLMC) return tok_bytes == 2 ? "llm.c version 1, uint16" : "llm.c version 2, uint32";
+    return tok_bytes == 2 ? "raw uint16" : "raw uint32";
+}
+
+/* ---- validation scan -------------------------------------------------------- */
+
+/* The first index of a token >= limit, or n when there is none. Scans in
+ * chunks with a branch-free maximum (which vectorises) and only looks for
+ * the position inside a chunk that has an offender. */
+#define SCAN_CHUNK 65536u
+
+static uint64_t scan_u16(const uint16_t *t, uint64_t n, uint32_t limit, uint32_t *value)
+{
+    for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
+        uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
+        uint32_t mx = 0;
+        for (uint64_t i = 0; i < len; i++) {
+            uint32_t v = le16(t[base + i]);
+            mx = v > mx ? v : mx;
+        }
+        if (mx < limit) continue;
+        for (uint64_t i = 0; i < len; i++)
+            if (le16(t[base + i]) >= limit) {
+                *value = le16(t[base + i]);
+                return base + i;
+            }
+    }
+    return n;
+}
+
+static uint64_t scan_u32(const uint32_t *t, uint64_t n, uint64_t limit, uint32_t *value)
+{
+    for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
+        uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
+        uint32_t mx = 0;
+        for (uint64_t i = 0; i < len; i++) {
+            uint32_t v = le32(t[base + i]);
+            mx = v > mx ? v : mx;
+        }
+        if (mx < limit) continue;
+        for (uint64_t i = 0; i < len; i++)
+            if (le32(t[base + i]) >= limit) {
+                *value = le32(t[base + i]);
+                return base + i;
+            }
+    }
+    return n;
+}
+
+/* ---- open / close --------------------------------------------------------- */
+
+/* Works out where the tokens are and how many there are; the mapping covers
+ * the whole file. */
+static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint32_t *format)
+{
+    const unsigned char *p = ds->map;
+    const uint64_t size = ds->map_size;
+    if (*format == MT_TOKENS_AUTO)
+        *format = size >= LLMC_HEADER_BYTES && header_word(p, 0) == LLMC_MAGIC ? MT_TOKENS_LLMC : MT_TOKENS_U16;
+
+    if (*format == MT_TOKENS_U16 || *format == MT_TOKENS_U32) {
+        ds->tok_bytes = *format == MT_TOKENS_U16 ? 2 : 4;
+        if (size % ds->tok_bytes)
+            return mt_fail(err, MT_ERR_FORMAT,
+                           "token file '%s' is %llu bytes, not a multiple of %u-byte tokens (%s)", path,
+                           (unsigned long long)size, ds->tok_bytes, format_name(*format, ds->tok_bytes));
+        ds->tok = p;
+        ds->n_tokens = size / ds->tok_bytes;
+        return MT_OK;
+    }
+
+    /* llm.c */
+    if (size < LLMC_HEADER_BYTES)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' is %llu bytes, too small for the %u-byte llm.c header", path,
+                       (unsigned long long)size, LLMC_HEADER_BYTES);
+    uint32_t magic = header_word(p, 0), version = header_word(p, 1), count = header_word(p, 2);
+    if (magic != LLMC_MAGIC)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' is not an llm.c .bin file: bad magic %u (expected %u) in its header",
+                       path, magic, LLMC_MAGIC);
+    if (version != 1 && version != 2)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' has llm.c header version %u; this library reads version 1 (uint16 "
+                       "tokens) and 2 (uint32 tokens)",
+                       path, version);
+    ds->tok_bytes = version == 1 ? 2 : 4;
+    const uint64_t payload = size - LLMC_HEADER_BYTES;
+    const uint64_t want = (uint64_t)count * ds->tok_bytes;
+    if (payload != want)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' is %s: its llm.c header announces %u %u-byte tokens (%llu bytes after the "
+                       "%u-byte header) but the file holds %llu bytes after it",
+                       path, payload < want ? "truncated" : "longer than its header says", count, ds->tok_bytes,
+                       (unsigned long long)want, LLMC_HEADER_BYTES, (unsigned long long)payload);
+    ds->tok = p + LLMC_HEADER_BYTES;
+    ds->n_tokens = count;
+    return MT_OK;
+}
+
+/* Every token id against vocab_size (and against the int32 range). */
+static mt_status check_tokens(mt_err err, const mt_dataset *ds, const char *path, uint32_t vocab_size)
+{
+    const uint64_t limit = vocab_size && vocab_size <= MAX_TOKEN_ID ? vocab_size : (uint64_t)MAX_TOKEN_ID + 1;
+    if (ds->tok_bytes == 2 && limit > 0xFFFF) return MT_OK; /* nothing to check */
+    madvise((void *)ds->map, ds->map_size, MADV_SEQUENTIAL);
+    uint32_t value = 0;
+    uint64_t at = ds->tok_bytes == 2 ? scan_u16((const uint16_t *)(const void *)ds->tok, ds->n_tokens,
+                                                (uint32_t)limit, &value)
+                                     : scan_u32((const uint32_t *)(const void *)ds->tok, ds->n_tokens, limit, &value);
+    if (at == ds->n_tokens) return MT_OK;
+    if (vocab_size && value >= vocab_size)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' has token id %u at position %llu (counting tokens from 0), which is >= "
+                       "vocab_size %u",
+                       path, value, (unsigned long long)at, vocab_size);
+    return mt_fail(err, MT_ERR_FORMAT,
+                   "token file '%s' has token id %u at position %llu (counting tokens from 0), which does not fit "
+                   "an int32 token id",
+                   path, value, (unsigned long long)at);
+}
+
+/* Windows and the split. */
+static mt_status cut_windows(mt_err err, mt_dataset *ds, const char *path, const mt_dataset_options *o)
+{
+    if (ds->n_tokens < (uint64_t)o->seq_len + 1)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' holds %llu tokens, too short for one window of seq_len + 1 = %llu tokens",
+                       path, (unsigned long long)ds->n_tokens, (unsigned long long)o->seq_len + 1);
+    ds->seq_len = o->seq_len;
+    ds->n_windows = (ds->n_tokens - 1) / o->seq_len;
+    uint64_t held = (uint64_t)((double)o->heldout_fraction * (double)ds->n_windows + 0.5);
+    if (held == 0 && o->heldout_fraction > 0.0f && ds->n_windows >= 2) held = 1;
+    if (held >= ds->n_windows)
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' holds %llu window(s) of %u + 1 tokens; holding out %llu of them "
+                       "(heldout_fraction %g) leaves no training window",
+                       path, (unsigned long long)ds->n_windows, o->seq_len, (unsigned long long)held,
+                       (double)o->heldout_fraction);
+    ds->n_heldout = held;
+    ds->n_train = ds->n_windows - held;
+    ds->seed = o->seed;
+    return MT_OK;
+}
+
+mt_status mt_dataset_open(mt_dataset **out, const char *path, const mt_dataset_options *opt)
+{
+    mt_err err = mt_err_thread();
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_dataset_open: out is NULL");
+    *out = NULL;
+    if (!path) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_dataset_open: path is NULL");
+    mt_dataset_options o;
+    mt_status st = dataset_import(err, &o, opt);
+    if (st) return st;
+
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mt_fail(err, MT_ERR_IO, "cannot open token file '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return mt_fail(err, MT_ERR_IO, "cannot stat token file '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return mt_fail(err, MT_ERR_IO, "token file '%s' is not a regular file", path);
+    }
+    if (sb.st_size == 0) {
+        close(fd);
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' is empty (0 bytes)", path);
+    }
+    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return mt_fail(err, MT_ERR_IO, "token file '%s' is too large to map in this address space", path);
+    }
+
+    mt_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) {
+        close(fd);
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the dataset handle");
+    }
+    ds->map_size = (size_t)sb.st_size;
+    void *map = mmap(NULL, ds->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    close(fd); /* the mapping keeps the file */
+    if (map == MAP_FAILED) {
+        free(ds);
+        return mt_fail(err, MT_ERR_IO, "cannot map token file '%s' (%llu bytes): %s", path,
+                       (unsigned long long)sb.st_size, strerror(map_errno));
+    }
+    ds->map = map;
+
+    uint32_t format = o.format;
+    if ((st = parse_layout(err, ds, path, &format)) || (st = check_tokens(err, ds, path, o.vocab_size)) ||
+        (st = cut_windows(err, ds, path, &o))) {
+        mt_dataset_close(ds);
+        return st;
+    }
+    madvise((void *)ds->map, ds->map_size, MADV_RANDOM);
+    *out = ds;
+    return MT_OK;
+}
+
+void mt_dataset_close(mt_dataset *ds)
+{
+    if (!ds) return;
+    if (ds->map) munmap((void *)ds->map, ds->map_size);
+    free(ds);
+}
+
+uint64_t mt_dataset_num_tokens(const mt_dataset *ds) { return ds ? ds->n_tokens : 0; }
+
+uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split)
+{
+    if (!ds) return 0;
+    switch (split) {
+    case MT_SPLIT_TRAIN: return ds->n_train;
+    case MT_SPLIT_HELDOUT: return ds->n_heldout;
+    default: return 0;
+    }
+}
+
+/* ---- the shuffle ------------------------------------------------------------ */
+
+/* A bijection of [0, 2^bits) keyed by (seed, epoch): each round XORs a key
+ * into the whole word, then a Feistel step sends (hi, lo) to
+ * (lo ^ F(hi), hi), with hi the top bits - bits/2 and lo the low bits/2 bits.
+ * Both steps are invertible whatever the widths, so the composition is a
+ * permutation; the XOR also makes the 1- and 2-bit domains shuffle. */
+typedef struct feistel {
+    uint32_t bits;
+    uint64_t key[FEISTEL_ROUNDS][2];
+} feistel;
+
+static void feistel_init(feistel *f, uint64_t seed, uint64_t epoch, uint64_t n)
+{
+    uint32_t bits = 0;
+    while (bits < 64 && (UINT64_C(1) << bits) < n) bits++;
+    f->bits = bits;
+    for (int r = 0; r < FEISTEL_ROUNDS; r++) {
+        f->key[r][0] = mt_rng_u64(seed, SHUFFLE_STREAM + epoch, 2 * (uint64_t)r);
+        f->key[r][1] = mt_rng_u64(seed, SHUFFLE_STREAM + epoch, 2 * (uint64_t)r + 1);
+    }
+}
+
+static uint64_t feistel_apply(const feistel *f, uint64_t x)
+{
+    const uint32_t b = f->bits, lo_bits = b / 2, hi_bits = b - lo_bits;
+    const uint64_t mask = b >= 64 ? ~UINT64_C(0) : (UINT64_C(1) << b) - 1;
+    const uint64_t lo_mask = (UINT64_C(1) << lo_bits) - 1;
+    for (int r = 0; r < FEISTEL_ROUNDS; r++) {
+        x = (x ^ f->key[r][0]) & mask;
+        const uint64_t hi = x >> lo_bits, lo = x & lo_mask;
+        const uint64_t mixed = (lo ^ mt_mix64(hi + f->key[r][1])) & lo_mask;
+        x = (mixed << hi_bits) | hi;
+    }
+    return x;
+}
+
+/* perm_epoch(k) for k < n: cycle-walking keeps the bijection inside [0, n).
+ * The domain is less than 2n, so the expected number of steps is below 2. */
+static uint64_t shuffle(const feistel *f, uint64_t k, uint64_t n)
+{
+    uint64_t x = k;
+    do x = feistel_apply(f, x);
+    while (x >= n);
+    return x;
+}
+
+/* ---- reads ------------------------------------------------------------------ */
+
+static void copy_window(const mt_dataset *ds, uint64_t w, int32_t *tokens, int32_t *targets)
+{
+    const uint32_t L = ds->seq_len;
+    const uint64_t first = w * L;
+    if (ds->tok_bytes == 2) {
+        const uint16_t *t = (const uint16_t *)(const void *)ds->tok + first;
+        for (uint32_t j = 0; j < L; j++) {
+            tokens[j] = (int32_t)le16(t[j]);
+            targets[j] = (int32_t)le16(t[j + 1]);
+        }
+    } else {
+        const uint32_t *t = (const uint32_t *)(const void *)ds->tok + first;
+        for (uint32_t j = 0; j < L; j++) {
+            tokens[j] = (int32_t)le32(t[j]);
+            targets[j] = (int32_t)le32(t[j + 1]);
+        }
+    }
+}
+
+mt_status mt_dataset_read(const mt_dataset *ds, mt_split split, uint64_t position, uint32_t n_seq,
+                          int32_t *tokens, int32_t *targets)
+{
+    mt_err err = mt_err_thread();
+    if (!ds) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_dataset_read: dataset is NULL");
+    if (!tokens || !targets)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_dataset_read: %s is NULL", !tokens ? "tokens" : "targets");
+    if (split != MT_SPLIT_TRAIN && split != MT_SPLIT_HELDOUT)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_dataset_read: split %u is not an mt_split value",
+                       (unsigned)split);
+    const uint64_t n = split == MT_SPLIT_TRAIN ? ds->n_train : ds->n_heldout;
+    if (n == 0)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                       "mt_dataset_read: the %s split has no windows (heldout_fraction 0 or too few windows)",
+                       split == MT_SPLIT_TRAIN ? "train" : "held-out");
+
+    const size_t L = ds->seq_len;
+    if (split == MT_SPLIT_HELDOUT) {
+        for (uint32_t i = 0; i < n_seq; i++)
+            copy_window(ds, ds->n_train + (position + i) % n, tokens + i * L, targets + i * L);
+        return MT_OK;
+    }
+    feistel f;
+    uint64_t epoch = position / n;
+    feistel_init(&f, ds->seed, epoch, n);
+    for (uint32_t i = 0; i < n_seq; i++) {
+        const uint64_t p = position + i;
+        if (p / n != epoch) feistel_init(&f, ds->seed, epoch = p / n, n);
+        copy_window(ds, shuffle(&f, p % n, n), tokens + i * L, targets + i * L);
+    }
+    return MT_OK;
+}

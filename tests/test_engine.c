@@ -1,0 +1,398 @@
+/* The training engine on the CPU backend: whole-model gradients against
+ * finite differences, micro-batching, slot counts, determinism, the loss
+ * mask, and bad input. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
+                          double *t_head);
+
+enum { V = 37 };
+
+static mt_model_config cfg_of(int gqa, int bias, int tied, int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = bias ? MT_ARCH_QWEN2 : MT_ARCH_LLAMA;
+    c.vocab_size = V;
+    c.hidden_size = 24;
+    c.intermediate_size = 40;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = gqa ? 2 : 4;
+    c.attention_bias = (uint32_t)bias;
+    c.tie_word_embeddings = (uint32_t)tied;
+    c.precision = (uint32_t)precision;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.2f; /* large enough that every path carries gradient */
+    c.seed = 7;
+    return c;
+}
+
+static mt_model *make(const mt_model_config *c, int slots)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.weight_slots = (uint32_t)slots;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, c, &p), MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+/* n tokens of pseudo-random data and next-token targets, some masked. */
+static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed, int mask_every)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        tok[i] = (int32_t)((seed >> 16) % V);
+    }
+    for (int i = 0; i < n; i++) tg[i] = (mask_every && i % mask_every == 0) ? MT_IGNORE_INDEX : tok[(i + 1) % n];
+}
+
+static mt_batch batch_of(const int32_t *tok, const int32_t *tg, int b, int s, int m)
+{
+    mt_batch x;
+    mt_batch_init(&x);
+    x.micro_batch_size = (uint32_t)b;
+    x.seq_len = (uint32_t)s;
+    x.num_micro_batches = (uint32_t)m;
+    x.tokens = tok;
+    x.targets = tg;
+    return x;
+}
+
+static uint64_t count_targets(const int32_t *tg, int n)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < n; i++) c += tg[i] != MT_IGNORE_INDEX;
+    return c;
+}
+
+static double eval_loss(mt_model *m, const mt_batch *b)
+{
+    mt_eval_stats s;
+    mt_eval_stats_init(&s);
+    cr_assert_eq(mt_eval(m, b, &s), MT_OK, "%s", mt_model_errmsg(m));
+    return s.loss;
+}
+
+/* Whole-model gradient check in fp32 mode, where the streamed weights are the
+ * master weights themselves. For every tensor, the directional derivative
+ * along a random direction d: analytic <g, d> against the central difference
+ * (L(w + eps d) - L(w - eps d)) / 2 eps. The forward is fp32, the loss about
+ * 3.6 with rounding near 1e-7 relative, so with eps = 1e-2 the difference
+ * carries ~1e-5 absolute noise plus O(eps^2) curvature error; tolerance
+ * 2e-3 absolute + 2% relative. */
+static void gradient_check(int gqa, int bias, int tied)
+{
+    mt_model_config c = cfg_of(gqa, bias, tied, MT_PRECISION_FP32);
+    mt_model *m = make(&c, 2);
+    enum { B = 2, S = 9, M = 2, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3, 5);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    double loss, norm;
+    cr_assert_eq(mt_engine_grads(m, &b, count_targets(tg, N), &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert(fabs(loss - eval_loss(m, &b)) < 1e-6, "training and evaluation compute the same loss");
+    const float eps = 1e-2f;
+    int checked = 0;
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        const mt_tile *t = &m->tiles.tile[ui];
+        for (int ti = 0; ti < u->n_tensors; ti++) {
+            const mt_tensor_desc *td = &u->tensors[ti];
+            float *w = mt_tile_master(t, u) + td->offset;
+            const float *g = mt_tile_grad_f32(t, u) + td->offset;
+            float *d = malloc(td->numel * sizeof *d), *w0 = malloc(td->numel * sizeof *w0);
+            double gd = 0;
+            unsigned seed = 99u + (unsigned)(ui * 16 + ti);
+            for (uint64_t i = 0; i < td->numel; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                d[i] = ((float)(seed >> 8) / 16777216.0f) * 2.0f - 1.0f;
+                gd += (double)g[i] * d[i];
+            }
+            memcpy(w0, w, td->numel * sizeof *w);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] + eps * d[i];
+            double lp = eval_loss(m, &b);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] - eps * d[i];
+            double lm = eval_loss(m, &b);
+            memcpy(w, w0, td->numel * sizeof *w);
+            double fd = (lp - lm) / (2.0 * eps);
+            cr_assert(fabs(fd - gd) <= 2e-3 + 2e-2 * fabs(fd), "%s: analytic %.6g, finite difference %.6g", td->name, gd,
+                      fd);
+            cr_assert(fabs(gd) > 1e-4, "%s carries gradient (%.3g)", td->name, gd);
+            checked++;
+            free(d);
+            free(w0);
+        }
+    }
+    cr_assert_eq(checked, (int)(1 + 2 * (bias ? 12 : 9) + (tied ? 1 : 2)));
+    mt_model_destroy(m);
+}
+
+Test(engine, gradient_check_llama_gqa, .timeout = 120) { gradient_check(1, 0, 0); }
+Test(engine, gradient_check_qwen2_bias_tied, .timeout = 120) { gradient_check(1, 1, 1); }
+Test(engine, gradient_check_mha_tied, .timeout = 120) { gradient_check(0, 0, 1); }
+
+static void copy_grads(mt_model *m, float *out)
+{
+    size_t k = 0;
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        for (int ti = 0; ti < u->n_tensors; ti++) {
+            const mt_tensor_desc *td = &u->tensors[ti];
+            memcpy(out + k, mt_tile_grad_f32(&m->tiles.tile[ui], u) + td->offset, td->numel * sizeof(float));
+            k += td->numel;
+        }
+    }
+}
+
+/* M micro-batches of b sequences against one micro-batch of M*b: the same
+ * sums in another order, so fp32 agreement: loss to 1e-6 relative, every
+ * gradient to 1e-5 of the largest, and after an AdamW step (eps 1e-3 keeps
+ * the update's sensitivity to the gradient at most lr/eps = 1) the weights
+ * to 1e-6. */
+Test(engine, micro_batches_match_one_large_batch)
+{
+    mt_model_config c = cfg_of(1, 1, 0, MT_PRECISION_FP32);
+    mt_model *a = make(&c, 2), *b1 = make(&c, 2);
+    enum { N = 4 * 8 };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 11, 3);
+    mt_batch split = batch_of(tok, tg, 1, 8, 4), whole = batch_of(tok, tg, 4, 8, 1);
+    double la, lb, na, nb;
+    uint64_t nt = count_targets(tg, N);
+    cr_assert_eq(mt_engine_grads(a, &split, nt, &la, &na, NULL), MT_OK);
+    cr_assert_eq(mt_engine_grads(b1, &whole, nt, &lb, &nb, NULL), MT_OK);
+    cr_assert(fabs(la - lb) <= 1e-6 * fabs(lb), "loss %.9g vs %.9g", la, lb);
+    uint64_t P = a->layout.num_params;
+    float *ga = malloc(P * sizeof *ga), *gb = malloc(P * sizeof *gb);
+    copy_grads(a, ga);
+    copy_grads(b1, gb);
+    float gmax = 0;
+    for (uint64_t i = 0; i < P; i++) gmax = fmaxf(gmax, fabsf(gb[i]));
+    for (uint64_t i = 0; i < P; i++) cr_assert(fabsf(ga[i] - gb[i]) <= 1e-5f * gmax, "grad %llu: %g vs %g", (unsigned long long)i, ga[i], gb[i]);
+    free(ga);
+    free(gb);
+
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-3f;
+    o.eps = 1e-3f;
+    mt_step_stats sa, sb;
+    mt_step_stats_init(&sa);
+    mt_step_stats_init(&sb);
+    cr_assert_eq(mt_step(a, &split, &o, &sa), MT_OK);
+    cr_assert_eq(mt_step(b1, &whole, &o, &sb), MT_OK);
+    cr_assert_eq(sa.tokens, 32);
+    cr_assert_eq(sa.target_tokens, nt);
+    for (int ui = 0; ui < a->layout.n_units; ui++) {
+        const mt_unit_desc *u = &a->layout.units[ui];
+        const float *wa = mt_tile_master(&a->tiles.tile[ui], u), *wb = mt_tile_master(&b1->tiles.tile[ui], u);
+        for (uint64_t i = 0; i < u->padded; i++) cr_assert(fabsf(wa[i] - wb[i]) <= 1e-6f, "unit %d weight %llu", ui, (unsigned long long)i);
+    }
+    mt_model_destroy(a);
+    mt_model_destroy(b1);
+}
+
+static int tiles_equal(const mt_model *a, const mt_model *b)
+{
+    for (int ui = 0; ui < a->layout.n_units; ui++)
+        if (memcmp(a->tiles.tile[ui].base, b->tiles.tile[ui].base, a->layout.units[ui].tile_bytes)) return 0;
+    return 1;
+}
+
+static void train_steps(mt_model *m, int steps, unsigned seed)
+{
+    enum { N = 2 * 2 * 16 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-2f;
+    o.warmup_steps = 2;
+    o.total_steps = (uint32_t)steps;
+    for (int s = 0; s < steps; s++) {
+        fill(tok, tg, N, seed + (unsigned)s, 4);
+        mt_batch b = batch_of(tok, tg, 2, 16, 2);
+        mt_step_stats st;
+        mt_step_stats_init(&st);
+        cr_assert_eq(mt_step(m, &b, &o, &st), MT_OK, "%s", mt_model_errmsg(m));
+        cr_assert(isfinite(st.loss) && st.grad_norm > 0);
+    }
+}
+
+Test(engine, two_and_three_slots_are_bit_identical)
+{
+    for (int prec = 0; prec <= 1; prec++) {
+        mt_model_config c = cfg_of(1, 0, 1, prec);
+        mt_model *a = make(&c, 2), *b = make(&c, 3);
+        train_steps(a, 4, 5);
+        train_steps(b, 4, 5);
+        cr_assert(tiles_equal(a, b), "precision %d: K=2 and K=3 give the same bits", prec);
+        cr_assert_eq(mt_model_step_count(a), 4);
+        mt_model_destroy(a);
+        mt_model_destroy(b);
+    }
+}
+
+Test(engine, same_seed_same_bits)
+{
+    mt_model_config c = cfg_of(1, 1, 0, MT_PRECISION_BF16);
+    mt_model *a = make(&c, 2), *b = make(&c, 2);
+    train_steps(a, 5, 9);
+    train_steps(b, 5, 9);
+    cr_assert(tiles_equal(a, b));
+    mt_model *d = make(&c, 2);
+    train_steps(d, 5, 10); /* other data */
+    cr_assert(!tiles_equal(a, d));
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+    mt_model_destroy(d);
+}
+
+/* The loss is the mean over unmasked targets: masking changes it exactly as
+ * the mean of the per-token losses over the kept ones. */
+Test(engine, ignore_index_masks_targets)
+{
+    mt_model_config c = cfg_of(1, 0, 0, MT_PRECISION_FP32);
+    mt_model *m = make(&c, 2);
+    enum { S = 12 };
+    int32_t tok[S], all[S], one[S];
+    fill(tok, all, S, 21, 0);
+    double sum = 0;
+    for (int k = 0; k < S; k++) {
+        for (int i = 0; i < S; i++) one[i] = i == k ? all[i] : MT_IGNORE_INDEX;
+        mt_batch b = batch_of(tok, one, 1, S, 1);
+        sum += eval_loss(m, &b);
+    }
+    mt_batch b = batch_of(tok, all, 1, S, 1);
+    cr_assert(fabs(eval_loss(m, &b) - sum / S) < 1e-6, "mean of per-token losses");
+    mt_model_destroy(m);
+}
+
+Test(engine, learns_a_pattern)
+{
+    mt_model_config c = cfg_of(1, 0, 1, MT_PRECISION_BF16);
+    mt_model *m = make(&c, 2);
+    enum { N = 4 * 16 };
+    int32_t tok[N], tg[N];
+    for (int i = 0; i < N; i++) tok[i] = (i * 5) % V;
+    for (int i = 0; i < N; i++) tg[i] = ((i + 1) * 5) % V;
+    mt_batch b = batch_of(tok, tg, 4, 16, 1);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-2f;
+    o.total_steps = 60;
+    double first = 0, last = 0;
+    for (int s = 0; s < 60; s++) {
+        mt_step_stats st;
+        mt_step_stats_init(&st);
+        cr_assert_eq(mt_step(m, &b, &o, &st), MT_OK);
+        if (s == 0) first = st.loss;
+        last = st.loss;
+    }
+    cr_assert(first > 3.0 && last < 0.3, "loss %g -> %g", first, last);
+    mt_model_destroy(m);
+}
+
+Test(engine, bad_batches_are_refused_and_change_nothing)
+{
+    mt_model_config c = cfg_of(1, 0, 0, MT_PRECISION_BF16);
+    mt_model *m = make(&c, 2), *ref = make(&c, 2);
+    enum { N = 2 * 8 };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 4, 0);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    mt_batch b = batch_of(tok, tg, 2, 8, 1);
+
+    tok[5] = V;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "token id 37 at position 5"), "%s", mt_model_errmsg(m));
+    tok[5] = 1;
+    tg[3] = -5;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "target id -5 at position 3"), "%s", mt_model_errmsg(m));
+    for (int i = 0; i < N; i++) tg[i] = MT_IGNORE_INDEX;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "nothing to learn"), "%s", mt_model_errmsg(m));
+    fill(tok, tg, N, 4, 0);
+    b.seq_len = 65;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "max_position_embeddings"), "%s", mt_model_errmsg(m));
+    b = batch_of(NULL, tg, 2, 8, 1);
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    b = batch_of(tok, tg, 2, 8, 1);
+    b.struct_size = 4;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_STRUCT_SIZE);
+    b = batch_of(tok, tg, 2, 8, 1);
+    o.lr = -1;
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mt_step(NULL, &b, &o, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mt_model_step_count(m), 0);
+    cr_assert(tiles_equal(m, ref), "refused steps left the model as it was");
+    mt_model_destroy(m);
+    mt_model_destroy(ref);
+}
+
+Test(engine, non_finite_loss_leaves_the_model_unchanged)
+{
+    mt_model_config c = cfg_of(1, 0, 0, MT_PRECISION_BF16);
+    mt_model *m = make(&c, 2);
+    /* poison one weight of the head's final norm: loss and gradients turn NaN */
+    const mt_unit_desc *h = &m->layout.units[m->layout.n_units - 1];
+    mt_tile_master(&m->tiles.tile[m->layout.n_units - 1], h)[0] = NAN;
+    mt_tile_weights_bf16(&m->tiles.tile[m->layout.n_units - 1], h)[0] = 0x7fc0;
+    mt_model *ref = NULL;
+    enum { N = 2 * 8 };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 4, 0);
+    mt_batch b = batch_of(tok, tg, 2, 8, 1);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    /* snapshot */
+    size_t total = 0;
+    for (int ui = 0; ui < m->layout.n_units; ui++) total += m->layout.units[ui].tile_bytes;
+    unsigned char *snap = malloc(total), *p = snap;
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        memcpy(p, m->tiles.tile[ui].base, m->layout.units[ui].tile_bytes);
+        p += m->layout.units[ui].tile_bytes;
+    }
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_ERR_NONFINITE);
+    cr_assert(strstr(mt_model_errmsg(m), "weights left unchanged"), "%s", mt_model_errmsg(m));
+    p = snap;
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        cr_assert_eq(memcmp(p, m->tiles.tile[ui].base, m->layout.units[ui].tile_bytes), 0, "unit %d restored", ui);
+        p += m->layout.units[ui].tile_bytes;
+    }
+    cr_assert_eq(mt_model_step_count(m), 0);
+    free(snap);
+    mt_model_destroy(ref);
+    mt_model_destroy(m);
+}
+
+Test(engine, logits_match_the_loss)
+{
+    mt_model_config c = cfg_of(1, 0, 0, MT_PRECISION_FP32);
+    mt_model *m = make(&c, 2);
+    enum { S = 10 };
+    int32_t tok[S], tg[S];
+    fill(tok, tg, S, 8, 0);
+    float logits[V];
+    cr_assert_eq(mt_model_logits(m, tok, 1, S, logits), MT_OK, "%s", mt_model_errmsg(m));
+    /* the loss of the last position alone is logsumexp - logit[target] */
+    for (int i = 0; i < S - 1; i++) tg[i] = MT_IGNORE_INDEX;
+    tg[S - 1] = 3;
+    double mx = -1e30, se = 0;
+    for (int v = 0; v < V; v++) mx = fmax(mx, logits[v]);
+    for (int v = 0; v < V; v++) se += exp(logits[v] - mx);
+    mt_batch b = batch_of(tok, tg, 1, S, 1);
+    cr_assert(fabs(eval_loss(m, &b) - (mx + log(se) - logits[3])) < 1e-5);
+    mt_model_destroy(m);
+}
