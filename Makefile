@@ -27,7 +27,7 @@ CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY
 DEPFLAGS = -MMD -MP
-LDLIBS_PRIV := -lnuma -lpthread -lm
+LDLIBS_PRIV := -lcjson -lnuma -lpthread -lm
 
 # Per-file instruction sets: kernels named *_avx2.c / *_avx512.c are built for
 # that ISA and only called after a run-time CPU check.

@@ -371,6 +371,26 @@ MT_API mt_status mt_model_logits(mt_model *model, const int32_t *tokens, uint32_
 /* Optimizer steps the model has taken. */
 MT_API uint64_t mt_model_step_count(const mt_model *model);
 
+/* ---- Hugging Face model folders ------------------------------------------------- */
+
+/* Reads a model folder's config.json (LlamaForCausalLM, Qwen2ForCausalLM,
+ * MistralForCausalLM) into *cfg, which the caller initialised with
+ * mt_model_config_init (precision, seed and initializer_range are kept).
+ * Another architecture or an unsupported setting is refused with
+ * MT_ERR_UNSUPPORTED and a message naming it. */
+MT_API mt_status mt_config_load(mt_model_config *cfg, const char *dir);
+
+/* Loads the weights of a model folder (model.safetensors, or the shards that
+ * model.safetensors.index.json lists; bf16, fp16 or fp32) into the model,
+ * whose configuration must match. The optimizer state is reset. On failure
+ * the model is as before. */
+MT_API mt_status mt_model_load(mt_model *model, const char *dir);
+
+/* Writes config.json and model.safetensors (bf16 in bf16 mode, fp32 in fp32
+ * mode) into dir, which is created if missing. Files are written under
+ * temporary names, synced, then renamed over the old ones. */
+MT_API mt_status mt_model_save(mt_model *model, const char *dir);
+
 /* ---- token data ---------------------------------------------------------------- */
 
 typedef enum mt_token_format {

@@ -1,0 +1,717 @@
+/* The CPU backend's layer operations (src/cpu_ops.h):
+ * - forwards against double-precision references written here;
+ * - backwards against central finite differences of the forwards: with
+ *   L = sum(out * R) for a fixed random R (accumulated in double), every
+ *   input element (a random subset of 150 for the larger ones) is moved by
+ *   +-h and (L+ - L-) / (2h) compared with the analytic gradient;
+ * - bit-identical results with pools of 1, 2 and 3 threads.
+ *
+ * Finite-difference tolerance: |analytic - numeric| <= 1e-3 * max(1, |numeric|).
+ * With h = 1e-2 the central difference has a truncation error of about
+ * h^2 |f'''| / 6 ~ 2e-5 for the smooth ops here (exactly 0 for the linear
+ * ones: matmul, rope, embedding), and a rounding error of about
+ * u * |the part of L that moved| / h ~ 6e-8 * 10 / 1e-2 ~ 6e-5, since the
+ * forward is fp32 (u = 2^-24) and only the outputs that depend on the moved
+ * input change. 1e-3 leaves a margin of ~10 over both; a wrong gradient
+ * (a missing term, a wrong index) is off by O(1). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+#define FD_H 1e-2
+#define FD_TOL 1e-3
+#define FD_SAMPLES 150
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
+
+static uint64_t next_u64(void) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float uniform(void) { return (float)((double)(next_u64() >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f; }
+
+/* n floats, uniform in [-scale, scale) */
+static float *rand_vec(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    cr_assert(x);
+    for (size_t i = 0; i < n; i++) x[i] = uniform() * scale;
+    return x;
+}
+
+static float *copy_vec(const float *x, size_t n)
+{
+    float *y = malloc(n * sizeof(float));
+    cr_assert(y);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double dot_d(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+static void *ws_alloc(int n_threads, int S)
+{
+    void *ws = malloc(mt_cpu_ws_size(n_threads, S));
+    cr_assert(ws);
+    return ws;
+}
+
+/* The forward under test, as L(inputs) = sum(out * R) in double. */
+typedef double (*loss_fn)(void *ctx);
+
+/* Central differences of L with respect to x[0..n) (all of them, or
+ * FD_SAMPLES at random) against grad. */
+static void fd_check(const char *what, loss_fn L, void *ctx, float *x, const float *grad, size_t n)
+{
+    const size_t m = n <= FD_SAMPLES ? n : FD_SAMPLES;
+    for (size_t s = 0; s < m; s++) {
+        const size_t i = n <= FD_SAMPLES ? s : (size_t)(next_u64() % n);
+        const float x0 = x[i], xp = (float)(x0 + FD_H), xm = (float)(x0 - FD_H);
+        x[i] = xp;
+        const double lp = L(ctx);
+        x[i] = xm;
+        const double lm = L(ctx);
+        x[i] = x0;
+        const double num = (lp - lm) / ((double)xp - (double)xm);
+        cr_expect(fabs(grad[i] - num) <= FD_TOL * fmax(1.0, fabs(num)), "%s[%zu]: analytic %.7g, numeric %.7g", what,
+                  i, grad[i], num);
+    }
+}
+
+static void expect_same(const char *what, const float *a, const float *b, size_t n, int threads)
+{
+    cr_expect(memcmp(a, b, n * sizeof(float)) == 0, "%s: %d threads differ from 1 thread", what, threads);
+}
+
+/* ---- matmul ------------------------------------------------------------------------ */
+
+/* y = (acc ? y0 : 0) + b + x W^T against double, within Higham's bound for a
+ * float sum of K products: |err| <= gamma_{K+2} * sum |terms|, gamma_n = n u / (1 - n u). */
+static void check_matmul_fwd(int T, int K, int N, int with_bias, int accumulate)
+{
+    float *x = rand_vec((size_t)T * K, 1.0f), *W = rand_vec((size_t)N * K, 1.0f), *b = rand_vec((size_t)N, 1.0f);
+    float *y = rand_vec((size_t)T * N, 1.0f), *y0 = copy_vec(y, (size_t)T * N);
+    void *ws = ws_alloc(1, 0);
+    mt_cpu_matmul(NULL, ws, y, x, W, with_bias ? b : NULL, T, K, N, accumulate);
+    const double u = ldexp(1.0, -24), gamma = (K + 2) * u / (1 - (K + 2) * u);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double ref = accumulate ? y0[t * N + n] : 0.0, mag = fabs(ref);
+            if (with_bias) ref += b[n], mag += fabs(b[n]);
+            for (int k = 0; k < K; k++) {
+                ref += (double)x[t * K + k] * W[n * K + k];
+                mag += fabs((double)x[t * K + k] * W[n * K + k]);
+            }
+            cr_expect(fabs(y[t * N + n] - ref) <= gamma * mag, "%dx%dx%d bias %d acc %d: y[%d,%d] = %.8g, ref %.8g", T, K,
+                      N, with_bias, accumulate, t, n, y[t * N + n], ref);
+        }
+    free(x); free(W); free(b); free(y); free(y0); free(ws);
+}
+
+static void matmul_fwd_shapes(void)
+{
+    check_matmul_fwd(5, 7, 3, 0, 0);
+    check_matmul_fwd(5, 7, 3, 1, 1);
+    check_matmul_fwd(1, 1, 1, 1, 0);
+    check_matmul_fwd(129, 65, 47, 1, 0);
+    check_matmul_fwd(129, 65, 47, 1, 1);
+    check_matmul_fwd(129, 65, 47, 0, 1);
+    check_matmul_fwd(37, 600, 70, 1, 1); /* K over several reduction chunks */
+    check_matmul_fwd(37, 600, 70, 0, 0);
+    check_matmul_fwd(400, 33, 300, 0, 0); /* several tiles both ways */
+    check_matmul_fwd(3, 0, 5, 1, 0);      /* K = 0: y = b */
+}
+
+Test(cpu_ops, matmul_forward)
+{
+    seed(1);
+    matmul_fwd_shapes();
+}
+
+/* Every micro-kernel this CPU has (the generic one always). */
+Test(cpu_ops, matmul_forward_every_isa)
+{
+    seed(2);
+    for (int isa = MT_CPU_ISA_GENERIC; isa <= MT_CPU_ISA_AVX512; isa++) {
+        if (mt_cpu_gemm_set_isa((mt_cpu_isa)isa) != (mt_cpu_isa)isa) continue;
+        matmul_fwd_shapes();
+    }
+}
+
+/* The three GEMM forms through mt_cpu_gemm directly, with row strides wider
+ * than the rows, against double. */
+Test(cpu_ops, gemm_strided)
+{
+    seed(3);
+    const int M = 50, N = 37, K = 29, pad = 5;
+    void *ws = ws_alloc(2, 0);
+    mt_pool *p = mt_pool_create(2, NULL);
+    cr_assert(p);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            const size_t lda = (size_t)(ta ? M : K) + pad, ldb = (size_t)(tb ? K : N) + pad, ldc = (size_t)N + pad;
+            float *A = rand_vec((ta ? K : M) * lda, 1.0f), *B = rand_vec((tb ? N : K) * ldb, 1.0f);
+            float *C = rand_vec(M * ldc, 1.0f), *C0 = copy_vec(C, M * ldc);
+            mt_cpu_gemm(p, ws, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, 1);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < (int)ldc; n++) {
+                    if (n >= N) { /* the padding is not written */
+                        cr_expect(C[m * ldc + n] == C0[m * ldc + n]);
+                        continue;
+                    }
+                    double ref = C0[m * ldc + n];
+                    for (int k = 0; k < K; k++)
+                        ref += (double)(ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
+                    cr_expect(fabs(C[m * ldc + n] - ref) <= 1e-5 * (1 + fabs(ref)), "ta %d tb %d C[%d,%d]", ta, tb, m, n);
+                }
+            free(A); free(B); free(C); free(C0);
+        }
+    mt_pool_destroy(p);
+    free(ws);
+}
+
+typedef struct {
+    float *x, *W, *b, *y, *R;
+    int T, K, N;
+    void *ws;
+} mm_ctx;
+
+static double mm_loss(void *c)
+{
+    mm_ctx *m = c;
+    mt_cpu_matmul(NULL, m->ws, m->y, m->x, m->W, m->b, m->T, m->K, m->N, 0);
+    return dot_d(m->y, m->R, (size_t)m->T * m->N);
+}
+
+Test(cpu_ops, matmul_backward_fd)
+{
+    seed(4);
+    const int T = 9, K = 13, N = 11;
+    mm_ctx m = {rand_vec(T * K, 1), rand_vec(N * K, 1), rand_vec(N, 1), rand_vec(T * N, 1), rand_vec(T * N, 1),
+                T, K, N, ws_alloc(1, 0)};
+    /* gradients accumulate into non-zero buffers: dx +=, dW +=, db += */
+    float *dx0 = rand_vec(T * K, 1), *dW0 = rand_vec(N * K, 1), *db0 = rand_vec(N, 1);
+    float *dx = copy_vec(dx0, T * K), *dW = copy_vec(dW0, N * K), *db = copy_vec(db0, N);
+    mt_cpu_matmul_bwd(NULL, m.ws, dx, dW, db, m.R, m.x, m.W, T, K, N, 1);
+    for (int i = 0; i < T * K; i++) dx[i] -= dx0[i];
+    for (int i = 0; i < N * K; i++) dW[i] -= dW0[i];
+    for (int i = 0; i < N; i++) db[i] -= db0[i];
+    fd_check("dx", mm_loss, &m, m.x, dx, T * K);
+    fd_check("dW", mm_loss, &m, m.W, dW, N * K);
+    fd_check("db", mm_loss, &m, m.b, db, N);
+
+    /* dx_accumulate = 0 overwrites; NULL outputs are skipped */
+    float *dx2 = rand_vec(T * K, 1);
+    mt_cpu_matmul_bwd(NULL, m.ws, dx2, NULL, NULL, m.R, NULL, m.W, T, K, N, 0);
+    fd_check("dx (overwrite)", mm_loss, &m, m.x, dx2, T * K);
+    free(m.x); free(m.W); free(m.b); free(m.y); free(m.R); free(m.ws);
+    free(dx0); free(dW0); free(db0); free(dx); free(dW); free(db); free(dx2);
+}
+
+/* Larger shapes, where the GEMM tiles and reduction chunks are in play:
+ * dW against a double reference of dy^T x (the reduction over T = 700 spans
+ * several chunks), dx against dy W, db against column sums. */
+Test(cpu_ops, matmul_backward_reference)
+{
+    seed(5);
+    const int T = 700, K = 70, N = 90;
+    float *x = rand_vec(T * K, 1), *W = rand_vec(N * K, 1), *dy = rand_vec(T * N, 1);
+    float *dx = rand_vec(T * K, 1), *dW = calloc(N * K, sizeof(float)), *db = calloc(N, sizeof(float));
+    void *ws = ws_alloc(2, 0);
+    mt_pool *p = mt_pool_create(2, NULL);
+    cr_assert(p && dW && db);
+    mt_cpu_matmul_bwd(p, ws, dx, dW, db, dy, x, W, T, K, N, 0);
+    const double u = ldexp(1.0, -24);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            double ref = 0, mag = 0;
+            for (int t = 0; t < T; t++) ref += (double)dy[t * N + n] * x[t * K + k], mag += fabs((double)dy[t * N + n] * x[t * K + k]);
+            cr_expect(fabs(dW[n * K + k] - ref) <= (T + 2) * u * mag, "dW[%d,%d]", n, k);
+        }
+    for (int t = 0; t < T; t += 7)
+        for (int k = 0; k < K; k++) {
+            double ref = 0, mag = 0;
+            for (int n = 0; n < N; n++) ref += (double)dy[t * N + n] * W[n * K + k], mag += fabs((double)dy[t * N + n] * W[n * K + k]);
+            cr_expect(fabs(dx[t * K + k] - ref) <= (N + 2) * u * mag, "dx[%d,%d]", t, k);
+        }
+    for (int n = 0; n < N; n++) {
+        double ref = 0, mag = 0;
+        for (int t = 0; t < T; t++) ref += dy[t * N + n], mag += fabs(dy[t * N + n]);
+        cr_expect(fabs(db[n] - ref) <= (T + 2) * u * mag, "db[%d]", n);
+    }
+    mt_pool_destroy(p);
+    free(x); free(W); free(dy); free(dx); free(dW); free(db); free(ws);
+}
+
+/* ---- RMSNorm ----------------------------------------------------------------------- */
+
+Test(cpu_ops, rmsnorm_forward)
+{
+    seed(6);
+    const int T = 17, C = 77;
+    const float eps = 1e-5f;
+    float *x = rand_vec(T * C, 2), *w = rand_vec(C, 1), *y = rand_vec(T * C, 1), *rstd = rand_vec(T, 1);
+    mt_cpu_rmsnorm(NULL, y, rstd, x, w, T, C, eps);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[t * C + c] * x[t * C + c];
+        const double r = 1.0 / sqrt(ss / C + eps);
+        cr_expect(fabs(rstd[t] - r) <= 1e-6 * r, "rstd[%d] %.8g ref %.8g", t, rstd[t], r);
+        for (int c = 0; c < C; c++) {
+            const double ref = (double)x[t * C + c] * r * w[c];
+            cr_expect(fabs(y[t * C + c] - ref) <= 1e-6 * (1 + fabs(ref)), "y[%d,%d]", t, c);
+        }
+    }
+    free(x); free(w); free(y); free(rstd);
+}
+
+typedef struct {
+    float *x, *w, *y, *R;
+    int T, C;
+    float eps;
+} norm_ctx;
+
+static double norm_loss(void *c)
+{
+    norm_ctx *n = c;
+    mt_cpu_rmsnorm(NULL, n->y, NULL, n->x, n->w, n->T, n->C, n->eps);
+    return dot_d(n->y, n->R, (size_t)n->T * n->C);
+}
+
+Test(cpu_ops, rmsnorm_backward_fd)
+{
+    seed(7);
+    const int T = 6, C = 37;
+    norm_ctx n = {rand_vec(T * C, 1), rand_vec(C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), T, C, 1e-5f};
+    float *rstd = rand_vec(T, 1);
+    mt_cpu_rmsnorm(NULL, n.y, rstd, n.x, n.w, T, C, n.eps);
+    float *dx0 = rand_vec(T * C, 1), *dw0 = rand_vec(C, 1);
+    float *dx = copy_vec(dx0, T * C), *dw = copy_vec(dw0, C);
+    mt_cpu_rmsnorm_bwd(NULL, dx, dw, n.R, n.x, n.w, rstd, T, C, n.eps);
+    /* without the saved rstd: recomputed, the same bits */
+    float *dx2 = copy_vec(dx0, T * C), *dw2 = copy_vec(dw0, C);
+    mt_cpu_rmsnorm_bwd(NULL, dx2, dw2, n.R, n.x, n.w, NULL, T, C, n.eps);
+    expect_same("dx (rstd recomputed)", dx, dx2, T * C, 1);
+    expect_same("dw (rstd recomputed)", dw, dw2, C, 1);
+    for (int i = 0; i < T * C; i++) dx[i] -= dx0[i];
+    for (int i = 0; i < C; i++) dw[i] -= dw0[i];
+    fd_check("dx", norm_loss, &n, n.x, dx, T * C);
+    fd_check("dw", norm_loss, &n, n.w, dw, C);
+    free(n.x); free(n.w); free(n.y); free(n.R); free(rstd);
+    free(dx0); free(dw0); free(dx); free(dw); free(dx2); free(dw2);
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------- */
+
+static int32_t *rand_pos(int T, int max)
+{
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    cr_assert(pos);
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)(next_u64() % (uint64_t)max);
+    return pos;
+}
+
+Test(cpu_ops, rope_forward)
+{
+    seed(8);
+    const int T = 11, nh = 3, D = 16;
+    const mt_rope_params rp = {.theta = 10000.0f};
+    float inv_freq[8];
+    mt_rope_inv_freq(inv_freq, D, &rp);
+    int32_t *pos = rand_pos(T, 5000);
+    float *x = rand_vec(T * nh * D, 1), *y = copy_vec(x, T * nh * D);
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, 0);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < D / 2; i++) {
+                const double a = (double)((float)pos[t] * inv_freq[i]); /* the angle is a float product, as in HF */
+                const float *xh = x + (t * nh + h) * D, *yh = y + (t * nh + h) * D;
+                const double r0 = xh[i] * cos(a) - xh[i + D / 2] * sin(a);
+                const double r1 = xh[i + D / 2] * cos(a) + xh[i] * sin(a);
+                cr_expect(fabs(yh[i] - r0) <= 1e-6 && fabs(yh[i + D / 2] - r1) <= 1e-6, "t %d h %d i %d", t, h, i);
+            }
+    /* the inverse undoes it (to rounding) */
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, 1);
+    for (int i = 0; i < T * nh * D; i++) cr_expect(fabs(y[i] - x[i]) <= 1e-6, "roundtrip [%d]", i);
+    free(pos); free(x); free(y);
+}
+
+typedef struct {
+    float *x, *y, *R, *inv_freq;
+    int32_t *pos;
+    int T, nh, D;
+} rope_ctx;
+
+static double rope_loss(void *c)
+{
+    rope_ctx *r = c;
+    const size_t n = (size_t)r->T * r->nh * r->D;
+    memcpy(r->y, r->x, n * sizeof(float));
+    mt_cpu_rope(NULL, r->y, r->pos, r->inv_freq, r->T, r->nh, r->D, 0);
+    return dot_d(r->y, r->R, n);
+}
+
+/* The backward is the inverse rotation: <R x, y> = <x, R^T y>, and it matches
+ * finite differences. */
+Test(cpu_ops, rope_backward)
+{
+    seed(9);
+    const int T = 7, nh = 2, D = 12, n = T * nh * D;
+    const mt_rope_params rp = {.theta = 500000.0f};
+    float inv_freq[6];
+    mt_rope_inv_freq(inv_freq, D, &rp);
+    rope_ctx r = {rand_vec(n, 1), rand_vec(n, 1), rand_vec(n, 1), inv_freq, rand_pos(T, 100000), T, nh, D};
+    float *rx = copy_vec(r.x, n), *rty = copy_vec(r.R, n);
+    mt_cpu_rope(NULL, rx, r.pos, inv_freq, T, nh, D, 0);
+    mt_cpu_rope(NULL, rty, r.pos, inv_freq, T, nh, D, 1);
+    const double lhs = dot_d(rx, r.R, n), rhs = dot_d(r.x, rty, n);
+    cr_expect(fabs(lhs - rhs) <= 1e-5 * (1 + fabs(lhs)), "<Rx,y> %.9g vs <x,R^T y> %.9g", lhs, rhs);
+    fd_check("dx", rope_loss, &r, r.x, rty, n);
+    free(r.x); free(r.y); free(r.R); free(r.pos); free(rx); free(rty);
+}
+
+/* inv_freq against transformers' formulas evaluated in double. */
+Test(cpu_ops, rope_inv_freq)
+{
+    const int D = 64;
+    float f[32];
+    const mt_rope_params plain = {.theta = 10000.0f};
+    mt_rope_inv_freq(f, D, &plain);
+    for (int i = 0; i < D / 2; i++) {
+        const double ref = 1.0 / pow(10000.0, (2.0 * i) / D);
+        cr_expect(fabs(f[i] - ref) <= 1e-6 * ref, "default inv_freq[%d] %.9g ref %.9g", i, f[i], ref);
+    }
+    const mt_rope_params l3 = {.theta = 500000.0f, .llama3 = 1, .factor = 8.0f, .low_freq_factor = 1.0f,
+                               .high_freq_factor = 4.0f, .original_max_position = 8192};
+    mt_rope_inv_freq(f, D, &l3);
+    const double lo_wl = 8192.0 / 1.0, hi_wl = 8192.0 / 4.0;
+    int n_low = 0, n_mid = 0, n_high = 0;
+    for (int i = 0; i < D / 2; i++) {
+        const double inv = 1.0 / pow(500000.0, (2.0 * i) / D), wl = 2 * 3.14159265358979323846 / inv;
+        double ref;
+        if (wl < hi_wl) ref = inv, n_high++;
+        else if (wl > lo_wl) ref = inv / 8.0, n_low++;
+        else {
+            const double s = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+            ref = (1 - s) * inv / 8.0 + s * inv;
+            n_mid++;
+        }
+        cr_expect(fabs(f[i] - ref) <= 2e-6 * ref, "llama3 inv_freq[%d] %.9g ref %.9g", i, f[i], ref);
+    }
+    cr_expect(n_low > 0 && n_mid > 0 && n_high > 0, "all three bands covered: %d %d %d", n_low, n_mid, n_high);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* Naive causal attention in double: out (B,S,H,D), lse (B,H,S). */
+static void attention_ref(double *out, double *lse, const float *q, const float *k, const float *v, int B, int S,
+                          int H, int Hkv, int D, float scale)
+{
+    double *s = malloc((size_t)S * sizeof(double));
+    cr_assert(s);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int g = h / (H / Hkv);
+            for (int i = 0; i < S; i++) {
+                const float *qi = q + ((size_t)(b * S + i) * H + h) * D;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *kj = k + ((size_t)(b * S + j) * Hkv + g) * D;
+                    s[j] = 0;
+                    for (int d = 0; d < D; d++) s[j] += (double)qi[d] * kj[d];
+                    s[j] *= scale;
+                    m = fmax(m, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - m);
+                lse[((size_t)b * H + h) * S + i] = m + log(sum);
+                double *o = out + ((size_t)(b * S + i) * H + h) * D;
+                for (int d = 0; d < D; d++) o[d] = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *vj = v + ((size_t)(b * S + j) * Hkv + g) * D;
+                    const double pj = exp(s[j] - m) / sum;
+                    for (int d = 0; d < D; d++) o[d] += pj * vj[d];
+                }
+            }
+        }
+    free(s);
+}
+
+static void check_attention_fwd(int B, int S, int H, int Hkv, int D)
+{
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *q = rand_vec(nq, 2), *k = rand_vec(nkv, 2), *v = rand_vec(nkv, 1);
+    float *out = rand_vec(nq, 1), *lse = rand_vec(nl, 1);
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    void *ws = ws_alloc(2, S);
+    mt_pool *p = mt_pool_create(2, NULL);
+    cr_assert(ro && rl && p);
+    mt_cpu_attention(p, ws, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    attention_ref(ro, rl, q, k, v, B, S, H, Hkv, D, scale);
+    /* outputs are convex combinations of values in [-1, 1]: fp32 error ~1e-7 */
+    for (size_t i = 0; i < nq; i++) cr_expect(fabs(out[i] - ro[i]) <= 2e-6, "S %d out[%zu] %.8g ref %.8g", S, i, out[i], ro[i]);
+    for (size_t i = 0; i < nl; i++)
+        cr_expect(fabs(lse[i] - rl[i]) <= 2e-6 * fmax(1, fabs(rl[i])), "S %d lse[%zu] %.8g ref %.8g", S, i, lse[i], rl[i]);
+    mt_pool_destroy(p);
+    free(q); free(k); free(v); free(out); free(lse); free(ro); free(rl); free(ws);
+}
+
+Test(cpu_ops, attention_forward)
+{
+    seed(10);
+    check_attention_fwd(2, 7, 4, 2, 8);    /* GQA */
+    check_attention_fwd(2, 33, 2, 2, 16);  /* MHA */
+    check_attention_fwd(1, 100, 4, 1, 12); /* MQA, several query blocks, the last partial */
+    check_attention_fwd(1, 1, 2, 2, 4);
+}
+
+typedef struct {
+    float *q, *k, *v, *out, *lse, *R;
+    int B, S, H, Hkv, D;
+    float scale;
+    void *ws;
+} att_ctx;
+
+static double att_loss(void *c)
+{
+    att_ctx *a = c;
+    mt_cpu_attention(NULL, a->ws, a->out, a->lse, a->q, a->k, a->v, a->B, a->S, a->H, a->Hkv, a->D, a->scale);
+    return dot_d(a->out, a->R, (size_t)a->B * a->S * a->H * a->D);
+}
+
+static void check_attention_bwd(int B, int S, int H, int Hkv, int D)
+{
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D;
+    att_ctx a = {rand_vec(nq, 2), rand_vec(nkv, 2), rand_vec(nkv, 1), rand_vec(nq, 1), rand_vec((size_t)B * H * S, 1),
+                 rand_vec(nq, 1), B, S, H, Hkv, D, 1.0f / sqrtf((float)D), ws_alloc(1, S)};
+    float *dq = rand_vec(nq, 1), *dk = rand_vec(nkv, 1), *dv = rand_vec(nkv, 1); /* overwritten */
+    att_loss(&a);
+    mt_cpu_attention_bwd(NULL, a.ws, dq, dk, dv, a.R, a.out, a.lse, a.q, a.k, a.v, B, S, H, Hkv, D, a.scale);
+    fd_check("dq", att_loss, &a, a.q, dq, nq);
+    fd_check("dk", att_loss, &a, a.k, dk, nkv);
+    fd_check("dv", att_loss, &a, a.v, dv, nkv);
+    free(a.q); free(a.k); free(a.v); free(a.out); free(a.lse); free(a.R); free(a.ws);
+    free(dq); free(dk); free(dv);
+}
+
+Test(cpu_ops, attention_backward_fd)
+{
+    seed(11);
+    check_attention_bwd(2, 7, 4, 2, 8);   /* GQA */
+    check_attention_bwd(1, 33, 4, 2, 8);  /* GQA */
+    check_attention_bwd(2, 7, 2, 2, 8);   /* MHA */
+    check_attention_bwd(1, 33, 3, 3, 4);  /* MHA */
+    check_attention_bwd(1, 100, 2, 1, 6); /* MQA, several query blocks */
+}
+
+/* ---- SwiGLU ---------------------------------------------------------------------------- */
+
+typedef struct {
+    float *gate, *up, *out, *R;
+    size_t n;
+} swiglu_ctx;
+
+static double swiglu_loss(void *c)
+{
+    swiglu_ctx *s = c;
+    mt_cpu_swiglu(NULL, s->out, s->gate, s->up, s->n);
+    return dot_d(s->out, s->R, s->n);
+}
+
+Test(cpu_ops, swiglu)
+{
+    seed(12);
+    const size_t n = 300;
+    swiglu_ctx s = {rand_vec(n, 6), rand_vec(n, 2), rand_vec(n, 1), rand_vec(n, 1), n};
+    swiglu_loss(&s);
+    for (size_t i = 0; i < n; i++) {
+        const double g = s.gate[i], ref = g / (1 + exp(-g)) * s.up[i];
+        cr_expect(fabs(s.out[i] - ref) <= 1e-6 * (1 + fabs(ref)), "out[%zu] %.8g ref %.8g", i, s.out[i], ref);
+    }
+    float *dgate = rand_vec(n, 1), *dup = rand_vec(n, 1);
+    mt_cpu_swiglu_bwd(NULL, dgate, dup, s.R, s.gate, s.up, n);
+    fd_check("dgate", swiglu_loss, &s, s.gate, dgate, n);
+    fd_check("dup", swiglu_loss, &s, s.up, dup, n);
+    free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
+}
+
+/* ---- embedding ------------------------------------------------------------------------ */
+
+typedef struct {
+    float *wte, *out, *R;
+    int32_t *tokens;
+    int T, C;
+} emb_ctx;
+
+static double emb_loss(void *c)
+{
+    emb_ctx *e = c;
+    mt_cpu_embedding(NULL, e->out, e->tokens, e->wte, e->T, e->C);
+    return dot_d(e->out, e->R, (size_t)e->T * e->C);
+}
+
+Test(cpu_ops, embedding)
+{
+    seed(13);
+    const int T = 12, C = 10, V = 7;
+    int32_t tokens[12] = {3, 1, 3, 3, 0, 6, 1, 2, 3, 5, 0, 3}; /* repeats; token 4 unused */
+    emb_ctx e = {rand_vec(V * C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), tokens, T, C};
+    emb_loss(&e);
+    for (int t = 0; t < T; t++) cr_expect(memcmp(e.out + t * C, e.wte + tokens[t] * C, C * sizeof(float)) == 0);
+    float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
+    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V);
+    for (int i = 0; i < V * C; i++) dwte[i] -= d0[i];
+    for (int c = 0; c < C; c++) cr_expect(dwte[4 * C + c] == 0.0f, "unused row changed");
+    fd_check("dwte", emb_loss, &e, e.wte, dwte, V * C);
+    free(e.wte); free(e.out); free(e.R); free(d0); free(dwte);
+}
+
+/* ---- cross-entropy -------------------------------------------------------------------- */
+
+typedef struct {
+    float *logits, *work;
+    int32_t *targets;
+    int n, V;
+    float dscale;
+} ce_ctx;
+
+static double ce_loss(void *c) /* L = dscale * sum of losses: its gradient is dlogits */
+{
+    ce_ctx *e = c;
+    memcpy(e->work, e->logits, (size_t)e->n * e->V * sizeof(float));
+    return e->dscale * mt_cpu_cross_entropy(NULL, e->work, e->targets, e->n, e->V, e->dscale, -100, NULL);
+}
+
+Test(cpu_ops, cross_entropy)
+{
+    seed(14);
+    const int n = 9, V = 37;
+    int32_t targets[9] = {0, 36, -100, 5, 5, -100, 17, 2, 30};
+    ce_ctx e = {rand_vec(n * V, 4), rand_vec(n * V, 1), targets, n, V, 0.25f};
+    float *g = copy_vec(e.logits, n * V);
+    int count = -1;
+    const double loss = mt_cpu_cross_entropy(NULL, g, targets, n, V, e.dscale, -100, &count);
+    cr_expect(count == 7, "count %d", count);
+    double ref = 0;
+    for (int r = 0; r < n; r++) {
+        const float *x = e.logits + r * V;
+        double m = -INFINITY, sum = 0;
+        for (int j = 0; j < V; j++) m = fmax(m, x[j]);
+        for (int j = 0; j < V; j++) sum += exp(x[j] - m);
+        if (targets[r] == -100) {
+            for (int j = 0; j < V; j++) cr_expect(g[r * V + j] == 0.0f, "ignored row %d not zero", r);
+            continue;
+        }
+        ref += m + log(sum) - x[targets[r]];
+        for (int j = 0; j < V; j++) {
+            const double d = (exp(x[j] - m) / sum - (j == targets[r])) * e.dscale;
+            cr_expect(fabs(g[r * V + j] - d) <= 1e-7, "dlogits[%d,%d] %.8g ref %.8g", r, j, g[r * V + j], d);
+        }
+    }
+    cr_expect(fabs(loss - ref) <= 1e-6 * fabs(ref), "loss %.10g ref %.10g", loss, ref);
+    fd_check("dlogits", ce_loss, &e, e.logits, g, n * V);
+    free(e.logits); free(e.work); free(g);
+}
+
+Test(cpu_ops, add)
+{
+    seed(15);
+    const size_t n = 1000;
+    float *a = rand_vec(n, 1), *b = rand_vec(n, 1), *y = rand_vec(n, 1);
+    mt_cpu_add(NULL, y, a, b, n);
+    for (size_t i = 0; i < n; i++) cr_expect(y[i] == a[i] + b[i]);
+    mt_cpu_add(NULL, a, a, b, n); /* in place */
+    cr_expect(memcmp(a, y, n * sizeof(float)) == 0);
+    free(a); free(b); free(y);
+}
+
+/* ---- thread-count independence ------------------------------------------------------------ */
+
+/* Runs every op with pools of 1, 2 and 3 threads on shapes large enough to be
+ * split, and compares the bits. */
+Test(cpu_ops, threads_bit_identical)
+{
+    enum { NP = 3 };
+    const int T = 300, K = 130, N = 200, C = 512, Tn = 200;
+    const int B = 2, S = 100, H = 4, Hkv = 2, D = 16, V = 1000, nce = 60;
+    const size_t ne = 100003, nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D;
+    seed(16);
+    float *x = rand_vec(T * K, 1), *W = rand_vec(N * K, 1), *b = rand_vec(N, 1), *dy = rand_vec(T * N, 1);
+    float *xn = rand_vec(Tn * C, 1), *wn = rand_vec(C, 1), *dyn = rand_vec(Tn * C, 1);
+    float *q = rand_vec(nq, 2), *k = rand_vec(nkv, 2), *v = rand_vec(nkv, 1), *dout = rand_vec(nq, 1);
+    float *g = rand_vec(ne, 4), *u = rand_vec(ne, 1), *logits = rand_vec((size_t)nce * V, 4);
+    int32_t *pos = rand_pos(T, 4096), *tok = rand_pos(T, 50), *tgt = rand_pos(nce, V);
+    tgt[3] = tgt[10] = -100;
+    float inv_freq[32];
+    const mt_rope_params rp = {.theta = 10000.0f};
+    mt_rope_inv_freq(inv_freq, 64, &rp);
+
+    float *res[NP][22];
+    double loss[NP];
+    for (int pi = 0; pi < NP; pi++) {
+        mt_pool *p = mt_pool_create(pi + 1, NULL);
+        void *ws = ws_alloc(pi + 1, S);
+        cr_assert(p);
+        float **r = res[pi];
+        r[0] = rand_vec(T * N, 1), r[1] = rand_vec(T * K, 1), r[2] = rand_vec(N * K, 1), r[3] = rand_vec(N, 1);
+        /* the same starting values for the accumulating outputs */
+        for (int i = 0; i < N * K; i++) r[2][i] = 0.5f;
+        for (int i = 0; i < N; i++) r[3][i] = 0.25f;
+        mt_cpu_matmul(p, ws, r[0], x, W, b, T, K, N, 0);
+        mt_cpu_matmul_bwd(p, ws, r[1], r[2], r[3], dy, x, W, T, K, N, 0);
+        r[4] = rand_vec(Tn * C, 1), r[5] = rand_vec(Tn, 1), r[6] = calloc((size_t)Tn * C, sizeof(float)), r[7] = calloc(C, sizeof(float));
+        mt_cpu_rmsnorm(p, r[4], r[5], xn, wn, Tn, C, 1e-5f);
+        mt_cpu_rmsnorm_bwd(p, r[6], r[7], dyn, xn, wn, NULL, Tn, C, 1e-5f);
+        r[8] = copy_vec(xn, (size_t)Tn * C); /* as (Tn, C / 64, 64) */
+        mt_cpu_rope(p, r[8], pos, inv_freq, Tn, C / 64, 64, 0);
+        r[9] = rand_vec(nq, 1), r[10] = rand_vec((size_t)B * H * S, 1);
+        r[11] = rand_vec(nq, 1), r[12] = rand_vec(nkv, 1), r[13] = rand_vec(nkv, 1);
+        mt_cpu_attention(p, ws, r[9], r[10], q, k, v, B, S, H, Hkv, D, 0.25f);
+        mt_cpu_attention_bwd(p, ws, r[11], r[12], r[13], dout, r[9], r[10], q, k, v, B, S, H, Hkv, D, 0.25f);
+        r[14] = rand_vec(ne, 1), r[15] = rand_vec(ne, 1), r[16] = rand_vec(ne, 1);
+        mt_cpu_swiglu(p, r[14], g, u, ne);
+        mt_cpu_swiglu_bwd(p, r[15], r[16], u, g, u, ne);
+        r[17] = rand_vec((size_t)T * K, 1), r[18] = calloc((size_t)50 * K, sizeof(float));
+        mt_cpu_embedding(p, r[17], tok, x, T, K);
+        mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50);
+        r[19] = copy_vec(logits, (size_t)nce * V);
+        loss[pi] = mt_cpu_cross_entropy(p, r[19], tgt, nce, V, 0.5f, -100, NULL);
+        r[20] = rand_vec(ne, 1);
+        mt_cpu_add(p, r[20], g, u, ne);
+        r[21] = NULL;
+        mt_pool_destroy(p);
+        free(ws);
+    }
+    static const char *names[] = {"matmul y", "matmul dx", "matmul dW", "matmul db", "rmsnorm y", "rmsnorm rstd",
+                                  "rmsnorm dx", "rmsnorm dw", "rope", "attention out", "attention lse",
+                                  "attention dq", "attention dk", "attention dv", "swiglu", "swiglu dgate",
+                                  "swiglu dup", "embedding", "embedding dwte", "cross-entropy dlogits", "add"};
+    const size_t sizes[] = {(size_t)T * N, (size_t)T * K, (size_t)N * K, N, (size_t)Tn * C, Tn, (size_t)Tn * C, C,
+                            (size_t)Tn * C, nq, (size_t)B * H * S, nq, nkv, nkv, ne, ne, ne,
+                            (size_t)T * K, (size_t)50 * K, (size_t)nce * V, ne};
+    for (int pi = 1; pi < NP; pi++) {
+        for (int i = 0; i < 21; i++) expect_same(names[i], res[0][i], res[pi][i], sizes[i], pi + 1);
+        cr_expect(memcmp(&loss[0], &loss[pi], sizeof(double)) == 0, "cross-entropy loss: %d threads differ", pi + 1);
+    }
+    for (int pi = 0; pi < NP; pi++)
+        for (int i = 0; i < 21; i++) free(res[pi][i]);
+    free(x); free(W); free(b); free(dy); free(xn); free(wn); free(dyn); free(q); free(k); free(v); free(dout);
+    free(g); free(u); free(logits); free(pos); free(tok); free(tgt);
+}

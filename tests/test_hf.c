@@ -1,0 +1,899 @@
+#define _GNU_SOURCE
+/* Hugging Face model folders: config.json parsing and writing, safetensors
+ * save/load round trips, hand-written files in every dtype, shards, and the
+ * refusals (each leaving the model as it was). */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bf16.h"
+#include "model.h"
+
+/* ---- a temporary directory per test ------------------------------------------ */
+
+static char tmp_dir[64];
+
+static void make_tmp_dir(void)
+{
+    strcpy(tmp_dir, "/tmp/mt_hf_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmp_dir), "mkdtemp failed");
+}
+
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        char p[1024];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+            struct stat sb;
+            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
+            else unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static void remove_tmp_dir(void)
+{
+    if (!tmp_dir[0]) return;
+    remove_tree(tmp_dir);
+    tmp_dir[0] = '\0';
+}
+
+TestSuite(hf, .init = make_tmp_dir, .fini = remove_tmp_dir);
+
+/* "<tmp>/<name>" in a caller's buffer of 512 bytes. */
+static const char *tmp_path(char *buf, const char *name)
+{
+    snprintf(buf, 512, "%s/%s", tmp_dir, name);
+    return buf;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    write_file(p, text, strlen(text));
+}
+
+/* ---- models ---------------------------------------------------------------------- */
+
+static mt_model_config llama_gqa(int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.vocab_size = 100;
+    c.hidden_size = 32;
+    c.intermediate_size = 72;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 256;
+    c.precision = (uint32_t)precision;
+    c.initializer_range = 0.5f; /* values spread over many exponents */
+    c.seed = 7;
+    return c;
+}
+
+static mt_model_config qwen_tied(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_QWEN2;
+    c.attention_bias = 1;
+    c.tie_word_embeddings = 1;
+    c.rope_theta = 1000000.0f;
+    c.rms_norm_eps = 1e-6f;
+    return c;
+}
+
+static mt_model *make(const mt_model_config *c)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.optimizer_threads = 1;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, c, &p), MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+/* A copy of every tile, to check that a failed call changed nothing. */
+typedef struct snapshot {
+    int n;
+    unsigned char **bytes;
+    uint64_t step;
+} snapshot;
+
+static snapshot take(const mt_model *m)
+{
+    snapshot s = {m->tiles.n, calloc((size_t)m->tiles.n, sizeof(unsigned char *)), m->step};
+    for (int u = 0; u < s.n; u++) {
+        s.bytes[u] = malloc(m->tiles.tile[u].bytes);
+        memcpy(s.bytes[u], m->tiles.tile[u].base, m->tiles.tile[u].bytes);
+    }
+    return s;
+}
+
+static void assert_unchanged(const mt_model *m, snapshot *s, const char *what)
+{
+    for (int u = 0; u < s->n; u++)
+        cr_assert_eq(memcmp(s->bytes[u], m->tiles.tile[u].base, m->tiles.tile[u].bytes), 0,
+                     "%s: tile %d changed by a failed load", what, u);
+    cr_assert_eq(m->step, s->step, "%s: step changed", what);
+}
+
+static void drop(snapshot *s)
+{
+    for (int u = 0; u < s->n; u++) free(s->bytes[u]);
+    free(s->bytes);
+}
+
+/* Puts recognisable values in the optimizer state and step counter, which a
+ * successful load resets. */
+static void dirty_optimizer(mt_model *m)
+{
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *d = &m->layout.units[u];
+        float *mm = mt_tile_m(&m->tiles.tile[u], d), *vv = mt_tile_v(&m->tiles.tile[u], d);
+        for (uint64_t i = 0; i < d->numel; i++) mm[i] = vv[i] = 0.25f;
+    }
+    m->step = 5;
+}
+
+static void assert_optimizer_reset(const mt_model *m)
+{
+    cr_assert_eq(m->step, 0);
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *d = &m->layout.units[u];
+        const float *mm = mt_tile_m(&m->tiles.tile[u], d), *vv = mt_tile_v(&m->tiles.tile[u], d);
+        for (uint64_t i = 0; i < d->padded; i++) cr_assert(mm[i] == 0.0f && vv[i] == 0.0f, "unit %d m/v zeroed", u);
+    }
+}
+
+static void round_trip(mt_model_config c)
+{
+    mt_model *a = make(&c);
+    char dir[512];
+    tmp_path(dir, "out/nested"); /* created with its parent */
+    cr_assert_eq(mt_model_save(a, dir), MT_OK, "%s", mt_model_errmsg(a));
+
+    mt_model_config c2 = c;
+    c2.seed = 12345;
+    mt_model *b = make(&c2);
+    dirty_optimizer(b);
+    cr_assert_eq(mt_model_load(b, dir), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert_str_eq(mt_model_errmsg(b), "");
+    assert_optimizer_reset(b);
+    const int fp32 = c.precision == MT_PRECISION_FP32;
+    for (int u = 0; u < a->layout.n_units; u++) {
+        const mt_unit_desc *d = &a->layout.units[u];
+        const float *ma = mt_tile_master(&a->tiles.tile[u], d), *mb = mt_tile_master(&b->tiles.tile[u], d);
+        const uint16_t *wa = mt_tile_weights_bf16(&a->tiles.tile[u], d), *wb = mt_tile_weights_bf16(&b->tiles.tile[u], d);
+        cr_assert_eq(wa == NULL, fp32);
+        cr_assert_eq(wb == NULL, fp32);
+        for (int t = 0; t < d->n_tensors; t++) {
+            const mt_tensor_desc *td = &d->tensors[t];
+            for (uint64_t i = td->offset; i < td->offset + td->numel; i++) {
+                if (fp32) {
+                    cr_assert_eq(memcmp(&ma[i], &mb[i], 4), 0, "%s[%llu]", td->name,
+                                 (unsigned long long)(i - td->offset));
+                } else {
+                    cr_assert_eq(wa[i], wb[i], "%s[%llu] bf16 copy", td->name, (unsigned long long)(i - td->offset));
+                    float want = mt_bf16_to_f32(wa[i]);
+                    cr_assert_eq(memcmp(&want, &mb[i], 4), 0, "%s[%llu] master is the bf16 value", td->name,
+                                 (unsigned long long)(i - td->offset));
+                }
+            }
+        }
+    }
+
+    /* the file is what the format says: header length, alignment, size */
+    char p[1024];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    struct stat sb;
+    cr_assert_eq(stat(p, &sb), 0);
+    FILE *f = fopen(p, "rb");
+    unsigned char len8[8];
+    cr_assert_eq(fread(len8, 1, 8, f), 8);
+    fclose(f);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
+    cr_assert_eq((8 + hlen) % 8, 0, "data starts 8-byte aligned");
+    cr_assert_eq((uint64_t)sb.st_size, 8 + hlen + a->layout.num_params * (fp32 ? 4 : 2));
+    snprintf(p, sizeof p, "%s/model.safetensors.tmp", dir);
+    cr_assert_neq(access(p, F_OK), 0, "no temporary file left");
+    snprintf(p, sizeof p, "%s/config.json.tmp", dir);
+    cr_assert_neq(access(p, F_OK), 0, "no temporary file left");
+
+    /* saving again over the existing files works */
+    cr_assert_eq(mt_model_save(b, dir), MT_OK, "%s", mt_model_errmsg(b));
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+}
+
+Test(hf, round_trip_llama_gqa_fp32) { round_trip(llama_gqa(MT_PRECISION_FP32)); }
+Test(hf, round_trip_llama_gqa_bf16) { round_trip(llama_gqa(MT_PRECISION_BF16)); }
+Test(hf, round_trip_qwen2_bias_tied_bf16) { round_trip(qwen_tied(MT_PRECISION_BF16)); }
+Test(hf, round_trip_qwen2_bias_tied_fp32) { round_trip(qwen_tied(MT_PRECISION_FP32)); }
+
+/* An embedding of 1.28 M elements: several write chunks and conversion tasks. */
+Test(hf, round_trip_large_tensor)
+{
+    mt_model_config c = llama_gqa(MT_PRECISION_BF16);
+    c.vocab_size = 40000;
+    c.num_hidden_layers = 1;
+    c.tie_word_embeddings = 1;
+    round_trip(c);
+    c.precision = MT_PRECISION_FP32;
+    round_trip(c);
+}
+
+static void assert_same_config(const mt_model_config *a, const mt_model_config *b)
+{
+    cr_assert_eq(a->arch, b->arch);
+    cr_assert_eq(a->vocab_size, b->vocab_size);
+    cr_assert_eq(a->hidden_size, b->hidden_size);
+    cr_assert_eq(a->intermediate_size, b->intermediate_size);
+    cr_assert_eq(a->num_hidden_layers, b->num_hidden_layers);
+    cr_assert_eq(a->num_attention_heads, b->num_attention_heads);
+    cr_assert_eq(a->num_key_value_heads, b->num_key_value_heads);
+    cr_assert_eq(a->head_dim, b->head_dim);
+    cr_assert_eq(a->max_position_embeddings, b->max_position_embeddings);
+    cr_assert_eq(a->rms_norm_eps, b->rms_norm_eps);
+    cr_assert_eq(a->rope_theta, b->rope_theta);
+    cr_assert_eq(a->rope_scaling, b->rope_scaling);
+    if (a->rope_scaling) {
+        cr_assert_eq(a->rope_factor, b->rope_factor);
+        cr_assert_eq(a->rope_low_freq_factor, b->rope_low_freq_factor);
+        cr_assert_eq(a->rope_high_freq_factor, b->rope_high_freq_factor);
+        cr_assert_eq(a->rope_original_max_position, b->rope_original_max_position);
+    }
+    cr_assert_eq(a->attention_bias, b->attention_bias);
+    cr_assert_eq(a->tie_word_embeddings, b->tie_word_embeddings);
+    cr_assert_eq(a->precision, b->precision);
+    cr_assert_eq(a->seed, b->seed);
+    cr_assert_eq(a->initializer_range, b->initializer_range);
+}
+
+Test(hf, config_round_trip)
+{
+    mt_model_config cases[3] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
+                                llama_gqa(MT_PRECISION_BF16)};
+    cases[2].rope_scaling = MT_ROPE_SCALING_LLAMA3;
+    cases[2].rope_factor = 32.0f;
+    cases[2].rope_low_freq_factor = 1.0f;
+    cases[2].rope_high_freq_factor = 4.0f;
+    cases[2].rope_original_max_position = 8192;
+    cases[2].rope_theta = 500000.0f;
+    cases[2].arch = MT_ARCH_MISTRAL;
+    cases[2].head_dim = 16; /* != hidden / heads */
+    for (int k = 0; k < 3; k++) {
+        mt_model *m = make(&cases[k]);
+        char dir[512], name[32];
+        snprintf(name, sizeof name, "cfg%d", k);
+        cr_assert_eq(mt_model_save(m, tmp_path(dir, name)), MT_OK, "%s", mt_model_errmsg(m));
+        mt_model_config got;
+        mt_model_config_init(&got);
+        got.precision = cases[k].precision;
+        got.seed = cases[k].seed;
+        got.initializer_range = cases[k].initializer_range;
+        cr_assert_eq(mt_config_load(&got, dir), MT_OK, "%s", mt_last_errmsg());
+        cr_assert_str_eq(mt_last_errmsg(), "");
+        assert_same_config(&m->cfg, &got);
+        mt_model_destroy(m);
+    }
+}
+
+Test(hf, config_load_keeps_callers_training_fields)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    write_text(dir, "config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+               "\"intermediate_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"max_position_embeddings\":128,\"rms_norm_eps\":1e-05,\"torch_dtype\":\"bfloat16\"}");
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.precision = MT_PRECISION_FP32;
+    c.seed = 99;
+    c.initializer_range = 0.01f;
+    c.rope_theta = 3.0f;
+    c.attention_bias = 1;
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.precision, MT_PRECISION_FP32);
+    cr_assert_eq(c.seed, 99);
+    cr_assert_eq(c.initializer_range, 0.01f);
+    cr_assert_eq(c.num_key_value_heads, 4, "defaults to num_attention_heads");
+    cr_assert_eq(c.rope_theta, 10000.0f, "defaults to 10000");
+    cr_assert_eq(c.attention_bias, 0);
+    cr_assert_eq(c.tie_word_embeddings, 0);
+    cr_assert_eq(c.rms_norm_eps, 1e-5f);
+    cr_assert_eq(c.struct_size, sizeof c);
+}
+
+Test(hf, config_load_real_world_shapes)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    /* Qwen2.5-0.5B's config.json */
+    write_text(dir, "config.json",
+               "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"attention_dropout\": 0.0,\n"
+               "  \"bos_token_id\": 151643,\n  \"eos_token_id\": 151643,\n  \"hidden_act\": \"silu\",\n"
+               "  \"hidden_size\": 896,\n  \"initializer_range\": 0.02,\n  \"intermediate_size\": 4864,\n"
+               "  \"max_position_embeddings\": 32768,\n  \"max_window_layers\": 24,\n"
+               "  \"model_type\": \"qwen2\",\n  \"num_attention_heads\": 14,\n  \"num_hidden_layers\": 24,\n"
+               "  \"num_key_value_heads\": 2,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 1000000.0,\n"
+               "  \"sliding_window\": 32768,\n  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"bfloat16\",\n"
+               "  \"transformers_version\": \"4.40.1\",\n  \"use_cache\": true,\n  \"use_sliding_window\": false,\n"
+               "  \"vocab_size\": 151936\n}\n");
+    mt_model_config c;
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.arch, MT_ARCH_QWEN2);
+    cr_assert_eq(c.attention_bias, 1);
+    cr_assert_eq(c.tie_word_embeddings, 1);
+    cr_assert_eq(c.num_key_value_heads, 2);
+    cr_assert_eq(c.vocab_size, 151936);
+    cr_assert_eq(c.rope_theta, 1e6f);
+    cr_assert_eq(c.rms_norm_eps, 1e-6f);
+
+    /* Llama 3.2 1B's config.json, llama3 rope scaling */
+    write_text(dir, "config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+               "\"bos_token_id\":128000,\"eos_token_id\":128001,\"head_dim\":64,\"hidden_act\":\"silu\","
+               "\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":8192,"
+               "\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
+               "\"num_attention_heads\":32,\"num_hidden_layers\":16,\"num_key_value_heads\":8,"
+               "\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,"
+               "\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,"
+               "\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"tie_word_embeddings\":true,"
+               "\"torch_dtype\":\"bfloat16\",\"use_cache\":true,\"vocab_size\":128256}");
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.arch, MT_ARCH_LLAMA);
+    cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_LLAMA3);
+    cr_assert_eq(c.rope_factor, 32.0f);
+    cr_assert_eq(c.rope_original_max_position, 8192);
+    cr_assert_eq(c.head_dim, 64);
+    cr_assert_eq(c.num_key_value_heads, 8);
+
+    /* model_type alone is enough */
+    write_text(dir, "config.json",
+               "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
+               "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":1,"
+               "\"max_position_embeddings\":128,\"sliding_window\":null}");
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.arch, MT_ARCH_MISTRAL);
+}
+
+/* ---- config refusals ----------------------------------------------------------------- */
+
+#define BASE_FIELDS                                                                                    \
+    "\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,\"num_hidden_layers\":2,"           \
+    "\"num_attention_heads\":4,\"max_position_embeddings\":128"
+
+static void expect_config_refusal(const char *json, mt_status want, const char *needle)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    write_text(dir, "config.json", json);
+    mt_model_config c, before;
+    mt_model_config_init(&c);
+    c.seed = 42;
+    before = c;
+    mt_status st = mt_config_load(&c, dir);
+    cr_assert_eq(st, want, "status %d (%s) for %s", st, mt_last_errmsg(), json);
+    cr_assert(strstr(mt_last_errmsg(), needle), "message \"%s\" names %s", mt_last_errmsg(), needle);
+    cr_assert_eq(memcmp(&c, &before, sizeof c), 0, "cfg untouched by a failed load");
+}
+
+Test(hf, config_refusals)
+{
+    expect_config_refusal("{\"architectures\":[\"GPT2LMHeadModel\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
+                          "GPT2LMHeadModel");
+    expect_config_refusal("{\"model_type\":\"gpt2\"," BASE_FIELDS "}", MT_ERR_UNSUPPORTED, "gpt2");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0}}",
+                          MT_ERR_UNSUPPORTED, "yarn");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}}",
+                          MT_ERR_UNSUPPORTED, "dynamic");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"hidden_act\":\"gelu\"}",
+                          MT_ERR_UNSUPPORTED, "gelu");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"mlp_bias\":true}",
+                          MT_ERR_UNSUPPORTED, "mlp_bias");
+    expect_config_refusal("{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE_FIELDS
+                          ",\"sliding_window\":64,\"use_sliding_window\":true}",
+                          MT_ERR_UNSUPPORTED, "use_sliding_window");
+    expect_config_refusal("{\"architectures\":[\"MistralForCausalLM\"]," BASE_FIELDS ",\"sliding_window\":64}",
+                          MT_ERR_UNSUPPORTED, "sliding_window");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
+                          "config.json");
+    expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":32}", MT_ERR_FORMAT,
+                          "vocab_size");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"num_key_value_heads\":3}",
+                          MT_ERR_INVALID_ARGUMENT, "num_key_value_heads");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":-4,\"hidden_size\":32}",
+                          MT_ERR_FORMAT, "vocab_size");
+}
+
+Test(hf, config_missing_file_and_bad_arguments)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, "/nonexistent/mt_hf_model"), MT_ERR_IO);
+    cr_assert(strstr(mt_last_errmsg(), "/nonexistent/mt_hf_model/config.json"), "%s", mt_last_errmsg());
+    cr_assert(strstr(mt_last_errmsg(), strerror(ENOENT)), "%s", mt_last_errmsg());
+    cr_assert_eq(mt_config_load(NULL, tmp_dir), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mt_config_load(&c, NULL), MT_ERR_INVALID_ARGUMENT);
+    c.struct_size = 4;
+    cr_assert_eq(mt_config_load(&c, tmp_dir), MT_ERR_STRUCT_SIZE);
+}
+
+/* ---- hand-written safetensors files ------------------------------------------------------ */
+
+typedef struct ht {
+    char name[128];
+    const char *dtype; /* "F32", "F16", "BF16", or anything to test refusals */
+    int nd;
+    uint64_t dims[2];
+    void *data;
+    size_t bytes;
+} ht;
+
+/* Writes a safetensors file by hand (no padding: the data need not be aligned). */
+static void write_safetensors(const char *path, const ht *t, int n)
+{
+    size_t cap = 256 + (size_t)n * 256, len = 0;
+    char *h = malloc(cap);
+    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t[i].name, t[i].dtype);
+        for (int d = 0; d < t[i].nd; d++)
+            len += (size_t)snprintf(h + len, cap - len, "%s%llu", d ? "," : "", (unsigned long long)t[i].dims[d]);
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                                (unsigned long long)(off + t[i].bytes));
+        off += t[i].bytes;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    cr_assert_lt(len, cap);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    fwrite(len8, 1, 8, f);
+    fwrite(h, 1, len, f);
+    for (int i = 0; i < n; i++) fwrite(t[i].data, 1, t[i].bytes, f);
+    fclose(f);
+    free(h);
+}
+
+/* fp16 -> double, written independently of the library's decoder. */
+static double half_value(uint16_t h)
+{
+    int s = h >> 15, e = (h >> 10) & 31, man = h & 1023;
+    double v = e == 0 ? ldexp(man, -24) : ldexp(1024 + man, e - 25);
+    return s ? -v : v;
+}
+
+/* A random finite fp16 bit pattern (subnormals and zeros included). */
+static uint16_t random_half(uint32_t *state)
+{
+    for (;;) {
+        *state = *state * 1664525u + 1013904223u;
+        uint16_t h = (uint16_t)(*state >> 16);
+        if (((h >> 10) & 31) != 31) return h;
+    }
+}
+
+/* Tensors for every tensor the model expects, with dtype chosen per tensor:
+ * F16 for matrices with even index, F32 for the others (BF16 when bf16 is set
+ * for the embedding). expect[u][...] receives the values the master must get. */
+typedef struct hand_model {
+    ht *t;
+    int n;
+    float **expect; /* per unit, padded */
+} hand_model;
+
+static hand_model hand_tensors(const mt_model *m, int extra)
+{
+    hand_model h = {calloc(64 + (size_t)extra, sizeof(ht)), 0, calloc((size_t)m->layout.n_units, sizeof(float *))};
+    uint32_t rng = 12345;
+    int k = 0;
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *d = &m->layout.units[u];
+        h.expect[u] = calloc(d->padded, sizeof(float));
+        for (int i = 0; i < d->n_tensors; i++, k++) {
+            const mt_tensor_desc *td = &d->tensors[i];
+            ht *t = &h.t[h.n++];
+            snprintf(t->name, sizeof t->name, "%s", td->name);
+            int vec = td->role == MT_T_ATTN_NORM || td->role == MT_T_MLP_NORM || td->role == MT_T_FINAL_NORM ||
+                      td->role == MT_T_Q_BIAS || td->role == MT_T_K_BIAS || td->role == MT_T_V_BIAS;
+            t->nd = vec ? 1 : 2;
+            t->dims[0] = td->rows;
+            t->dims[1] = td->cols;
+            float *ex = h.expect[u] + td->offset;
+            if (td->role == MT_T_EMBED) {
+                t->dtype = "BF16";
+                uint16_t *b = malloc(td->numel * 2);
+                for (uint64_t e = 0; e < td->numel; e++) {
+                    rng = rng * 1664525u + 1013904223u;
+                    b[e] = (uint16_t)(rng >> 16);
+                    if (((b[e] >> 7) & 0xff) == 0xff) b[e] &= 0xbfff; /* keep it finite */
+                    ex[e] = mt_bf16_to_f32(b[e]);
+                }
+                t->data = b;
+                t->bytes = td->numel * 2;
+            } else if (k % 2 == 0) {
+                t->dtype = "F16";
+                uint16_t *b = malloc(td->numel * 2);
+                for (uint64_t e = 0; e < td->numel; e++) {
+                    b[e] = random_half(&rng);
+                    ex[e] = (float)half_value(b[e]);
+                }
+                t->data = b;
+                t->bytes = td->numel * 2;
+            } else {
+                t->dtype = "F32";
+                float *b = malloc(td->numel * 4);
+                for (uint64_t e = 0; e < td->numel; e++) {
+                    rng = rng * 1664525u + 1013904223u;
+                    b[e] = ((float)(rng >> 8) / 16777216.0f - 0.5f) * 3.0f;
+                    ex[e] = b[e];
+                }
+                t->data = b;
+                t->bytes = td->numel * 4;
+            }
+        }
+    }
+    return h;
+}
+
+static void hand_free(hand_model *h, const mt_model *m)
+{
+    for (int i = 0; i < h->n; i++) free(h->t[i].data);
+    free(h->t);
+    for (int u = 0; u < m->layout.n_units; u++) free(h->expect[u]);
+    free(h->expect);
+}
+
+static void assert_master_is(const mt_model *m, const hand_model *h)
+{
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *d = &m->layout.units[u];
+        const float *ma = mt_tile_master(&m->tiles.tile[u], d);
+        const uint16_t *w = mt_tile_weights_bf16(&m->tiles.tile[u], d);
+        for (int t = 0; t < d->n_tensors; t++) {
+            const mt_tensor_desc *td = &d->tensors[t];
+            for (uint64_t i = td->offset; i < td->offset + td->numel; i++) {
+                cr_assert_eq(memcmp(&ma[i], &h->expect[u][i], 4), 0, "%s[%llu]: %g, want %g", td->name,
+                             (unsigned long long)(i - td->offset), (double)ma[i], (double)h->expect[u][i]);
+                if (w) cr_assert_eq(w[i], mt_f32_to_bf16(ma[i]), "%s bf16 copy", td->name);
+            }
+        }
+    }
+}
+
+static mt_model_config tiny(int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.vocab_size = 16;
+    c.hidden_size = 8;
+    c.intermediate_size = 12;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.max_position_embeddings = 32;
+    c.precision = (uint32_t)precision;
+    return c;
+}
+
+Test(hf, hand_written_f16_f32_bf16)
+{
+    for (int prec = 0; prec <= 1; prec++)
+        for (int qwen = 0; qwen <= 1; qwen++) {
+            mt_model_config c = tiny(prec);
+            if (qwen) c.arch = MT_ARCH_QWEN2, c.attention_bias = 1, c.tie_word_embeddings = 1;
+            mt_model *m = make(&c);
+            hand_model h = hand_tensors(m, 2);
+            /* an ignored rotary buffer, and for the tied model an ignored lm_head */
+            float inv[4] = {1, 0.5f, 0.25f, 0.125f};
+            ht *r = &h.t[h.n++];
+            *r = (ht){"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", 1, {4, 0}, malloc(16), 16};
+            memcpy(r->data, inv, 16);
+            if (qwen) {
+                ht *lm = &h.t[h.n++];
+                *lm = (ht){"lm_head.weight", "F32", 2, {16, 8}, calloc(128, 4), 512};
+            }
+            char dir[512], p[1024];
+            tmp_path(dir, "");
+            snprintf(p, sizeof p, "%s/model.safetensors", dir);
+            write_safetensors(p, h.t, h.n);
+            dirty_optimizer(m);
+            cr_assert_eq(mt_model_load(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+            assert_master_is(m, &h);
+            assert_optimizer_reset(m);
+            hand_free(&h, m);
+            mt_model_destroy(m);
+        }
+}
+
+Test(hf, f16_special_values)
+{
+    mt_model_config c = tiny(MT_PRECISION_FP32);
+    mt_model *m = make(&c);
+    hand_model h = hand_tensors(m, 0);
+    /* the final norm (unit L+1, tensor 0) gets hand-picked fp16 values */
+    const uint16_t bits[8] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x3c00, 0xc000, 0x7bff};
+    const float want[8] = {0.0f, -0.0f, 5.9604644775390625e-08f, 6.09755516052246094e-05f, 6.103515625e-05f,
+                           1.0f, -2.0f, 65504.0f};
+    int idx = -1;
+    for (int i = 0; i < h.n; i++)
+        if (!strcmp(h.t[i].name, "model.norm.weight")) idx = i;
+    cr_assert_geq(idx, 0);
+    free(h.t[idx].data);
+    h.t[idx].dtype = "F16";
+    h.t[idx].data = malloc(16);
+    h.t[idx].bytes = 16;
+    memcpy(h.t[idx].data, bits, 16);
+    char dir[512], p[1024];
+    tmp_path(dir, "");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_safetensors(p, h.t, h.n);
+    cr_assert_eq(mt_model_load(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    const mt_unit_desc *d = &m->layout.units[m->layout.n_units - 1];
+    const float *ma = mt_tile_master(&m->tiles.tile[m->layout.n_units - 1], d) + d->tensors[0].offset;
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(memcmp(&ma[i], &want[i], 4), 0, "fp16 0x%04x: %a, want %a", bits[i], (double)ma[i],
+                     (double)want[i]);
+    hand_free(&h, m);
+    mt_model_destroy(m);
+}
+
+Test(hf, sharded_folder_with_index)
+{
+    mt_model_config c = tiny(MT_PRECISION_BF16);
+    mt_model *m = make(&c);
+    hand_model h = hand_tensors(m, 0);
+    char dir[512], p[1024];
+    tmp_path(dir, "");
+    int half = h.n / 2;
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
+    write_safetensors(p, h.t, half);
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
+    write_safetensors(p, h.t + half, h.n - half);
+    char index[8192];
+    size_t len = (size_t)snprintf(index, sizeof index, "{\"metadata\":{\"total_size\":0},\"weight_map\":{");
+    for (int i = 0; i < h.n; i++)
+        len += (size_t)snprintf(index + len, sizeof index - len, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"",
+                                i ? "," : "", h.t[i].name, i < half ? 1 : 2);
+    snprintf(index + len, sizeof index - len, "}}");
+    write_text(dir, "model.safetensors.index.json", index);
+    cr_assert_eq(mt_model_load(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    assert_master_is(m, &h);
+
+    /* an index that puts a tensor in the wrong shard is refused */
+    mt_model *m2 = make(&c);
+    snapshot s = take(m2);
+    char *q = strstr(index, "00001-of");
+    cr_assert_not_null(q);
+    q[4] = '2'; /* the first tensor now claims to be in shard 2 */
+    write_text(dir, "model.safetensors.index.json", index);
+    cr_assert_eq(mt_model_load(m2, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m2), h.t[0].name), "%s", mt_model_errmsg(m2));
+    assert_unchanged(m2, &s, "wrong shard");
+    drop(&s);
+
+    /* a missing shard: I/O error naming it */
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
+    unlink(p);
+    s = take(m2);
+    cr_assert_eq(mt_model_load(m2, dir), MT_ERR_IO);
+    cr_assert(strstr(mt_model_errmsg(m2), "model-00002-of-00002.safetensors"), "%s", mt_model_errmsg(m2));
+    assert_unchanged(m2, &s, "missing shard");
+    drop(&s);
+    hand_free(&h, m);
+    mt_model_destroy(m);
+    mt_model_destroy(m2);
+}
+
+/* ---- load refusals ------------------------------------------------------------------------- */
+
+/* Writes h as the folder's model.safetensors, loads it into m, and checks
+ * the status, the message and that m is as before. */
+static void expect_load_refusal(mt_model *m, const ht *t, int n, mt_status want, const char *needle,
+                                const char *needle2)
+{
+    char dir[512], p[1024];
+    tmp_path(dir, "");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_safetensors(p, t, n);
+    snapshot s = take(m);
+    mt_status st = mt_model_load(m, dir);
+    cr_assert_eq(st, want, "status %d: %s", st, mt_model_errmsg(m));
+    cr_assert(strstr(mt_model_errmsg(m), needle), "message \"%s\" names %s", mt_model_errmsg(m), needle);
+    if (needle2) cr_assert(strstr(mt_model_errmsg(m), needle2), "message \"%s\" names %s", mt_model_errmsg(m), needle2);
+    assert_unchanged(m, &s, needle);
+    drop(&s);
+}
+
+Test(hf, load_refusals_leave_model_unchanged)
+{
+    mt_model_config c = tiny(MT_PRECISION_BF16);
+    mt_model *m = make(&c);
+    dirty_optimizer(m);
+    hand_model h = hand_tensors(m, 1);
+    int q = -1, last = h.n - 1;
+    for (int i = 0; i < h.n; i++)
+        if (!strcmp(h.t[i].name, "model.layers.1.self_attn.q_proj.weight")) q = i;
+    cr_assert_geq(q, 0);
+
+    /* wrong shape: q_proj [8, 8] stored as [4, 16] */
+    h.t[q].dims[0] = 4;
+    h.t[q].dims[1] = 16;
+    expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, "model.layers.1.self_attn.q_proj.weight has shape [4, 16]",
+                        "the model expects [8, 8]");
+    h.t[q].dims[0] = 8;
+    h.t[q].dims[1] = 8;
+
+    /* a vector stored as a matrix */
+    int norm = -1;
+    for (int i = 0; i < h.n; i++)
+        if (!strcmp(h.t[i].name, "model.norm.weight")) norm = i;
+    h.t[norm].nd = 2;
+    h.t[norm].dims[1] = 1;
+    expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, "model.norm.weight has shape [8, 1]", "expects [8]");
+    h.t[norm].nd = 1;
+
+    /* missing tensor (the last one, lm_head) */
+    expect_load_refusal(m, h.t, last, MT_ERR_FORMAT, h.t[last].name, "lacks");
+
+    /* unknown extra tensor */
+    ht *x = &h.t[h.n];
+    *x = (ht){"model.layers.9.mlp.up_proj.weight", "F32", 1, {2, 0}, calloc(2, 4), 8};
+    expect_load_refusal(m, h.t, h.n + 1, MT_ERR_FORMAT, "model.layers.9.mlp.up_proj.weight", NULL);
+    free(x->data);
+
+    /* unsupported dtype */
+    const char *dt = h.t[q].dtype;
+    h.t[q].dtype = "F64";
+    expect_load_refusal(m, h.t, h.n, MT_ERR_UNSUPPORTED, "F64", h.t[q].name);
+    h.t[q].dtype = "I8";
+    expect_load_refusal(m, h.t, h.n, MT_ERR_UNSUPPORTED, "I8", NULL);
+    h.t[q].dtype = dt;
+
+    /* byte count that does not match shape * dtype (claims F32 with F16 bytes or vice versa) */
+    h.t[q].dtype = !strcmp(dt, "F32") ? "F16" : "F32";
+    expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, h.t[q].name, NULL);
+    h.t[q].dtype = dt;
+
+    char dir[512], p[1024];
+    tmp_path(dir, "");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+
+    /* header length beyond the file */
+    write_safetensors(p, h.t, h.n);
+    FILE *f = fopen(p, "r+b");
+    unsigned char big[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+    fwrite(big, 1, 8, f);
+    fclose(f);
+    snapshot s = take(m);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "header length"), "%s", mt_model_errmsg(m));
+    cr_assert(strstr(mt_model_errmsg(m), p), "names the file: %s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "header length");
+
+    /* truncated data: the last tensor's bytes end beyond the file */
+    write_safetensors(p, h.t, h.n);
+    struct stat sb;
+    stat(p, &sb);
+    cr_assert_eq(truncate(p, sb.st_size - 3), 0);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "data_offsets"), "%s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "truncated");
+
+    /* shorter than the length field */
+    write_file(p, "abc", 3);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    assert_unchanged(m, &s, "tiny file");
+
+    /* header that is not JSON */
+    unsigned char bad[8 + 6] = {6, 0, 0, 0, 0, 0, 0, 0, '{', 'x', 'y', 'z', ' ', ' '};
+    write_file(p, bad, sizeof bad);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "JSON"), "%s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "bad json header");
+
+    /* no weights at all */
+    unlink(p);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_IO);
+    cr_assert(strstr(mt_model_errmsg(m), "model.safetensors"), "%s", mt_model_errmsg(m));
+    cr_assert_eq(mt_model_load(m, "/nonexistent/mt_hf_model"), MT_ERR_IO);
+    cr_assert_eq(mt_model_load(m, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mt_model_load(NULL, dir), MT_ERR_INVALID_ARGUMENT);
+    assert_unchanged(m, &s, "no file");
+    drop(&s);
+
+    /* a model of another shape */
+    mt_model_config c2 = tiny(MT_PRECISION_BF16);
+    c2.hidden_size = 16;
+    mt_model *other = make(&c2);
+    cr_assert_eq(mt_model_save(other, dir), MT_OK, "%s", mt_model_errmsg(other));
+    s = take(m);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "model.embed_tokens.weight has shape [16, 16]"), "%s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "other model");
+    drop(&s);
+
+    /* and the valid file still loads afterwards */
+    write_safetensors(p, h.t, h.n);
+    cr_assert_eq(mt_model_load(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    assert_master_is(m, &h);
+    hand_free(&h, m);
+    mt_model_destroy(m);
+    mt_model_destroy(other);
+}
+
+Test(hf, save_failure_is_an_io_error)
+{
+    mt_model_config c = tiny(MT_PRECISION_BF16);
+    mt_model *m = make(&c);
+    char file[512], dir[1024];
+    tmp_path(file, "plainfile");
+    write_file(file, "x", 1);
+    snprintf(dir, sizeof dir, "%s/sub", file);
+    cr_assert_eq(mt_model_save(m, dir), MT_ERR_IO);
+    cr_assert(strstr(mt_model_errmsg(m), file), "%s", mt_model_errmsg(m));
+    cr_assert(strstr(mt_model_errmsg(m), strerror(ENOTDIR)), "%s", mt_model_errmsg(m));
+    cr_assert_eq(mt_model_save(m, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mt_model_save(NULL, dir), MT_ERR_INVALID_ARGUMENT);
+
+    /* a temporary name that cannot be created (a directory is in the way):
+     * the old files stay as they were */
+    char out[512], in_way[1024];
+    tmp_path(out, "kept");
+    cr_assert_eq(mt_model_save(m, out), MT_OK, "%s", mt_model_errmsg(m));
+    snprintf(in_way, sizeof in_way, "%s/model.safetensors.tmp", out);
+    cr_assert_eq(mkdir(in_way, 0755), 0);
+    mt_model_config c2 = c;
+    c2.seed = 77;
+    mt_model *other = make(&c2);
+    cr_assert_eq(mt_model_save(other, out), MT_ERR_IO);
+    cr_assert(strstr(mt_model_errmsg(other), "model.safetensors.tmp"), "%s", mt_model_errmsg(other));
+    cr_assert(strstr(mt_model_errmsg(other), strerror(EISDIR)), "%s", mt_model_errmsg(other));
+    rmdir(in_way);
+    snprintf(in_way, sizeof in_way, "%s/config.json.tmp", out);
+    cr_assert_neq(access(in_way, F_OK), 0, "no temporary config left");
+    mt_model *b = make(&c2);
+    cr_assert_eq(mt_model_load(b, out), MT_OK, "old files intact: %s", mt_model_errmsg(b));
+    const mt_unit_desc *d0 = &m->layout.units[0];
+    cr_assert_eq(memcmp(mt_tile_weights_bf16(&b->tiles.tile[0], d0), mt_tile_weights_bf16(&m->tiles.tile[0], d0),
+                        d0->tensors[0].numel * 2),
+                 0, "the folder still holds the first model");
+    mt_model_destroy(b);
+    mt_model_destroy(other);
+    mt_model_destroy(m);
+}

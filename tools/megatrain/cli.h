@@ -1,0 +1,59 @@
+/* The megatrain command-line program: shared helpers. It uses only the
+ * public API of libmegatrain. */
+#ifndef MEGATRAIN_CLI_H
+#define MEGATRAIN_CLI_H
+
+#include <megatrain.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Subcommands: return the process exit status. */
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+/* Option parsing: "--name value" or "--name=value". Returns 1 and sets *val
+ * when argv[*i] is the option (advancing *i past its value), 0 otherwise;
+ * exits the program with a message when the value is missing. */
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+int cli_flag(char **argv, int i, const char *name);
+long long cli_int(const char *name, const char *s, long long lo, long long hi);
+double cli_float(const char *name, const char *s, double lo, double hi);
+void cli_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+double cli_now(void);
+void cli_fmt_duration(char *buf, size_t n, double seconds);
+/* The library's log lines, on stderr, prefixed. */
+void cli_log(mt_log_level level, const char *text, void *user);
+
+/* ---- the built-in arithmetic demo (demo.c) ------------------------------ */
+
+/* Character vocabulary of the demo: digits, '+', '=', newline. */
+#define DEMO_VOCAB "0123456789+=\n"
+#define DEMO_V 13
+int demo_tok(char c);       /* -1 if not in the vocabulary */
+char demo_chr(int id);
+
+typedef struct demo_problem { int a, b; } demo_problem;
+
+typedef struct demo_data {
+    demo_problem *train, *heldout;
+    int n_train, n_heldout;
+} demo_data;
+
+/* All problems a + b with both operands in [lo, hi], shuffled by seed; the
+ * first n_heldout are held out and never trained on. */
+int demo_data_make(demo_data *d, int lo, int hi, int n_heldout, uint64_t seed);
+void demo_data_free(demo_data *d);
+/* Packs problems drawn from the training set (from rng state *rng) into
+ * n_seq sequences of seq_len tokens: "a+b=c\n..." with targets only on the
+ * answer and its newline; the tail after the last whole problem is padding
+ * with ignored targets. */
+void demo_fill_batch(const demo_data *d, uint64_t *rng, int n_seq, int seq_len, int32_t *tokens, int32_t *targets);
+/* Greedy answers to problems[0..n): fills correct and returns the count right. */
+int demo_accuracy(mt_model *m, const demo_problem *p, int n, int *n_done);
+/* Answers one prompt "a+b=" greedily into out (digits, NUL-terminated). */
+int demo_answer(mt_model *m, const char *prompt, char *out, size_t out_len);
+
+#endif

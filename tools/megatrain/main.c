@@ -1,0 +1,136 @@
+/* megatrain: train, evaluate and sample Llama-family language models with
+ * the model state in host memory. */
+#define _GNU_SOURCE
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char usage[] =
+    "usage: megatrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train    train a model (with no options: the built-in arithmetic demo)\n"
+    "  eval     loss on a token file, or the demo's held-out accuracy\n"
+    "  sample   complete a prompt with a trained model\n"
+    "  plan     the memory a model would need, per tier\n"
+    "  info     library version, backend, machine\n"
+    "\n"
+    "`megatrain <command> --help` describes each one.\n";
+
+void cli_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("megatrain: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+int cli_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
+
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0') return 0;
+    if (*i + 1 >= argc) cli_die("%s needs a value", name);
+    *val = argv[++*i];
+    return 1;
+}
+
+long long cli_int(const char *name, const char *s, long long lo, long long hi)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) cli_die("%s: '%s' is not an integer", name, s);
+    if (v < lo || v > hi) cli_die("%s: %lld is outside [%lld, %lld]", name, v, lo, hi);
+    return v;
+}
+
+double cli_float(const char *name, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) cli_die("%s: '%s' is not a number", name, s);
+    if (!(v >= lo && v <= hi)) cli_die("%s: %g is outside [%g, %g]", name, v, lo, hi);
+    return v;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_fmt_duration(char *buf, size_t n, double s)
+{
+    if (s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
+}
+
+void cli_log(mt_log_level level, const char *text, void *user)
+{
+    (void)user;
+    static const char *names[] = {"debug", "info", "warning", "error"};
+    fprintf(stderr, "megatrain: %s: %s\n", level <= MT_LOG_ERROR ? names[level] : "log", text);
+}
+
+int cmd_info(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (cli_flag(argv, i, "--help")) {
+            puts("usage: megatrain info\n\nPrints the library version, the backend a model would use here, and the\n"
+                 "machine's memory as the library sees it.");
+            return 0;
+        }
+        cli_die("info: unknown option '%s'", argv[i]);
+    }
+    printf("libmegatrain %s (header %d.%d.%d)\n", mt_version_string(), MT_VERSION_MAJOR, MT_VERSION_MINOR,
+           MT_VERSION_PATCH);
+    mt_model_config cfg;
+    mt_model_config_init(&cfg);
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    mt_plan(&plan, &cfg, NULL, NULL);
+    printf("backend:          %s\n", plan.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");
+    printf("host memory:      %.1f GiB available\n", (double)plan.host_budget_bytes / (1u << 30));
+    if (plan.backend == MT_BACKEND_CUDA)
+        printf("GPU memory:       %.1f GiB free\n", (double)plan.gpu_budget_bytes / (1u << 30));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("megatrain %s\n", mt_version_string());
+        return 0;
+    }
+    static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"train", cmd_train}, {"eval", cmd_eval}, {"sample", cmd_sample}, {"plan", cmd_plan}, {"info", cmd_info},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "megatrain: unknown command '%s'\n\n%s", argv[1], usage);
+    return 2;
+}
