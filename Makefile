@@ -63,7 +63,7 @@ TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck check setup install uninstall clean check-exports
+.PHONY: all test memcheck check demo setup install uninstall clean check-exports
 
 # -- library ------------------------------------------------------------
 build/src/%.o: src/%.c Makefile
@@ -138,6 +138,11 @@ check: setup
 	$(MAKE) test
 	$(MAKE) check-exports
 	tools/install-check.sh
+
+# The quick start: set up, build, train the built-in demo, report what it learned.
+demo: setup
+	$(MAKE) $(CLI)
+	$(CLI) train
 
 setup:
 	@tools/setup.sh

@@ -3,6 +3,7 @@
  *   fwd  y  = x @ W^T    (T x K) (N x K)^T
  *   dx   dx = dy @ W     (T x N) (N x K)
  *   dW   dW += dy^T @ x  (T x N)^T (T x K)
+ * and the other layer ops' times.
  * Usage: cpu_gemm [isa]   isa: 0 generic, 1 AVX2, 2 AVX-512 (default: the best). */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
@@ -79,6 +80,39 @@ static void bench_attention(mt_pool *p, void *ws, int B, int S, int H, int Hkv, 
     free(q); free(k); free(v); free(out); free(dout); free(dq); free(dk); free(dv); free(lse);
 }
 
+/* Milliseconds per call of the other ops at one layer's shapes:
+ * T = 4096, C = 256, F = 768, H = Hkv = 4, D = 64, and cross-entropy on 1024 x 8192 logits. */
+static void bench_others(mt_pool *p)
+{
+    const int T = 4096, C = 256, F = 768, H = 4, D = 64, n = 1024, V = 8192;
+    float *x = randn((size_t)T * C), *y = randn((size_t)T * C), *dx = randn((size_t)T * C), *w = randn(C);
+    float *rstd = randn(T), *g = randn((size_t)T * F), *u = randn((size_t)T * F), *o = randn((size_t)T * F);
+    float *q = randn((size_t)T * H * D), *logits = randn((size_t)n * V), inv_freq[32];
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    if (!pos) exit(1);
+    for (int t = 0; t < T; t++) pos[t] = t % 256;
+    const mt_rope_params rp = {.theta = 10000.0f};
+    mt_rope_inv_freq(inv_freq, D, &rp);
+    double t[8];
+    t[0] = now();
+    mt_cpu_rmsnorm(p, y, rstd, x, w, T, C, 1e-5f);
+    t[1] = now();
+    mt_cpu_rmsnorm_bwd(p, dx, w, y, x, w, rstd, T, C, 1e-5f);
+    t[2] = now();
+    mt_cpu_rope(p, q, pos, inv_freq, T, H, D, 0);
+    t[3] = now();
+    mt_cpu_swiglu(p, o, g, u, (size_t)T * F);
+    t[4] = now();
+    mt_cpu_swiglu_bwd(p, o, g, u, g, u, (size_t)T * F);
+    t[5] = now();
+    mt_cpu_cross_entropy(p, logits, pos, n, V, 1.0f, -100, NULL);
+    t[6] = now();
+    printf("ms: rmsnorm %.2f, rmsnorm_bwd %.2f, rope(q) %.2f, swiglu %.2f, swiglu_bwd %.2f, cross-entropy %.2f\n",
+           (t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3, (t[5] - t[4]) * 1e3,
+           (t[6] - t[5]) * 1e3);
+    free(x); free(y); free(dx); free(w); free(rstd); free(g); free(u); free(o); free(q); free(logits); free(pos);
+}
+
 int main(int argc, char **argv)
 {
     const mt_cpu_isa isa = mt_cpu_gemm_set_isa(argc > 1 ? (mt_cpu_isa)atoi(argv[1]) : MT_CPU_ISA_AVX512);
@@ -101,6 +135,7 @@ int main(int argc, char **argv)
         }
         bench_attention(p, ws, 16, 256, 4, 4, 64);
         bench_attention(p, ws, 4, 1024, 8, 2, 32);
+        bench_others(p);
         free(ws);
         mt_pool_destroy(p);
     }

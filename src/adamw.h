@@ -10,8 +10,10 @@
  *
  * Every kernel evaluates exactly this sequence of fp32 operations (no fused
  * multiply-add, IEEE sqrt and division, the same derived constants from
- * mt_adamw_consts_of), so all kernels give bit-identical results, and the bf16
- * output equals mt_f32_to_bf16(p) for every input, NaN included.
+ * mt_adamw_consts_of), so all kernels give bit-identical results (NaN
+ * payloads aside), and the bf16 output equals mt_f32_to_bf16(p) for every p,
+ * NaN and subnormal included. The build must not contract multiplies and
+ * adds into FMAs (-std=c11 implies -ffp-contract=off); the tests check.
  *
  * w_bf16 may be the very array a bf16 grad came in (the gradient lands in the
  * bf16 weight block and is overwritten by the new weight): every kernel reads

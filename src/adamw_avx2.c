@@ -1,7 +1,8 @@
 /* AdamW, AVX2: 8 floats per vector, two vectors per iteration, the scalar
  * kernel's exact operation sequence (separate multiplies and adds, IEEE sqrt
- * and division), bf16 rounding in integer arithmetic. The last n % 8
- * elements go to the scalar kernel, which computes the same bits. */
+ * and division), bf16 rounding in integer arithmetic, software prefetch. The
+ * last n % 8 elements go to the scalar kernel, which computes the same bits.
+ * Also the AVX2 sum of squares. */
 #include <immintrin.h>
 
 #include "adamw.h"

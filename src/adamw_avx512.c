@@ -1,8 +1,8 @@
 /* AdamW, AVX-512F/BW/VL: 16 floats per vector, two vectors per iteration,
  * masked loads and stores for the tail. The scalar kernel's exact operation
  * sequence (separate multiplies and adds, IEEE sqrt and division), so the
- * same bits. One pass over memory; the loop is bound by bandwidth, not by
- * the divider.
+ * same bits. One pass over memory with software prefetch; the loop is bound
+ * by bandwidth, not by the divider. Also the AVX-512 sum of squares.
  *
  * adamw_avx512bf16.c includes this file with MT_ADAMW_NATIVE_BF16 set to
  * build the same kernel around the AVX512_BF16 conversion instruction. */

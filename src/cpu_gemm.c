@@ -31,7 +31,7 @@
 #endif
 
 #define KC 256     /* reduction chunk: fixed, it sets the summation order */
-#define MC_MAX 192 /* tile rows: a multiple of every MR */
+#define MC_MAX 288 /* tile rows: a multiple of every MR */
 #define NC_MAX 256 /* tile columns: a multiple of every NR */
 #define MR_MAX 12
 #define NR_MAX 32

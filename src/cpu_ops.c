@@ -37,98 +37,108 @@ static size_t n_tasks(mt_pool *p, size_t work, size_t min_work)
 }
 
 /* ---- vector helpers ------------------------------------------------------------
- * GCC vector extensions, 16 floats wide: one zmm in the AVX-512 clone, two
- * ymm in the AVX2 clone, four xmm in the default one. Only IEEE adds,
- * multiplies, divides and integer operations (no contraction under -std=c11),
- * so every clone gives the same bits; a tail goes through the same code as a
- * zero-padded block. */
-#define VCLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-typedef uint32_t vu16 __attribute__((vector_size(64)));
-typedef double vd8 __attribute__((vector_size(64)));
+ * GCC vector extensions, 8 floats wide (one ymm register; two xmm in the
+ * default clone). Wider vectors would not do: GCC splits a comparison of a
+ * vector wider than the ISA's into scalar code. Only IEEE adds, multiplies,
+ * divides and integer operations (no contraction under -std=c11), so every
+ * clone gives the same bits; a tail goes through the same code as a
+ * zero-padded vector. */
+#define VW 8
+#define VCLONES __attribute__((target_clones("avx2", "default")))
 #define VINLINE static inline __attribute__((always_inline))
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+typedef double vd __attribute__((vector_size(VW * 4)));
+
+/* m ? a : b for a comparison m */
+#define VSEL(m, a, b) ((vf)(((m) & (vi)(a)) | (~(m) & (vi)(b))))
 
 /* *v = x[0..w), zeros after */
-VINLINE void vload(vf16 *v, const float *x, int w)
+VINLINE void vload(vf *v, const float *x, int w)
 {
-    if (w == 16) {
+    if (w == VW) {
         memcpy(v, x, sizeof *v);
     } else {
-        *v = (vf16){0};
+        *v = (vf){0};
         memcpy(v, x, (size_t)w * sizeof(float));
     }
 }
 
-VINLINE void vstore(float *x, const vf16 *v, int w) { memcpy(x, v, (size_t)w * sizeof(float)); }
+VINLINE void vstore(float *x, const vf *v, int w) { memcpy(x, v, (size_t)w * sizeof(float)); }
 
 /* *v = exp(*v): Cephes' expf (range reduction by ln 2 in two parts, a degree-6
- * polynomial, the exponent put in by integer arithmetic), within 2 ulp;
- * inputs above 88 give exp(88), below -87.34 (results under FLT_MIN) 0. */
-VINLINE void vexp(vf16 *v)
+ * polynomial, the exponent put in by integer arithmetic), within 2 ulp for
+ * inputs in [-87.3, 88]; inputs are clamped to that range. */
+VINLINE void vexp(vf *v)
 {
-    const vf16 zero = {0}, lo = zero - 87.33654f, hi = zero + 88.0f;
-    vf16 x = *v;
-    const vi16 under = x < lo, over = x > hi;
-    x = (vf16)((under & (vi16)lo) | (~under & (vi16)x));
-    x = (vf16)((over & (vi16)hi) | (~over & (vi16)x));
-    const vf16 t = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) in the low mantissa bits */
-    const vf16 n = t - 12582912.0f;
-    const vf16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    vf16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    const vf zero = {0}, lo = zero - 87.33654f, hi = zero + 88.0f;
+    vf x = *v;
+    x = VSEL(x < lo, lo, x);
+    x = VSEL(x > hi, hi, x);
+    const vf t = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) in the low mantissa bits */
+    const vf n = t - 12582912.0f;
+    const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    const vu16 pow2n = ((vu16)t - 0x4B400000u + 127u) << 23;
-    *v = (vf16)(~under & (vi16)(p * (vf16)pow2n));
+    const vu pow2n = ((vu)t - 0x4B400000u + 127u) << 23;
+    *v = p * (vf)pow2n;
 }
 
 /* The largest of x[0..n), n >= 1 (NaNs skipped). */
 VCLONES static float vec_max(const float *x, int n)
 {
-    vf16 m = (vf16){0} - INFINITY;
+    vf m = (vf){0} - INFINITY;
     int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        vf16 v;
-        vload(&v, x + j, 16);
-        const vi16 gt = v > m;
-        m = (vf16)((gt & (vi16)v) | (~gt & (vi16)m));
+    for (; j + VW <= n; j += VW) {
+        vf v;
+        vload(&v, x + j, VW);
+        m = VSEL(v > m, v, m);
     }
     float r = m[0];
-    for (int l = 1; l < 16; l++) r = m[l] > r ? m[l] : r;
+    for (int l = 1; l < VW; l++) r = m[l] > r ? m[l] : r;
     for (; j < n; j++) r = x[j] > r ? x[j] : r;
     return r;
 }
 
 /* y = exp(x * mul - sub) over n (y may be x); returns the sum of y, added in
- * double over 16 lanes combined in a fixed order. */
+ * double over 8 lanes combined in a fixed order, then the tail. */
 VCLONES static double vec_exp(float *y, const float *x, float mul, float sub, int n)
 {
-    static const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    vd8 a0 = {0}, a1 = {0};
-    for (int j = 0; j < n; j += 16) {
-        const int w = n - j < 16 ? n - j : 16;
-        vf16 v;
-        vload(&v, x + j, w);
+    vd a0 = {0}, a1 = {0};
+    int j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf v;
+        vload(&v, x + j, VW);
         v = v * mul - sub;
         vexp(&v);
-        v = (vf16)((vi16)v & (lane < w)); /* padding lanes add nothing */
-        vstore(y + j, &v, w);
-        a0 += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), vd8);
-        a1 += __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), vd8);
+        vstore(y + j, &v, VW);
+        a0 += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), vd);
+        a1 += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), vd);
     }
     a0 += a1;
-    return ((a0[0] + a0[4]) + (a0[2] + a0[6])) + ((a0[1] + a0[5]) + (a0[3] + a0[7]));
+    double sum = (a0[0] + a0[2]) + (a0[1] + a0[3]);
+    if (j < n) {
+        vf v;
+        vload(&v, x + j, n - j);
+        v = v * mul - sub;
+        vexp(&v);
+        vstore(y + j, &v, n - j);
+        for (int l = 0; l < n - j; l++) sum += v[l];
+    }
+    return sum;
 }
 
 /* x *= f over n */
 VCLONES static void vec_scale(float *x, float f, int n)
 {
-    for (int j = 0; j < n; j += 16) {
-        const int w = n - j < 16 ? n - j : 16;
-        vf16 v;
+    for (int j = 0; j < n; j += VW) {
+        const int w = n - j < VW ? n - j : VW;
+        vf v;
         vload(&v, x + j, w);
         v = v * f;
         vstore(x + j, &v, w);
@@ -138,13 +148,13 @@ VCLONES static void vec_scale(float *x, float f, int n)
 /* ds = p * (ds - di) * scale over n: the softmax backward, dP in, dS out */
 VCLONES static void vec_dsoftmax(float *ds, const float *p, float di, float scale, int n)
 {
-    for (int j = 0; j < n; j += 16) {
-        const int w = n - j < 16 ? n - j : 16;
-        vf16 vp, vd;
+    for (int j = 0; j < n; j += VW) {
+        const int w = n - j < VW ? n - j : VW;
+        vf vp, vd_;
         vload(&vp, p + j, w);
-        vload(&vd, ds + j, w);
-        vd = vp * (vd - di) * scale;
-        vstore(ds + j, &vd, w);
+        vload(&vd_, ds + j, w);
+        vd_ = vp * (vd_ - di) * scale;
+        vstore(ds + j, &vd_, w);
     }
 }
 
@@ -468,9 +478,9 @@ typedef struct {
 /* out = g / (1 + exp(-g)) * u over n */
 VCLONES static void vec_swiglu(float *out, const float *gate, const float *up, size_t n)
 {
-    for (size_t j = 0; j < n; j += 16) {
-        const int w = n - j < 16 ? (int)(n - j) : 16;
-        vf16 g, u, e;
+    for (size_t j = 0; j < n; j += VW) {
+        const int w = n - j < VW ? (int)(n - j) : VW;
+        vf g, u, e;
         vload(&g, gate + j, w);
         vload(&u, up + j, w);
         e = -g;
@@ -485,16 +495,16 @@ VCLONES static void vec_swiglu(float *out, const float *gate, const float *up, s
 VCLONES static void vec_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                    size_t n)
 {
-    for (size_t j = 0; j < n; j += 16) {
-        const int w = n - j < 16 ? (int)(n - j) : 16;
-        vf16 g, u, d, s;
+    for (size_t j = 0; j < n; j += VW) {
+        const int w = n - j < VW ? (int)(n - j) : VW;
+        vf g, u, d, s;
         vload(&g, gate + j, w);
         vload(&u, up + j, w);
         vload(&d, dout + j, w);
         s = -g;
         vexp(&s);
         s = 1.0f / (1.0f + s);
-        const vf16 dg = d * u * (s * (1.0f + g * (1.0f - s))), du = d * (g * s);
+        const vf dg = d * u * (s * (1.0f + g * (1.0f - s))), du = d * (g * s);
         vstore(dgate + j, &dg, w);
         vstore(dup + j, &du, w);
     }

@@ -10,7 +10,9 @@
  * reduction order fixed by the shapes alone, so results are bit-identical
  * from run to run and for any number of threads in the pool (pool may be
  * NULL: serial). They may differ between CPUs of different instruction sets
- * (the GEMM kernels use fused multiply-adds where the CPU has them).
+ * (the GEMM kernels use fused multiply-adds where the CPU has them; the
+ * other ops give the same bits everywhere). The softmaxes, the cross-entropy
+ * and SwiGLU use a vectorized expf within 2 ulp of exp.
  *
  * Scratch: the matmuls and the attention take `ws`, caller-owned scratch of
  * at least mt_cpu_ws_size(mt_pool_size(p), S) bytes, any alignment. Its
@@ -28,8 +30,8 @@
 
 /* Bytes of ws the ops need with a pool of n_threads threads (mt_pool_size)
  * and attention over sequences of at most S positions (0 when the
- * attention ops are not used). About 0.5 MiB per thread plus 2 * 48 * S
- * floats per thread for the attention. */
+ * attention ops are not used): 544 KiB per thread for the GEMM, plus
+ * 2 * 48 * S floats per thread for the attention. */
 size_t mt_cpu_ws_size(int n_threads, int S);
 
 /* The layout inside ws: its start rounded up to 64 bytes, then one region
@@ -108,7 +110,8 @@ void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp);
 /* Causal self-attention with grouped-query heads:
  *   out[b,i,h] = sum_{j<=i} softmax_j(scale * q[b,i,h] . k[b,j,h/(H/Hkv)]) v[b,j,h/(H/Hkv)]
  * out (B, S, H, D), lse (B, H, S) = log-sum-exp of each query row's scaled
- * scores, kept for the backward; q (B, S, H, D), k, v (B, S, Hkv, D).
+ * scores, kept for the backward; q (B, S, H, D), k, v (B, S, Hkv, D); scale > 0
+ * (1/sqrt(D) in Llama).
  * Parallel over (b, h, block of 48 queries). Memory is linear in S: blocks of
  * 48 query rows against their keys, in ws. */
 void mt_cpu_attention(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k, const float *v,

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 /* The demo's model and schedule: small enough to train on two CPU cores in
- * about two minutes, large enough to learn two-digit addition with carries. */
+ * about two minutes, large enough to learn two-digit addition with carries
+ * (1500 steps at lr 1e-2 reached 95.8% held-out exact match in 2:10 on a
+ * 2-core development machine; 600 steps at 3e-3 only 14-23%). */
 #define DEMO_LO 10
 #define DEMO_HI 99
 #define DEMO_HELDOUT 500
@@ -34,11 +36,11 @@ static const char train_help[] =
     "  --data FILE        token file (raw uint16/uint32 or llm.c .bin) to train on\n"
     "  --model DIR        start from this Hugging Face model folder\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
-    "  --steps N          optimizer steps (demo default: 600)\n"
+    "  --steps N          optimizer steps (demo: 1500)\n"
     "  --seq-len N        tokens per sequence (demo: 64)\n"
     "  --micro-batch N    sequences per micro-batch (demo: 16)\n"
     "  --grad-accum N     micro-batches per optimizer step (default 1)\n"
-    "  --lr X             peak learning rate (demo: 3e-3)\n"
+    "  --lr X             peak learning rate (demo: 1e-2, otherwise 3e-4)\n"
     "  --warmup N         warm-up steps (demo: 30)\n"
     "  --min-lr-ratio X   cosine floor as a fraction of lr (default 0.1)\n"
     "  --weight-decay X   (default 0.1)\n"
@@ -138,7 +140,7 @@ static int save_model(mt_model *m, const char *dir, int demo)
 
 static int train_demo(train_args *a)
 {
-    const int steps = DEFAULT(a->steps, 600), S = DEFAULT(a->seq_len, 64), B = DEFAULT(a->micro_batch, 16);
+    const int steps = DEFAULT(a->steps, 1500), S = DEFAULT(a->seq_len, 64), B = DEFAULT(a->micro_batch, 16);
     const int M = a->grad_accum;
     const char *out = a->out ? a->out : "megatrain-demo";
     demo_data d;
@@ -171,7 +173,7 @@ static int train_demo(train_args *a)
     int n_before = 0, right_before = demo_accuracy(m, d.heldout, d.n_heldout, &n_before);
     mt_optim_config o;
     mt_optim_config_init(&o);
-    o.lr = (float)(a->lr < 0 ? 3e-3 : a->lr);
+    o.lr = (float)(a->lr < 0 ? 1e-2 : a->lr);
     o.warmup_steps = (uint32_t)DEFAULT(a->warmup, 30);
     o.total_steps = (uint32_t)steps;
     o.min_lr_ratio = (float)a->min_lr_ratio;
