@@ -8,10 +8,11 @@
  * ISA, bf16 grads that arrive in the bf16 weight block and are overwritten by
  * the new weights (the library's layout: 14 bytes of state per parameter).
  *
- * The arrays are mmap'ed, advised to use transparent huge pages and first
- * touched by the pool threads that update them later (mt_adamw_share), the
- * threads pinned to the first CPUs the process may use. Each step also times
- * the sum of squares of the grads that the global norm needs ("norm ms"). */
+ * For each thread count the arrays are mmap'ed afresh, advised to use
+ * transparent huge pages and first touched by the pool threads that update
+ * them (mt_adamw_share), the threads pinned to the first CPUs the process may
+ * use. Each step also times the sum of squares of the grads that the global
+ * norm needs ("norm ms"). */
 #define _GNU_SOURCE
 #include <math.h>
 #include <sched.h>
@@ -79,6 +80,7 @@ static void touch_share(touch_ctx *c, int part)
 static void touch_task(void *ctxp, size_t task, int thread)
 {
     touch_ctx *c = ctxp;
+    (void)task;
     for (int i = 0; i < c->n_threads; i++) {
         int part = (thread + i) % c->n_threads;
         if (!atomic_exchange(&c->taken[part], 1)) touch_share(c, part);
@@ -145,6 +147,7 @@ int main(int argc, char **argv)
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int max_threads = (int)(online < 1 ? 1 : online);
     if (n_cpus > 0 && n_cpus < max_threads) max_threads = n_cpus;
+    if (max_threads > MAX_THREADS) max_threads = MAX_THREADS;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -189,8 +192,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "adamw: this CPU cannot run the %s kernel\n", mt_adamw_isa_name(isa));
         return 1;
     }
-    int most = 1;
-    for (int r = 0; r < n_runs; r++) most = runs[r] > most ? runs[r] : most;
     if (n_cpus > 0) { /* the caller is pool thread 0: pin it like the others */
         cpu_set_t first;
         CPU_ZERO(&first);
@@ -198,32 +199,10 @@ int main(int argc, char **argv)
         (void)sched_setaffinity(0, sizeof first, &first);
     }
 
-    /* state: master, m, v fp32; w bf16; with fp32 grads a separate grad array */
-    region reg[5];
-    int huge_ok = 1;
-    touch_ctx tc;
-    memset(&tc, 0, sizeof tc);
-    tc.n = n;
-    tc.master = map_huge(&reg[0], n * 4, &huge_ok);
-    tc.m = map_huge(&reg[1], n * 4, &huge_ok);
-    tc.v = map_huge(&reg[2], n * 4, &huge_ok);
-    tc.w = map_huge(&reg[3], n * 2, &huge_ok);
-    tc.g32 = grad_bf16 ? NULL : map_huge(&reg[4], n * 4, &huge_ok);
-    mt_pool *pool = mt_pool_create(most, n_cpus >= most ? cpus : NULL);
-    if (!pool) {
-        fprintf(stderr, "adamw: cannot start %d threads\n", most);
-        return 1;
-    }
-    tc.n_threads = most;
-    mt_pool_run(pool, (size_t)most, touch_task, &tc);
-    mt_pool_destroy(pool);
-
-    mt_adamw_segment seg = { tc.master, tc.m, tc.v, grad_bf16 ? (const void *)tc.w : (const void *)tc.g32,
-                             grad_bf16, tc.w, n, 0.1f };
     const double state_b = grad_bf16 ? 14.0 : 18.0, moved_b = grad_bf16 ? 28.0 : 30.0;
-    printf("adamw: %zu params, isa %s, %s, %.0f B/param of state (%.2f GB), huge pages %s\n", n,
-           mt_adamw_isa_name(isa), grad_bf16 ? "bf16 grads in the w_bf16 block" : "fp32 grads, separate w_bf16",
-           state_b, state_b * (double)n * 1e-9, huge_ok ? "advised" : "refused");
+    printf("adamw: %zu params, isa %s, %s, %.0f B/param of state (%.2f GB)\n", n, mt_adamw_isa_name(isa),
+           grad_bf16 ? "bf16 grads in the w_bf16 block" : "fp32 grads, separate w_bf16", state_b,
+           state_b * (double)n * 1e-9);
     if (grad_bf16)
         printf("bytes moved/param = 4*3 read + 4*3 written (master, m, v) + 2 read (grad) + 2 written (w) = 28\n");
     else
@@ -231,18 +210,32 @@ int main(int argc, char **argv)
     printf("median of %d steps after 1 warm-up; GB/s = bytes moved * params / time\n", iters);
     printf("%8s %10s %10s %8s %9s\n", "threads", "ms/step", "Gparam/s", "GB/s", "norm ms");
 
-    int step = 0;
+    double *ms = malloc(2 * (size_t)iters * sizeof *ms), *norm_ms = ms + iters;
+    if (!ms) return 1;
     for (int r = 0; r < n_runs; r++) {
-        int t = runs[r];
-        pool = mt_pool_create(t, n_cpus >= t ? cpus : NULL);
+        int t = runs[r], huge_ok = 1;
+        mt_pool *pool = mt_pool_create(t, n_cpus >= t ? cpus : NULL);
         if (!pool) {
             fprintf(stderr, "adamw: cannot start %d threads\n", t);
             return 1;
         }
-        double *ms = malloc(2 * (size_t)iters * sizeof *ms), *norm_ms = ms + iters;
-        if (!ms) return 1;
+        /* fresh state for every pool, first touched by the threads that use it */
+        region reg[5];
+        touch_ctx tc;
+        memset(&tc, 0, sizeof tc);
+        tc.n = n;
+        tc.n_threads = t;
+        tc.master = map_huge(&reg[0], n * 4, &huge_ok);
+        tc.m = map_huge(&reg[1], n * 4, &huge_ok);
+        tc.v = map_huge(&reg[2], n * 4, &huge_ok);
+        tc.w = map_huge(&reg[3], n * 2, &huge_ok);
+        tc.g32 = grad_bf16 ? NULL : map_huge(&reg[4], n * 4, &huge_ok);
+        mt_pool_run(pool, (size_t)t, touch_task, &tc);
+        mt_adamw_segment seg = { tc.master, tc.m, tc.v, grad_bf16 ? (const void *)tc.w : (const void *)tc.g32,
+                                 grad_bf16, tc.w, n, 0.1f };
+
         for (int it = -1; it < iters; it++) {
-            step++;
+            int step = it + 2;
             double t0 = now();
             double sq = grad_bf16 ? mt_sumsq_bf16(pool, tc.w, n) : mt_sumsq_f32(pool, tc.g32, n);
             double t1 = now();
@@ -258,11 +251,13 @@ int main(int argc, char **argv)
             }
         }
         mt_pool_destroy(pool);
+        for (int i = 0; i < (grad_bf16 ? 4 : 5); i++) munmap(reg[i].raw, reg[i].len);
+
         double med = median(ms, iters), gps = (double)n / (med * 1e-3) * 1e-9;
-        printf("%8d %10.2f %10.3f %8.1f %9.2f\n", t, med, gps, gps * moved_b, median(norm_ms, iters));
-        free(ms);
+        printf("%8d %10.2f %10.3f %8.1f %9.2f%s\n", t, med, gps, gps * moved_b, median(norm_ms, iters),
+               huge_ok ? "" : "  (no huge pages)");
         fflush(stdout);
     }
-    for (int i = 0; i < (grad_bf16 ? 4 : 5); i++) munmap(reg[i].raw, reg[i].len);
+    free(ms);
     return 0;
 }

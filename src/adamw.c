@@ -124,6 +124,7 @@ static int claim(apply_ctx *c, int owner, size_t *s, size_t *lo, size_t *hi)
 static void apply_task(void *ctxp, size_t task, int thread)
 {
     apply_ctx *c = ctxp;
+    (void)task;
     for (int i = 0; i < c->n_shares; i++) {
         int owner = (thread + i) % c->n_shares;
         size_t s, lo, hi;
@@ -179,6 +180,7 @@ static void sumsq_task(void *ctxp, size_t task, int thread)
 {
     sumsq_ctx *c = ctxp;
     size_t lo, hi;
+    (void)thread;
     mt_split_range(c->n, SUMSQ_PARTS, task, MT_ADAMW_ALIGN, &lo, &hi);
     const void *x = c->is_bf16 ? (const void *)((const uint16_t *)c->x + lo) : (const void *)((const float *)c->x + lo);
     c->part[task] = c->part_fn(x, c->is_bf16, hi - lo);

@@ -87,7 +87,7 @@ typedef struct mt_adamw_segment {       /* one tensor (or part) to update */
  * keeps touching the same memory every step: first-touch state with the same
  * shares for NUMA locality. pool may be NULL (the caller does everything).
  * Results do not depend on the pool: the update is elementwise. n_segs must
- * be below 2^24. */
+ * be below 2^24; pools of more than 256 threads use 256 shares. */
 void mt_adamw_apply(mt_pool *pool, mt_adamw_kernel_fn k, const mt_adamw_hyper *h, const mt_adamw_segment *segs,
                     size_t n_segs);
 /* [*lo, *hi): the share of an n-element segment that thread `part` of an
