@@ -391,6 +391,36 @@ MT_API mt_status mt_model_load(mt_model *model, const char *dir);
  * temporary names, synced, then renamed over the old ones. */
 MT_API mt_status mt_model_save(mt_model *model, const char *dir);
 
+/* ---- resume checkpoints ------------------------------------------------------------ */
+
+/* What a checkpoint carries besides the model and optimizer state: the
+ * caller's position in its data and its random state, stored as given. */
+typedef struct mt_checkpoint_info {
+    uint32_t struct_size;      /* sizeof(mt_checkpoint_info), set by mt_checkpoint_info_init */
+    uint32_t reserved0;
+    uint64_t step;             /* on load: the optimizer steps the model had taken (ignored on save) */
+    uint64_t data_position;    /* the caller's, e.g. the next window of an mt_dataset */
+    uint64_t rng_state[4];     /* the caller's */
+} mt_checkpoint_info;
+
+MT_API void mt_checkpoint_info_init(mt_checkpoint_info *info);
+
+/* Saves everything a bit-identical resume needs into dir/step-NNNNNNNN/
+ * (config.json, model.safetensors with the fp32 master weights, which
+ * transformers can load, optimizer.safetensors with AdamW's exp_avg and
+ * exp_avg_sq, trainer_state.json) and then points dir/latest at it. Each file
+ * is written under a temporary name and synced, the step folder is renamed
+ * into place, and `latest` is replaced last: a process killed at any moment
+ * leaves the previous checkpoint loadable. The two newest checkpoints are
+ * kept. info may be NULL. */
+MT_API mt_status mt_checkpoint_save(mt_model *model, const char *dir, const mt_checkpoint_info *info);
+
+/* Loads the checkpoint dir/latest names (or dir itself, when it is a step
+ * folder) into a model of the same shape and precision: weights, optimizer
+ * state and step counter; info (may be NULL) receives what was saved. On
+ * failure the model is as before. */
+MT_API mt_status mt_checkpoint_load(mt_model *model, const char *dir, mt_checkpoint_info *info);
+
 /* ---- token data ---------------------------------------------------------------- */
 
 typedef enum mt_token_format {

@@ -158,6 +158,24 @@ typedef struct {
     float *ws;          /* 64-byte aligned; per thread: the packed A and B chunks */
 } gemm_args;
 
+/* dst[0..n) = src[0..n) for the short rows of a panel (n <= NR_MAX): inline,
+ * 4 floats at a time, where a call to memcpy would cost more than the copy.
+ * The empty asm keeps GCC from turning the loop back into that call. */
+static inline void copy_row(float *restrict dst, const float *restrict src, int n)
+{
+    int i = 0;
+#if MT_GEMM_X86
+    for (; i + 4 <= n; i += 4) {
+        _mm_storeu_ps(dst + i, _mm_loadu_ps(src + i));
+        __asm__("" : "+r"(dst));
+    }
+#endif
+    for (; i < n; i++) {
+        dst[i] = src[i];
+        __asm__("" : "+r"(dst));
+    }
+}
+
 /* dst[k*ld + r] = src[r*lds + k] for r < rows, k < kc: the packing of an
  * operand whose reduction index is the contiguous one. 4 x 4 blocks go
  * through SSE registers (x86-64 baseline). */
@@ -202,7 +220,7 @@ static void pack_a(float *restrict ap, const gemm_args *g, int m0, int mc, int p
             for (int k = 0; k < kc; k++) {
                 const float *src = g->A + (size_t)(p0 + k) * g->lda + m0 + i0;
                 float *dst = ap + (size_t)k * mr;
-                memcpy(dst, src, (size_t)rows * sizeof(float));
+                copy_row(dst, src, rows);
                 for (int i = rows; i < mr; i++) dst[i] = 0.0f;
             }
         }
@@ -220,7 +238,7 @@ static void pack_b(float *restrict bp, const gemm_args *g, int n0, int nc, int p
             for (int k = 0; k < kc; k++) {
                 const float *src = g->B + (size_t)(p0 + k) * g->ldb + n0 + j0;
                 float *dst = bp + (size_t)k * nr;
-                memcpy(dst, src, (size_t)cols * sizeof(float));
+                copy_row(dst, src, cols);
                 for (int j = cols; j < nr; j++) dst[j] = 0.0f;
             }
         } else { /* B (N, K): element (k, n) at B[n*ldb + k] */

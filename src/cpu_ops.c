@@ -65,7 +65,12 @@ VINLINE void vload(vf *v, const float *x, int w)
     }
 }
 
-VINLINE void vstore(float *x, const vf *v, int w) { memcpy(x, v, (size_t)w * sizeof(float)); }
+/* x[0..w) = *v */
+VINLINE void vstore(float *x, const vf *v, int w)
+{
+    if (w == VW) memcpy(x, v, sizeof *v);
+    else memcpy(x, v, (size_t)w * sizeof(float));
+}
 
 /* *v = exp(*v): Cephes' expf (range reduction by ln 2 in two parts, a degree-6
  * polynomial, the exponent put in by integer arithmetic), within 2 ulp for

@@ -79,7 +79,7 @@ void mt_cpu_matmul_bwd(mt_pool *p, void *ws, float *dx, float *dW, float *db, co
  * y (T, C), rstd (T) = rsqrt(mean(x^2) + eps), saved if not NULL, x (T, C), w (C) */
 void mt_cpu_rmsnorm(mt_pool *p, float *y, float *rstd, const float *x, const float *w, int T, int C, float eps);
 
-/* dx += d(loss)/dx, dw += d(loss)/dw.
+/* dx += d(loss)/dx, dw += d(loss)/dw (dx must not alias dy).
  * dx (T, C), dw (C), dy (T, C), x (T, C), w (C), rstd (T) from the forward or
  * NULL (recomputed). */
 void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const float *x, const float *w,

@@ -348,39 +348,41 @@ mt_status mt_model_save(mt_model *m, const char *dir)
 
 /* ---- reading --------------------------------------------------------------------- */
 
-mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, int which, const char *where, int write_bf16)
+mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
+                          int write_bf16, int dry_run)
 {
     static const char *suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
-    const size_t n = mt_tensor_count(m);
+    const size_t n = mt_tensor_count(m) * (size_t)n_which;
     mt_st_read_req *req = calloc(MT_MAX(n, (size_t)1), sizeof *req);
     if (!req) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     mt_status st = MT_OK;
     size_t k = 0;
     /* validate everything before touching the model */
-    for (int u = 0; u < m->layout.n_units && !st; u++) {
-        const mt_unit_desc *ud = &m->layout.units[u];
-        const mt_tile *tl = &m->tiles.tile[u];
-        float *base = which == 0 ? mt_tile_master(tl, ud) : which == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
-        uint16_t *bf = write_bf16 ? mt_tile_weights_bf16(tl, ud) : NULL;
-        for (int i = 0; i < ud->n_tensors && !st; i++, k++) {
-            const mt_tensor_desc *t = &ud->tensors[i];
-            char name[128];
-            snprintf(name, sizeof name, "%s%s", t->name, suffix[which]);
-            const uint64_t dims[2] = {t->rows, t->cols};
-            mt_st_tensor *src;
-            st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
-            req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL};
+    for (int w = 0; w < n_which; w++)
+        for (int u = 0; u < m->layout.n_units && !st; u++) {
+            const mt_unit_desc *ud = &m->layout.units[u];
+            const mt_tile *tl = &m->tiles.tile[u];
+            float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
+            uint16_t *bf = write_bf16 && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
+            for (int i = 0; i < ud->n_tensors && !st; i++, k++) {
+                const mt_tensor_desc *t = &ud->tensors[i];
+                char name[128];
+                snprintf(name, sizeof name, "%s%s", t->name, suffix[which[w]]);
+                const uint64_t dims[2] = {t->rows, t->cols};
+                mt_st_tensor *src;
+                st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
+                req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL};
+            }
         }
-    }
     for (size_t i = 0; i < s->n && !st; i++) {
         const mt_st_tensor *t = &s->t[i];
         size_t len = strlen(t->name);
         if (t->used || (len >= 19 && !strcmp(t->name + len - 19, "rotary_emb.inv_freq"))) continue;
-        if (which == 0 && m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
+        if (m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
         st = mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", s->files[t->file].path,
                      t->name);
     }
-    if (!st) st = mt_st_read(err, m->pool, req, n);
+    if (!st && !dry_run) st = mt_st_read(err, m->pool, req, n);
     free(req);
     return st;
 }
@@ -403,7 +405,8 @@ mt_status mt_model_load(mt_model *m, const char *dir)
     mt_st_set s = {0};
     mt_status st = mt_st_open_dir(err, &s, dir);
     if (!st) st = mt_st_index(err, &s);
-    if (!st) st = mt_load_tensors(err, m, &s, 0, s.n_files == 1 ? s.files[0].path : dir, 1);
+    const int weights = 0;
+    if (!st) st = mt_load_tensors(err, m, &s, &weights, 1, s.n_files == 1 ? s.files[0].path : dir, 1, 0);
     if (!st) {
         zero_moments(m);
         m->step = 0;

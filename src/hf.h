@@ -18,9 +18,11 @@ mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *di
  * 2 AdamW v ("<name>.exp_avg_sq"). */
 mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128]);
 mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int which, int dtype);
-/* Validates that s holds every tensor of `which` with its exact shape and
- * nothing else, then converts them into the tiles (and, with write_bf16,
- * the bf16 copies). Nothing is written when validation fails. */
-mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, int which, const char *where, int write_bf16);
+/* Validates that s holds every tensor of the kinds which[0..n_which) with its
+ * exact shape and nothing else, then (unless dry_run) converts them into the
+ * tiles (and, with write_bf16, the weights' bf16 copies). Nothing is written
+ * when validation fails. */
+mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
+                          int write_bf16, int dry_run);
 
 #endif
