@@ -138,6 +138,7 @@ check: setup
 	$(MAKE) all
 	$(MAKE) test
 	$(MAKE) check-exports
+	tests/cli.sh
 	tools/install-check.sh
 
 # The quick start: set up, build, train the built-in demo, report what it learned.

@@ -18,8 +18,8 @@
 #define DEMO_MARKER "megatrain-demo.txt"
 
 typedef struct train_args {
-    const char *data, *model_dir, *out, *resume;
-    int steps, seq_len, micro_batch, grad_accum, log_every, eval_every, layers, hidden, heads, kv_heads, ffn;
+    const char *data, *model_dir, *out, *resume, *checkpoints;
+    int steps, seq_len, micro_batch, grad_accum, log_every, save_every, layers, hidden, heads, kv_heads, ffn;
     double lr, min_lr_ratio, weight_decay, clip;
     int warmup, slots, threads, fp32, cpu;
     uint64_t seed;
@@ -36,6 +36,9 @@ static const char train_help[] =
     "  --data FILE        token file (raw uint16/uint32 or llm.c .bin) to train on\n"
     "  --model DIR        start from this Hugging Face model folder\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
+    "  --save-every N     write a resume checkpoint every N steps (and at the end)\n"
+    "  --checkpoints DIR  where checkpoints go (default: OUT/checkpoints)\n"
+    "  --resume DIR       continue the run whose checkpoints are in DIR, bit for bit, up to --steps\n"
     "  --steps N          optimizer steps (demo: 1500)\n"
     "  --seq-len N        tokens per sequence (demo: 64)\n"
     "  --micro-batch N    sequences per micro-batch (demo: 16)\n"
@@ -69,6 +72,8 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--model", &v)) a->model_dir = v;
         else if (cli_opt(argc, argv, &i, "--out", &v)) a->out = v;
         else if (cli_opt(argc, argv, &i, "--resume", &v)) a->resume = v;
+        else if (cli_opt(argc, argv, &i, "--checkpoints", &v)) a->checkpoints = v;
+        else if (cli_opt(argc, argv, &i, "--save-every", &v)) a->save_every = (int)cli_int("--save-every", v, 0, 1 << 30);
         else if (cli_opt(argc, argv, &i, "--steps", &v)) a->steps = (int)cli_int("--steps", v, 1, 100000000);
         else if (cli_opt(argc, argv, &i, "--seq-len", &v)) a->seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--micro-batch", &v)) a->micro_batch = (int)cli_int("--micro-batch", v, 1, 1 << 16);
@@ -107,17 +112,6 @@ static mt_offload_policy policy_of(const train_args *a)
     return pol;
 }
 
-static void progress(int step, int steps, const mt_step_stats *st, double t0, uint64_t tokens_done)
-{
-    double el = cli_now() - t0, left = el / step * (steps - step);
-    char l[32], e[32];
-    cli_fmt_duration(e, sizeof e, el);
-    cli_fmt_duration(l, sizeof l, left);
-    printf("step %5d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %s elapsed, %s left\n", step, steps,
-           st->loss, st->grad_norm, st->lr, (double)tokens_done / el, e, l);
-    fflush(stdout);
-}
-
 static int save_model(mt_model *m, const char *dir, int demo)
 {
     mt_status st = mt_model_save(m, dir);
@@ -136,6 +130,115 @@ static int save_model(mt_model *m, const char *dir, int demo)
         }
     }
     return 0;
+}
+
+/* Where a run's batches come from: the demo's generator or a token file. The
+ * position is what a checkpoint stores to continue the stream exactly. */
+typedef struct batch_source {
+    const demo_data *demo; /* or */
+    mt_dataset *ds;
+    uint64_t position;     /* demo: the generator's state; data: the next window */
+} batch_source;
+
+static void next_batch(batch_source *src, int n_seq, int seq_len, int32_t *tok, int32_t *tg)
+{
+    if (src->demo) {
+        demo_fill_batch(src->demo, &src->position, n_seq, seq_len, tok, tg);
+    } else {
+        if (mt_dataset_read(src->ds, MT_SPLIT_TRAIN, src->position, (uint32_t)n_seq, tok, tg) != MT_OK)
+            cli_die("%s", mt_last_errmsg());
+        src->position += (uint64_t)n_seq;
+    }
+}
+
+static mt_optim_config optim_of(const train_args *a, int steps, double default_lr, int default_warmup)
+{
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = (float)(a->lr < 0 ? default_lr : a->lr);
+    o.warmup_steps = (uint32_t)DEFAULT(a->warmup, default_warmup);
+    o.total_steps = (uint32_t)steps;
+    o.min_lr_ratio = (float)a->min_lr_ratio;
+    o.weight_decay = (float)a->weight_decay;
+    o.grad_clip = (float)a->clip;
+    return o;
+}
+
+static int save_checkpoint(mt_model *m, const char *dir, const batch_source *src)
+{
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    info.data_position = src->position;
+    if (mt_checkpoint_save(m, dir, &info) != MT_OK) {
+        fprintf(stderr, "megatrain: checkpoint to %s: %s\n", dir, mt_model_errmsg(m));
+        return 1;
+    }
+    return 0;
+}
+
+/* Steps from the model's step count up to `steps`, with progress lines and
+ * checkpoints; returns non-zero on failure. */
+static int run_steps(const train_args *a, mt_model *m, const mt_optim_config *o, batch_source *src, int steps, int M,
+                     int B, int S, const char *ckdir)
+{
+    const size_t n = (size_t)M * B * S;
+    int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
+    if (!tok || !tg) cli_die("out of memory");
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = (uint32_t)B;
+    b.seq_len = (uint32_t)S;
+    b.num_micro_batches = (uint32_t)M;
+    b.tokens = tok;
+    b.targets = tg;
+    const int first = (int)mt_model_step_count(m) + 1;
+    uint64_t done = 0;
+    const double t0 = cli_now();
+    int rc = 0;
+    for (int s = first; s <= steps && !rc; s++) {
+        next_batch(src, M * B, S, tok, tg);
+        mt_step_stats stats;
+        mt_step_stats_init(&stats);
+        if (mt_step(m, &b, o, &stats) != MT_OK) {
+            fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(m));
+            rc = 1;
+            break;
+        }
+        done += stats.tokens;
+        if (s % a->log_every == 0 || s == steps || s == first) {
+            double el = cli_now() - t0, left = el / (s - first + 1) * (steps - s);
+            char l[32], e[32];
+            cli_fmt_duration(e, sizeof e, el);
+            cli_fmt_duration(l, sizeof l, left);
+            printf("step %5d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %s elapsed, %s left\n", s, steps,
+                   stats.loss, stats.grad_norm, stats.lr, (double)done / el, e, l);
+            fflush(stdout);
+        }
+        if (a->save_every && s % a->save_every == 0 && s != steps) rc = save_checkpoint(m, ckdir, src);
+    }
+    if (!rc && (a->save_every || a->resume)) rc = save_checkpoint(m, ckdir, src);
+    free(tok);
+    free(tg);
+    return rc;
+}
+
+/* Checkpoints go to --checkpoints, else the run being resumed, else OUT/checkpoints. */
+static const char *checkpoint_dir(const train_args *a, const char *out, char *buf, size_t len)
+{
+    if (a->checkpoints) return a->checkpoints;
+    if (a->resume) return a->resume;
+    snprintf(buf, len, "%s/checkpoints", out);
+    return buf;
+}
+
+/* --resume: the checkpoint's weights, optimizer state, step and data position. */
+static void resume_from(mt_model *m, const char *dir, batch_source *src)
+{
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    if (mt_checkpoint_load(m, dir, &info) != MT_OK) cli_die("%s", mt_model_errmsg(m));
+    src->position = info.data_position;
+    printf("resumed from %s at step %llu\n", dir, (unsigned long long)info.step);
 }
 
 static int train_demo(train_args *a)
@@ -159,8 +262,7 @@ static int train_demo(train_args *a)
     cfg.seed = a->seed;
     mt_offload_policy pol = policy_of(a);
     mt_model *m;
-    mt_status st = mt_model_create(&m, &cfg, &pol);
-    if (st != MT_OK) cli_die("%s", mt_last_errmsg());
+    if (mt_model_create(&m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
 
     printf("megatrain demo: learning two-digit addition (%d..%d + %d..%d)\n", DEMO_LO, DEMO_HI, DEMO_LO, DEMO_HI);
     printf("  %d training problems, %d held out and never trained on\n", d.n_train, d.n_heldout);
@@ -170,46 +272,20 @@ static int train_demo(train_args *a)
     printf("  %d steps of %d x %d x %d tokens\n\n", steps, M, B, S);
     fflush(stdout);
 
+    batch_source src = {.demo = &d, .position = a->seed * 0x2545f4914f6cdd1dull + 1};
+    if (a->resume) resume_from(m, a->resume, &src);
     int n_before = 0, right_before = demo_accuracy(m, d.heldout, d.n_heldout, &n_before);
-    mt_optim_config o;
-    mt_optim_config_init(&o);
-    o.lr = (float)(a->lr < 0 ? 1e-2 : a->lr);
-    o.warmup_steps = (uint32_t)DEFAULT(a->warmup, 30);
-    o.total_steps = (uint32_t)steps;
-    o.min_lr_ratio = (float)a->min_lr_ratio;
-    o.weight_decay = (float)a->weight_decay;
-    o.grad_clip = (float)a->clip;
-    const size_t n = (size_t)M * B * S;
-    int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
-    if (!tok || !tg) cli_die("out of memory");
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = (uint32_t)B;
-    b.seq_len = (uint32_t)S;
-    b.num_micro_batches = (uint32_t)M;
-    b.tokens = tok;
-    b.targets = tg;
-    uint64_t rng = a->seed * 0x2545f4914f6cdd1dull + 1, done = 0;
+    const mt_optim_config o = optim_of(a, steps, 1e-2, 30);
     const double t0 = cli_now();
-    int rc = 0;
-    for (int s = 1; s <= steps; s++) {
-        demo_fill_batch(&d, &rng, M * B, S, tok, tg);
-        mt_step_stats stats;
-        mt_step_stats_init(&stats);
-        if ((st = mt_step(m, &b, &o, &stats)) != MT_OK) {
-            fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(m));
-            rc = 1;
-            break;
-        }
-        done += stats.tokens;
-        if (s % a->log_every == 0 || s == steps || s == 1) progress(s, steps, &stats, t0, done);
-    }
+    char ckbuf[4096];
+    int rc = run_steps(a, m, &o, &src, steps, M, B, S, checkpoint_dir(a, out, ckbuf, sizeof ckbuf));
     if (!rc) {
         int n_after = 0, right = demo_accuracy(m, d.heldout, d.n_heldout, &n_after);
         char e[32];
         cli_fmt_duration(e, sizeof e, cli_now() - t0);
-        printf("\nheld-out exact match: %.1f%% (%d of %d problems never seen in training; %.1f%% before training)\n",
-               100.0 * right / (n_after ? n_after : 1), right, n_after, 100.0 * right_before / (n_before ? n_before : 1));
+        printf("\nheld-out exact match: %.1f%% (%d of %d problems never seen in training; %.1f%% %s)\n",
+               100.0 * right / (n_after ? n_after : 1), right, n_after, 100.0 * right_before / (n_before ? n_before : 1),
+               a->resume ? "when resumed" : "before training");
         printf("trained in %s\n", e);
         for (int i = 0; i < 3 && i < d.n_heldout; i++) {
             char prompt[32], ans[16];
@@ -219,8 +295,6 @@ static int train_demo(train_args *a)
         rc = save_model(m, out, 1);
         if (!rc) printf("saved to %s/; try: megatrain sample --model %s \"57+68=\"\n", out, out);
     }
-    free(tok);
-    free(tg);
     mt_model_destroy(m);
     demo_data_free(&d);
     return rc;
@@ -244,8 +318,8 @@ static int train_data(train_args *a)
         if (a->heads > 0) cfg.num_attention_heads = cfg.num_key_value_heads = (uint32_t)a->heads;
         if (a->kv_heads > 0) cfg.num_key_value_heads = (uint32_t)a->kv_heads;
         if (a->ffn > 0) cfg.intermediate_size = (uint32_t)a->ffn;
-        if (cfg.max_position_embeddings < (uint32_t)S) cfg.max_position_embeddings = (uint32_t)S;
     }
+    if (cfg.max_position_embeddings < (uint32_t)S) cfg.max_position_embeddings = (uint32_t)S;
     mt_dataset_options dopt;
     mt_dataset_options_init(&dopt);
     dopt.vocab_size = cfg.vocab_size;
@@ -261,44 +335,13 @@ static int train_data(train_args *a)
            mt_model_num_params(m) / 1e6, a->data, (unsigned long long)mt_dataset_num_tokens(ds),
            (unsigned long long)mt_dataset_num_windows(ds, MT_SPLIT_TRAIN),
            (unsigned long long)mt_dataset_num_windows(ds, MT_SPLIT_HELDOUT), S);
-    mt_optim_config o;
-    mt_optim_config_init(&o);
-    o.lr = (float)(a->lr < 0 ? 3e-4 : a->lr);
-    o.warmup_steps = (uint32_t)DEFAULT(a->warmup, steps / 20);
-    o.total_steps = (uint32_t)steps;
-    o.min_lr_ratio = (float)a->min_lr_ratio;
-    o.weight_decay = (float)a->weight_decay;
-    o.grad_clip = (float)a->clip;
-    const size_t n = (size_t)M * B * S;
-    int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
-    if (!tok || !tg) cli_die("out of memory");
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = (uint32_t)B;
-    b.seq_len = (uint32_t)S;
-    b.num_micro_batches = (uint32_t)M;
-    b.tokens = tok;
-    b.targets = tg;
-    uint64_t pos = 0, done = 0;
-    const double t0 = cli_now();
-    int rc = 0;
-    for (int s = 1; s <= steps && !rc; s++) {
-        if (mt_dataset_read(ds, MT_SPLIT_TRAIN, pos, (uint32_t)(M * B), tok, tg) != MT_OK) cli_die("%s", mt_last_errmsg());
-        pos += (uint64_t)M * B;
-        mt_step_stats stats;
-        mt_step_stats_init(&stats);
-        if (mt_step(m, &b, &o, &stats) != MT_OK) {
-            fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(m));
-            rc = 1;
-            break;
-        }
-        done += stats.tokens;
-        if (s % a->log_every == 0 || s == steps || s == 1) progress(s, steps, &stats, t0, done);
-    }
+    batch_source src = {.ds = ds};
+    if (a->resume) resume_from(m, a->resume, &src);
+    const mt_optim_config o = optim_of(a, steps, 3e-4, steps / 20);
+    char ckbuf[4096];
+    int rc = run_steps(a, m, &o, &src, steps, M, B, S, checkpoint_dir(a, out, ckbuf, sizeof ckbuf));
     if (!rc) rc = save_model(m, out, 0);
     if (!rc) printf("saved to %s/\n", out);
-    free(tok);
-    free(tg);
     mt_model_destroy(m);
     mt_dataset_close(ds);
     return rc;
@@ -308,8 +351,8 @@ int cmd_train(int argc, char **argv)
 {
     train_args a;
     parse_train(argc, argv, &a);
-    if (a.resume) cli_die("train: --resume is not available yet");
     if (a.model_dir && !a.data) cli_die("train: --model needs --data");
+    if (a.resume && a.model_dir) cli_die("train: --resume continues a run; it takes no --model");
     return a.data ? train_data(&a) : train_demo(&a);
 }
 

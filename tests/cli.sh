@@ -1,0 +1,76 @@
+#!/bin/sh
+# The megatrain program as a user drives it: help texts, the demo's
+# training with checkpoints, a bit-identical resume, sample, eval, plan,
+# info, and clear failures for bad input. Run by `make check`.
+set -u
+BIN=${BIN:-bin/megatrain}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+expect() { # description, expected exit status, command...
+  what=$1 want=$2; shift 2
+  "$@" > "$dir/out" 2>&1; got=$?
+  if [ "$got" -eq "$want" ]; then ok; else bad "$what: exit $got, expected $want"; sed 's/^/  | /' "$dir/out" | tail -5; fi
+}
+has() { # description, text expected in the last output
+  if grep -q -- "$2" "$dir/out"; then ok; else bad "$1: output lacks '$2'"; sed 's/^/  | /' "$dir/out" | tail -5; fi
+}
+
+expect "no arguments" 2 "$BIN"
+for c in train eval sample plan info; do
+  expect "$c --help" 0 "$BIN" $c --help
+  has "$c --help" "usage: megatrain $c"
+done
+expect "unknown command" 2 "$BIN" frobnicate
+expect "unknown option" 1 "$BIN" train --frobnicate
+has "unknown option" "unknown option '--frobnicate'"
+expect "bad number" 1 "$BIN" train --steps many
+has "bad number" "not an integer"
+
+# A short demo run with checkpoints, and the same run cut in two and resumed.
+common="--cpu --threads 1 --log-every 10"
+expect "demo, 30 steps" 0 "$BIN" train --steps 30 --save-every 10 --out "$dir/a" $common
+has "demo progress" "step    30/30 | loss"
+has "demo accuracy" "held-out exact match"
+expect "demo, first 20 steps" 0 "$BIN" train --steps 20 --save-every 10 --out "$dir/b" $common
+expect "demo, resumed to 30" 0 "$BIN" train --steps 30 --resume "$dir/b/checkpoints" --out "$dir/b" $common
+has "resume" "resumed from $dir/b/checkpoints at step 20"
+if cmp -s "$dir/a/model.safetensors" "$dir/b/model.safetensors"; then ok; else bad "30 steps and 20 + resume + 10 differ"; fi
+[ -f "$dir/a/checkpoints/latest" ] && ok || bad "no checkpoints/latest"
+
+expect "sample" 0 "$BIN" sample --model "$dir/a" --cpu "12+34="
+has "sample" "^12+34="
+expect "sample stdin" 0 sh -c "printf '10+10\n' | '$BIN' sample --model '$dir/a' --cpu"
+has "sample stdin" "^10+10="
+expect "sample bad problem" 1 "$BIN" sample --model "$dir/a" --cpu "12*34="
+has "sample bad problem" "is not a problem"
+expect "eval demo" 0 "$BIN" eval --model "$dir/a" --cpu
+has "eval demo" "held-out exact match"
+expect "sample missing model" 1 "$BIN" sample --model "$dir/none" "1+1="
+
+# Token files: a bad one is refused with its name; a good one trains and evaluates.
+printf 'abc' > "$dir/odd.u16"
+expect "odd token file" 1 "$BIN" train --data "$dir/odd.u16" --steps 1 --out "$dir/c" $common
+has "odd token file" "odd.u16"
+python3 - "$dir/tok.u16" <<'PY' 2>/dev/null || awk 'BEGIN{for(i=0;i<20000;i++) printf "%c%c", (i*7)%251, 0}' > "$dir/tok.u16"
+import sys, struct
+open(sys.argv[1], 'wb').write(b''.join(struct.pack('<H', (i * 7) % 251) for i in range(20000)))
+PY
+expect "train on tokens" 0 "$BIN" train --data "$dir/tok.u16" --steps 3 --seq-len 64 --micro-batch 2 --layers 2 \
+  --hidden 64 --heads 4 --ffn 128 --out "$dir/d" $common
+has "train on tokens" "saved to $dir/d/"
+expect "eval tokens" 0 "$BIN" eval --model "$dir/d" --data "$dir/tok.u16" --seq-len 64 --batches 2 --cpu
+has "eval tokens" "held-out loss"
+expect "fine-tune a folder" 0 "$BIN" train --model "$dir/d" --data "$dir/tok.u16" --steps 2 --seq-len 64 \
+  --micro-batch 2 --out "$dir/e" $common
+expect "plan" 0 "$BIN" plan --layers 8 --hidden 1024 --heads 16 --ffn 2816 --seq-len 2048 --cpu
+has "plan" "bytes per parameter"
+expect "plan too big" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 11008 --host-budget 1 --cpu
+has "plan too big" "does not fit"
+expect "info" 0 "$BIN" info
+has "info" "libmegatrain"
+
+echo "cli: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]
