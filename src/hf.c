@@ -152,9 +152,17 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         }
     }
 
-    /* rope scaling */
+    /* rope scaling: "rope_scaling" (transformers 4), or "rope_parameters",
+     * which transformers 5 writes instead of both rope_theta and rope_scaling */
     c->rope_scaling = MT_ROPE_SCALING_NONE;
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_parameters\" must be an object or null", path);
+        if ((st = get_float(err, rp, "rope_theta", &c->rope_theta, 0, path))) return st;
+        if (!rs || cJSON_IsNull(rs)) rs = rp; /* rope_type default | llama3 with the same four fields */
+    }
     if (rs && !cJSON_IsNull(rs)) {
         if (!cJSON_IsObject(rs)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");

@@ -376,6 +376,28 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.head_dim, 64);
     cr_assert_eq(c.num_key_value_heads, 8);
 
+    /* transformers 5 writes rope_parameters instead of rope_theta and rope_scaling */
+    write_text(dir, "config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+               "\"max_position_embeddings\":64,\"num_attention_heads\":4,\"num_hidden_layers\":2,"
+               "\"num_key_value_heads\":2,\"rope_parameters\":{\"factor\":8.0,\"high_freq_factor\":4.0,"
+               "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":16,\"rope_theta\":500000.0,"
+               "\"rope_type\":\"llama3\"},\"vocab_size\":96}");
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.rope_theta, 500000.0f, "rope_theta from rope_parameters");
+    cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_LLAMA3);
+    cr_assert_eq(c.rope_factor, 8.0f);
+    cr_assert_eq(c.rope_original_max_position, 16);
+    write_text(dir, "config.json",
+               "{\"model_type\":\"qwen2\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
+               "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"max_position_embeddings\":128,"
+               "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}");
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.rope_theta, 1e6f);
+    cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_NONE);
+
     /* model_type alone is enough */
     write_text(dir, "config.json",
                "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
