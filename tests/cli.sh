@@ -65,6 +65,10 @@ expect "eval tokens" 0 "$BIN" eval --model "$dir/d" --data "$dir/tok.u16" --seq-
 has "eval tokens" "held-out loss"
 expect "fine-tune a folder" 0 "$BIN" train --model "$dir/d" --data "$dir/tok.u16" --steps 2 --seq-len 64 \
   --micro-batch 2 --out "$dir/e" $common
+expect "sample ids" 0 "$BIN" sample --model "$dir/d" --ids 5,12,19 --max-new 4 --cpu
+has "sample ids" "^5,12,19 -> [0-9]* [0-9]* [0-9]* [0-9]*$"
+expect "sample ids out of range" 1 "$BIN" sample --model "$dir/d" --ids 5,99999 --cpu
+has "sample ids out of range" "below the vocabulary size"
 expect "plan" 0 "$BIN" plan --layers 8 --hidden 1024 --heads 16 --ffn 2816 --seq-len 2048 --cpu
 has "plan" "bytes per parameter"
 expect "plan too big" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 11008 --host-budget 1 --cpu

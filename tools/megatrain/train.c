@@ -382,27 +382,82 @@ static int is_demo(const char *dir)
     return stat(path, &sb) == 0;
 }
 
+/* Greedy continuation of token ids, one token at a time (the whole prefix
+ * is recomputed each time: there is no key/value cache). */
+static int sample_ids(mt_model *m, const char *list, int max_new)
+{
+    mt_model_config cfg;
+    mt_model_config_init(&cfg);
+    mt_model_get_config(m, &cfg);
+    int cap = 64, n = 0;
+    int32_t *ids = malloc((size_t)(cap + max_new) * sizeof *ids);
+    float *logits = malloc(cfg.vocab_size * sizeof *logits);
+    if (!ids || !logits) cli_die("out of memory");
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= (long)cfg.vocab_size)
+            cli_die("sample: --ids wants comma-separated token ids below the vocabulary size %u", cfg.vocab_size);
+        if (n == cap) {
+            cap *= 2;
+            if (!(ids = realloc(ids, (size_t)(cap + max_new) * sizeof *ids))) cli_die("out of memory");
+        }
+        ids[n++] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') cli_die("sample: --ids: unexpected '%c'", *end);
+    }
+    if (n == 0) cli_die("sample: --ids is empty");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+    printf(" ->");
+    int rc = 0;
+    for (int k = 0; k < max_new && n < (int)cfg.max_position_embeddings; k++) {
+        if (mt_model_logits(m, ids, 1, (uint32_t)n, logits) != MT_OK) {
+            fprintf(stderr, "megatrain: %s\n", mt_model_errmsg(m));
+            rc = 1;
+            break;
+        }
+        int best = 0;
+        for (int v = 1; v < (int)cfg.vocab_size; v++)
+            if (logits[v] > logits[best]) best = v;
+        ids[n++] = best;
+        printf(" %d", best);
+        fflush(stdout);
+    }
+    printf("\n");
+    free(ids);
+    free(logits);
+    return rc;
+}
+
 int cmd_sample(int argc, char **argv)
 {
-    const char *dir = "megatrain-demo", *prompt = NULL;
-    int cpu = 0;
+    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL;
+    int cpu = 0, max_new = 16;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n\n"
-                 "Completes PROMPT greedily with the model in DIR (default megatrain-demo).\n"
+            puts("usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n"
+                 "       megatrain sample --model DIR --ids 1,2,3 [--max-new N] [--cpu]\n\n"
+                 "Completes a prompt greedily with the model in DIR (default megatrain-demo).\n"
                  "For the arithmetic demo, PROMPT is a problem such as \"57+68=\"; without one,\n"
-                 "problems are read from standard input, one per line.");
+                 "problems are read from standard input, one per line. Any other model folder\n"
+                 "takes its prompt as token ids (--ids) and prints the ids it generates.");
             return 0;
         } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
+        else if (cli_opt(argc, argv, &i, "--ids", &v)) ids = v;
+        else if (cli_opt(argc, argv, &i, "--max-new", &v)) max_new = (int)cli_int("--max-new", v, 1, 1 << 20);
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
         else if (argv[i][0] == '-' && argv[i][1] == '-') cli_die("sample: unknown option '%s'", argv[i]);
         else prompt = argv[i];
     }
-    if (!is_demo(dir))
-        cli_die("sample: %s is not a demo model; sampling other models needs a tokenizer, which this version lacks",
-                dir);
+    if (!ids && !is_demo(dir))
+        cli_die("sample: %s is not the arithmetic demo; give the prompt as token ids with --ids", dir);
     mt_model *m = open_model(dir, cpu);
+    if (ids) {
+        int rc = sample_ids(m, ids, max_new);
+        mt_model_destroy(m);
+        return rc;
+    }
     char line[256], ans[32];
     int rc = 0;
     for (;;) {
