@@ -1,0 +1,107 @@
+/* Fused causal attention with grouped-query heads on the GPU, forward and
+ * backward, flash-attention style: memory linear in the sequence length (no
+ * S x S matrix is ever stored). Plain C: the CUDA toolkit stays in
+ * cuda/attention.cu; streams are passed as void * (a cudaStream_t, NULL for
+ * the default stream). docs/attention.md describes the algorithm.
+ *
+ * Shapes and layouts are those of mt_cpu_attention / mt_cpu_attention_bwd
+ * (src/cpu_ops.h): B batch, S sequence, H query heads, Hkv key/value heads
+ * (H % Hkv == 0, query head h reads kv head h / (H/Hkv)), D head dim.
+ *   q, out, dout, dq  (B, S, H, D)      k, v, dk, dv  (B, S, Hkv, D)
+ *   lse               (B, H, S) fp32: natural log-sum-exp of each query row's
+ *                     scaled scores, written by the forward, read by the backward
+ *   out[b,i,h] = sum_{j<=i} softmax_j(scale * q[b,i,h] . k[b,j,g]) v[b,j,g], g = h / (H/Hkv)
+ * All pointers are device pointers; the tensors are dense; q, k, v, out,
+ * dout, dq, dk, dv and the workspace 16-byte aligned, lse 4-byte aligned.
+ *
+ * dtype MT_CUATTN_BF16: q, k, v, out, dout, dq, dk, dv are bf16; the products
+ *   run on the tensor cores (mma.sync m16n8k16) with fp32 accumulation; the
+ *   probabilities P and dS are rounded to bf16 before their products.
+ * dtype MT_CUATTN_FP32: all fp32, computed in fp32 on the CUDA cores (the
+ *   reference mode: slower).
+ * D must be 32, 64 or 128 (either dtype).
+ *
+ * Determinism: every output element is written by one thread block that sums
+ * its terms in an order fixed by the shapes (no atomics), so results are
+ * bit-identical from run to run on the same GPU model.
+ *
+ * Calls are asynchronous on `stream` and enqueue kernels only (no allocation,
+ * no synchronisation, no global state): a return of 0 means the kernels were
+ * launched; errors in their execution surface at the next synchronisation.
+ * A call that fails a check before launching leaves every output untouched.
+ * Calls are thread-safe (on different streams or the same). */
+#ifndef MT_CUDA_ATTENTION_H
+#define MT_CUDA_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    MT_CUATTN_BF16 = 0,
+    MT_CUATTN_FP32 = 1,
+};
+
+/* Return codes (mt_cuattn_strerror gives a sentence for each). */
+enum {
+    MT_CUATTN_OK = 0,
+    MT_CUATTN_EINVAL = -1,     /* a shape <= 0 (or B, S < 0), H % Hkv != 0, scale not > 0, unknown dtype, NULL pointer */
+    MT_CUATTN_EHEADDIM = -2,   /* D is not 32, 64 or 128 */
+    MT_CUATTN_EALIGN = -3,     /* a tensor is not 16-byte aligned */
+    MT_CUATTN_EWORKSPACE = -4, /* workspace NULL, too small, or not 16-byte aligned */
+    MT_CUATTN_ECONFIG = -5,    /* the kernel's shared-memory size could not be set (cudaFuncSetAttribute) */
+    MT_CUATTN_ELAUNCH = -6,    /* a launch failed (cudaGetLastError after it; no device, bad context, ...) */
+    MT_CUATTN_ECUDA = -7,      /* a CUDA runtime call of the helpers below failed */
+    MT_CUATTN_ETOOBIG = -8,    /* B*H > INT_MAX or S > 1048560 (grid dimensions) */
+};
+
+/* A static string describing a return code; never NULL. */
+const char *mt_cuattn_strerror(int code);
+
+/* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. */
+int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
+                      int B, int S, int H, int Hkv, int D, float scale);
+
+/* Bytes of device workspace the backward needs: D_i = rowsum(dout * out),
+ * B*H*S floats. */
+size_t mt_cuattn_workspace_bytes(int B, int S, int H, int Hkv, int D);
+
+/* Backward: dq, dk, dv (overwritten) from dout, and out and lse of the
+ * forward. workspace: at least mt_cuattn_workspace_bytes(...) bytes of device
+ * memory, 16-byte aligned, contents garbage before and after; one workspace
+ * must not serve two calls in flight at once. Three kernels: D_i, then dq
+ * (one block per query block: a pass over its key blocks), then dk and dv
+ * (one block per key block of a kv head: a pass over the query heads of the
+ * group and their query blocks). */
+int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                       const float *lse, const void *q, const void *k, const void *v, int B, int S, int H, int Hkv,
+                       int D, float scale, void *workspace, size_t workspace_bytes);
+
+/* ---- small device helpers for tests and benchmarks ------------------------------
+ * Each returns 0 or MT_CUATTN_ECUDA (the runtime's error state is cleared). */
+
+/* Number of CUDA devices; 0 when there is no driver or device. */
+int mt_cuattn_device_count(void);
+int mt_cuattn_malloc(void **p, size_t bytes);
+void mt_cuattn_free(void *p); /* NULL ok */
+int mt_cuattn_memcpy_h2d(void *dst, const void *src, size_t bytes);
+int mt_cuattn_memcpy_d2h(void *dst, const void *src, size_t bytes);
+int mt_cuattn_memset(void *p, int byte, size_t bytes);
+/* Waits for the stream (NULL: the default stream) and reports any error of
+ * the work on it. */
+int mt_cuattn_sync(void *stream);
+/* Fills n elements of dtype (MT_CUATTN_BF16 or _FP32) at p with pseudo-random
+ * values, roughly normal with standard deviation stddev (a sum of uniforms),
+ * a pure function of (seed, index). Asynchronous on stream. */
+int mt_cuattn_fill_random(void *stream, int dtype, void *p, size_t n, uint64_t seed, float stddev);
+/* A short device description: "NVIDIA H200 (sm_90, 132 SMs)". */
+int mt_cuattn_device_name(char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,335 @@
+/* The GPU attention (cuda/attention.h) against the CPU reference
+ * (mt_cpu_attention / mt_cpu_attention_bwd, src/cpu_ops.h) on the same
+ * random inputs (normal, std 1), shapes whose S is no multiple of the tiles.
+ *
+ * bf16 mode: the inputs are rounded to bf16 and the CPU gets the rounded
+ * values, so both compute the same function; the GPU then rounds P (in P V
+ * and P^T dO), dS (in dS K and dS^T Q) and its outputs to bf16, each a
+ * relative error of at most 2^-9 per element. Summed over many terms of
+ * mixed sign these give ~2^-9 relative to the typical magnitude of an output
+ * (measured on an H200: relative L2 and mean errors 1.8e-3 to 2.4e-3, max
+ * error at most 4e-3 of max |cpu|, over all shapes and outputs). Tolerances: max |gpu - cpu| <= 2e-2 * max |cpu| (a 5x margin
+ * over ~2^-9 of the largest element), ||gpu - cpu||_2 <= 1e-2 ||cpu||_2 and
+ * mean |gpu - cpu| <= 1e-2 mean |cpu|. A wrong index or a lost tile is off by
+ * O(1). lse is computed from fp32 scores in both modes: 1e-4 * max |cpu|.
+ * The backward gets the CPU forward's out (rounded to bf16 in bf16 mode) and
+ * lse on both sides.
+ *
+ * fp32 mode: everything fp32 on both sides, only the order of the sums and
+ * exp implementations differ (~1e-6 relative): max error <= 1e-4 * max |cpu|,
+ * the same for the L2 norm.
+ *
+ * The reference scale of each comparison is floored at 1e-2 (max |cpu|,
+ * rms and mean): the outputs here are O(1), so the floor only acts where an
+ * output vanishes identically, as dq does at S = 1 (the softmax over one key
+ * has zero gradient: dS = P (dP - D_i) with dP = D_i, and both sides hold the
+ * rounding noise of O(10) terms, ~1e-7 in fp32, ~1e-6 in bf16).
+ *
+ * Outputs are poisoned (all bits set: NaN) before each GPU call, so an
+ * element the GPU did not write fails. Every suite test that needs a GPU
+ * skips when there is none; the argument checks run everywhere. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "cpu_ops.h"
+
+#ifdef MT_HAVE_CUDA
+#include "../cuda/attention.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
+
+static uint64_t next_u64(void) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(void) { return ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0; }
+
+/* n normal floats (Box-Muller), std 1; rounded to bf16 values when bf16. */
+static float *randn(size_t n, int bf16)
+{
+    float *x = malloc(n * sizeof(float));
+    cr_assert(x);
+    for (size_t i = 0; i < n; i += 2) {
+        const double r = sqrt(-2.0 * log(uniform01())), t = 6.283185307179586 * uniform01();
+        x[i] = (float)(r * cos(t));
+        if (i + 1 < n) x[i + 1] = (float)(r * sin(t));
+    }
+    if (bf16)
+        for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
+    return x;
+}
+
+static void need_gpu(void)
+{
+    if (mt_cuattn_device_count() <= 0) cr_skip_test("no CUDA device");
+}
+
+/* A device copy of x[0..n) as dtype. */
+static void *upload(const float *x, size_t n, int dtype)
+{
+    void *d;
+    if (dtype == MT_CUATTN_FP32) {
+        cr_assert_eq(mt_cuattn_malloc(&d, n * 4), 0);
+        cr_assert_eq(mt_cuattn_memcpy_h2d(d, x, n * 4), 0);
+    } else {
+        uint16_t *h = malloc(n * 2);
+        cr_assert(h);
+        for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
+        cr_assert_eq(mt_cuattn_malloc(&d, n * 2), 0);
+        cr_assert_eq(mt_cuattn_memcpy_h2d(d, h, n * 2), 0);
+        free(h);
+    }
+    return d;
+}
+
+/* n elements of dtype, all bits set (NaN in both dtypes). */
+static void *alloc_poisoned(size_t n, size_t elem)
+{
+    void *d;
+    cr_assert_eq(mt_cuattn_malloc(&d, n * elem), 0);
+    cr_assert_eq(mt_cuattn_memset(d, 0xff, n * elem), 0);
+    return d;
+}
+
+/* The device array as floats (malloc'ed). */
+static float *download(const void *d, size_t n, int dtype)
+{
+    float *x = malloc(n * sizeof(float));
+    cr_assert(x);
+    if (dtype == MT_CUATTN_FP32) {
+        cr_assert_eq(mt_cuattn_memcpy_d2h(x, d, n * 4), 0);
+    } else {
+        uint16_t *h = malloc(n * 2);
+        cr_assert(h);
+        cr_assert_eq(mt_cuattn_memcpy_d2h(h, d, n * 2), 0);
+        for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
+        free(h);
+    }
+    return x;
+}
+
+#define REF_FLOOR 1e-2 /* see the top of the file */
+
+/* got against ref: max abs error <= tol * max(max|ref|, REF_FLOOR), L2 and
+ * mean errors <= tol_norm times those of ref (floored likewise); NaN fails. */
+static void compare(const char *what, const float *got, const float *ref, size_t n, double tol, double tol_norm)
+{
+    double max_err = 0, max_ref = 0, se = 0, sr = 0, ae = 0, ar = 0;
+    size_t nan = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]), r = fabs((double)ref[i]);
+        if (!(e == e)) {
+            if (nan++ == 0) worst = i;
+            continue;
+        }
+        if (e > max_err) {
+            max_err = e;
+            if (!nan) worst = i;
+        }
+        if (r > max_ref) max_ref = r;
+        se += e * e;
+        sr += r * r;
+        ae += e;
+        ar += r;
+    }
+    const double dn = (double)(n > 0 ? n : 1);
+    const double rms_ref = fmax(sqrt(sr / dn), REF_FLOOR), mean_ref = fmax(ar / dn, REF_FLOOR);
+    const double rel_l2 = sqrt(se / dn) / rms_ref, rel_mean = ae / dn / mean_ref;
+    const double scale_ref = fmax(max_ref, REF_FLOOR);
+    fprintf(stderr, "  %-26s max|err| %.3e (%.2e of max|ref| %.3f)  rel L2 %.2e  rel mean %.2e  NaN %zu\n", what,
+            max_err, max_err / scale_ref, max_ref, rel_l2, rel_mean, nan);
+    cr_expect(nan == 0, "%s: %zu NaN (first at %zu)", what, nan, worst);
+    cr_expect(max_err <= tol * scale_ref, "%s: max error %g at %zu (got %g, ref %g) > %g * %g", what, max_err,
+              worst, (double)got[worst], (double)ref[worst], tol, scale_ref);
+    cr_expect(rel_l2 <= tol_norm, "%s: relative L2 error %g > %g", what, rel_l2, tol_norm);
+    cr_expect(rel_mean <= tol_norm, "%s: relative mean error %g > %g", what, rel_mean, tol_norm);
+}
+
+typedef struct {
+    int B, S, H, Hkv, D;
+} shape;
+
+/* Forward and backward of one shape in one dtype against the CPU. */
+static void check_shape(shape sh, int dtype, uint64_t s)
+{
+    need_gpu();
+    const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D, bf = dtype == MT_CUATTN_BF16;
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const size_t elem = bf ? 2 : 4;
+    const float scale = 1.0f / sqrtf((float)D);
+    const double tol = bf ? 2e-2 : 1e-4, tol_norm = bf ? 1e-2 : 1e-4, tol_lse = 1e-4;
+    fprintf(stderr, "%s B=%d S=%d H=%d Hkv=%d D=%d\n", bf ? "bf16" : "fp32", B, S, H, Hkv, D);
+
+    seed(s);
+    float *q = randn(nq, bf), *k = randn(nkv, bf), *v = randn(nkv, bf), *dout = randn(nq, bf);
+    float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nkv * 4),
+          *dv = malloc(nkv * 4);
+    void *ws = malloc(mt_cpu_ws_size(1, S));
+    cr_assert(out && lse && dq && dk && dv && ws);
+    mt_cpu_attention(NULL, ws, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    float *out_in = malloc(nq * 4); /* the forward output both backwards get */
+    cr_assert(out_in);
+    for (size_t i = 0; i < nq; i++) out_in[i] = bf ? mt_bf16_to_f32(mt_f32_to_bf16(out[i])) : out[i];
+    mt_cpu_attention_bwd(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, B, S, H, Hkv, D, scale);
+
+    void *gq = upload(q, nq, dtype), *gk = upload(k, nkv, dtype), *gv = upload(v, nkv, dtype);
+    void *gout = alloc_poisoned(nq, elem), *glse = alloc_poisoned(nl, 4);
+    int rc = mt_cuattn_forward(NULL, dtype, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale);
+    cr_assert_eq(rc, 0, "forward: %s", mt_cuattn_strerror(rc));
+    cr_assert_eq(mt_cuattn_sync(NULL), 0);
+    float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
+    compare("forward out", r_out, out, nq, tol, tol_norm);
+    compare("forward lse", r_lse, lse, nl, tol_lse, tol_lse);
+
+    void *gdout = upload(dout, nq, dtype), *gout_in = upload(out_in, nq, dtype), *glse_in = upload(lse, nl, 1);
+    void *gdq = alloc_poisoned(nq, elem), *gdk = alloc_poisoned(nkv, elem), *gdv = alloc_poisoned(nkv, elem);
+    const size_t wsb = mt_cuattn_workspace_bytes(B, S, H, Hkv, D);
+    void *gws;
+    cr_assert_eq(mt_cuattn_malloc(&gws, wsb), 0);
+    rc = mt_cuattn_backward(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, B, S, H, Hkv, D, scale,
+                            gws, wsb);
+    cr_assert_eq(rc, 0, "backward: %s", mt_cuattn_strerror(rc));
+    cr_assert_eq(mt_cuattn_sync(NULL), 0);
+    float *r_dq = download(gdq, nq, dtype), *r_dk = download(gdk, nkv, dtype), *r_dv = download(gdv, nkv, dtype);
+    compare("backward dq", r_dq, dq, nq, tol, tol_norm);
+    compare("backward dk", r_dk, dk, nkv, tol, tol_norm);
+    compare("backward dv", r_dv, dv, nkv, tol, tol_norm);
+
+    void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_cuattn_free(dev[i]);
+    float *host[] = {q, k, v, dout, out, lse, dq, dk, dv, out_in, r_out, r_lse, r_dq, r_dk, r_dv};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    free(ws);
+}
+
+static const shape GQA_SMALL = {2, 77, 4, 2, 64}, MHA_128 = {1, 256, 8, 8, 128}, MQA_LONG = {1, 1000, 4, 1, 64},
+                   D32 = {2, 130, 6, 2, 32}, ONE = {2, 1, 4, 2, 64}, QWEN = {3, 17, 28, 4, 128};
+
+/* ---- tests -------------------------------------------------------------------- */
+
+Test(cuda_attention, bf16_gqa_s77_d64) { check_shape(GQA_SMALL, MT_CUATTN_BF16, 1); }
+Test(cuda_attention, bf16_mha_s256_d128) { check_shape(MHA_128, MT_CUATTN_BF16, 2); }
+Test(cuda_attention, bf16_mqa_s1000_d64) { check_shape(MQA_LONG, MT_CUATTN_BF16, 3); }
+Test(cuda_attention, bf16_gqa_s130_d32) { check_shape(D32, MT_CUATTN_BF16, 4); }
+/* One position; the Qwen2.5-7B head layout (28 query heads on 4 kv heads) on a short sequence. */
+Test(cuda_attention, bf16_edges)
+{
+    check_shape(ONE, MT_CUATTN_BF16, 9);
+    check_shape(QWEN, MT_CUATTN_BF16, 10);
+}
+Test(cuda_attention, fp32_edges)
+{
+    check_shape(ONE, MT_CUATTN_FP32, 11);
+    check_shape(QWEN, MT_CUATTN_FP32, 12);
+}
+Test(cuda_attention, fp32_gqa_s77_d64) { check_shape(GQA_SMALL, MT_CUATTN_FP32, 5); }
+Test(cuda_attention, fp32_mha_s256_d128) { check_shape(MHA_128, MT_CUATTN_FP32, 6); }
+Test(cuda_attention, fp32_mqa_s1000_d64) { check_shape(MQA_LONG, MT_CUATTN_FP32, 7); }
+Test(cuda_attention, fp32_gqa_s130_d32) { check_shape(D32, MT_CUATTN_FP32, 8); }
+
+/* Two forwards and two backwards on the same inputs give the same bits. */
+Test(cuda_attention, deterministic)
+{
+    need_gpu();
+    const shape sh = {2, 1000, 8, 2, 128};
+    const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
+                 nl = (size_t)sh.B * sh.H * sh.S;
+    const float scale = 1.0f / sqrtf((float)sh.D);
+    for (int dtype = 0; dtype < 2; dtype++) {
+        const size_t elem = dtype == MT_CUATTN_BF16 ? 2 : 4;
+        void *t[5]; /* q, k, v, dout, out */
+        const size_t n[5] = {nq, nkv, nkv, nq, nq};
+        for (int i = 0; i < 5; i++) {
+            cr_assert_eq(mt_cuattn_malloc(&t[i], n[i] * elem), 0);
+            if (i < 4) cr_assert_eq(mt_cuattn_fill_random(NULL, dtype, t[i], n[i], 100 + (uint64_t)i, 1.0f), 0);
+        }
+        void *lse, *ws;
+        const size_t wsb = mt_cuattn_workspace_bytes(sh.B, sh.S, sh.H, sh.Hkv, sh.D);
+        cr_assert_eq(mt_cuattn_malloc(&lse, nl * 4), 0);
+        cr_assert_eq(mt_cuattn_malloc(&ws, wsb), 0);
+        void *g[2][3];
+        unsigned char *h[2][5];
+        for (int run = 0; run < 2; run++) {
+            for (int i = 0; i < 3; i++) g[run][i] = alloc_poisoned(i ? nkv : nq, elem);
+            cr_assert_eq(mt_cuattn_memset(t[4], 0xff, nq * elem), 0);
+            cr_assert_eq(mt_cuattn_memset(lse, 0xff, nl * 4), 0);
+            cr_assert_eq(mt_cuattn_forward(NULL, dtype, t[4], lse, t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D,
+                                           scale),
+                         0);
+            cr_assert_eq(mt_cuattn_backward(NULL, dtype, g[run][0], g[run][1], g[run][2], t[3], t[4], lse, t[0],
+                                            t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale, ws, wsb),
+                         0);
+            cr_assert_eq(mt_cuattn_sync(NULL), 0);
+            const size_t bytes[5] = {nq * elem, nkv * elem, nkv * elem, nq * elem, nl * 4};
+            const void *src[5] = {g[run][0], g[run][1], g[run][2], t[4], lse};
+            for (int i = 0; i < 5; i++) {
+                h[run][i] = malloc(bytes[i]);
+                cr_assert(h[run][i]);
+                cr_assert_eq(mt_cuattn_memcpy_d2h(h[run][i], src[i], bytes[i]), 0);
+            }
+            const char *names[5] = {"dq", "dk", "dv", "out", "lse"};
+            if (run == 1)
+                for (int i = 0; i < 5; i++)
+                    cr_expect(memcmp(h[0][i], h[1][i], bytes[i]) == 0, "%s: %s differs between two runs",
+                              dtype ? "fp32" : "bf16", names[i]);
+        }
+        for (int run = 0; run < 2; run++)
+            for (int i = 0; i < 5; i++) {
+                if (i < 3) mt_cuattn_free(g[run][i]);
+                free(h[run][i]);
+            }
+        for (int i = 0; i < 5; i++) mt_cuattn_free(t[i]);
+        mt_cuattn_free(lse);
+        mt_cuattn_free(ws);
+    }
+}
+
+/* Argument checks happen before any CUDA call: they run without a GPU. The
+ * pointers are never dereferenced. */
+Test(cuda_attention, argument_checks)
+{
+    char *base = (char *)(uintptr_t)0x10000;
+    void *p = base, *odd = base + 8;
+    float *l = (float *)(void *)base;
+    const float sc = 0.125f;
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 4, 2, 48, sc), MT_CUATTN_EHEADDIM);
+    cr_expect_eq(mt_cuattn_forward(NULL, 1, p, l, p, p, p, 1, 8, 4, 2, 256, sc), MT_CUATTN_EHEADDIM);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 6, 4, 64, sc), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward(NULL, 2, p, l, p, p, p, 1, 8, 4, 2, 64, sc), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 4, 2, 64, 0.0f), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, -1, 8, 4, 2, 64, sc), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, NULL, l, p, p, p, 1, 8, 4, 2, 64, sc), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, odd, p, p, 1, 8, 4, 2, 64, sc), MT_CUATTN_EALIGN);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 0, 8, 4, 2, 64, sc), MT_CUATTN_OK); /* nothing to do */
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 0, 4, 2, 64, sc), MT_CUATTN_OK);
+    const size_t wsb = mt_cuattn_workspace_bytes(1, 8, 4, 2, 64);
+    cr_expect_geq(wsb, (size_t)1 * 8 * 4 * sizeof(float));
+    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, p, wsb - 1),
+                 MT_CUATTN_EWORKSPACE);
+    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, NULL, wsb),
+                 MT_CUATTN_EWORKSPACE);
+    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, odd, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, p, wsb),
+                 MT_CUATTN_EALIGN);
+    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 40, sc, p, wsb),
+                 MT_CUATTN_EHEADDIM);
+    for (int c = 0; c >= -9; c--) cr_expect(mt_cuattn_strerror(c) != NULL && mt_cuattn_strerror(c)[0] != '\0');
+}
+
+#else /* built without CUDA */
+
+Test(cuda_attention, built_without_cuda) { cr_skip_test("built without CUDA"); }
+
+#endif
