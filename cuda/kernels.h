@@ -1,0 +1,264 @@
+/* The CUDA backend's own kernels (everything but the GEMMs and attention):
+ * RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, elementwise helpers and
+ * deterministic reductions. A plain C API, so host code and tests include it
+ * without the CUDA headers; the kernels are in cuda/kernels.cu. See
+ * docs/cuda-kernels.md for the design and the measured bandwidth.
+ *
+ * Conventions
+ * - Shapes as in src/cpu_ops.h: T tokens, C hidden, nh heads of D, V vocab.
+ *   Tensors are row-major and dense; device pointers unless said otherwise.
+ * - Activations (and the weights read from a weight slot) are in an
+ *   mt_cu_dtype: bf16 (the default mode) or fp32 (the reference mode).
+ *   Kernels load them, compute in fp32 (row statistics and losses in
+ *   double), and round once on store (bf16: round to nearest even).
+ * - Always fp32: the gradient of the residual stream (dx of RMSNorm, dout of
+ *   the embedding), weight-gradient accumulators (dw, db, dwte), rstd,
+ *   logits. Gradients that feed a GEMM as its A or B operand (SwiGLU's dgate
+ *   and dup, dlogits) are in the activation dtype.
+ * - Every launcher takes its stream explicitly (NULL: the legacy default
+ *   stream), enqueues asynchronously, checks the launch with
+ *   cudaGetLastError and returns 0, or -1 on bad arguments or a launch
+ *   error. None aborts, prints or allocates; reductions take caller-owned
+ *   device scratch of at least the size the matching *_scratch_bytes
+ *   function gives (any alignment; its contents are garbage before and after;
+ *   one scratch must not serve two calls that may run at the same time).
+ * - Reductions (rmsnorm dw, bias gradient, embedding gradient, loss, sum of
+ *   squares) use no floating-point atomics: partial sums are combined in an
+ *   order fixed by the shapes, so results are bit-identical run to run.
+ * - Vectorised paths (16-byte accesses) are taken when the pointers are
+ *   16-byte aligned and the row lengths multiples of 8 (4 for the fp32
+ *   logits); otherwise the same kernels run element by element.
+ *
+ * When the library is built without CUDA (CUDA=0) this header supplies
+ * stand-ins that report no device and fail every call, so callers (tests)
+ * compile unchanged. */
+#ifndef MT_CUDA_KERNELS_H
+#define MT_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *mt_cu_stream; /* the same type as cudaStream_t */
+
+typedef enum mt_cu_dtype { MT_CU_BF16 = 0, MT_CU_F32 = 1 } mt_cu_dtype;
+
+#if defined(MT_HAVE_CUDA) || defined(__CUDACC__)
+
+/* ---- helpers (synchronous; for tests, benchmarks and set-up) --------------- */
+
+/* 1 when a CUDA device can be used, else 0 (no driver, no device). */
+int mt_cu_device_available(void);
+/* cudaMalloc; NULL on failure or bytes == 0. */
+void *mt_cu_alloc(size_t bytes);
+void mt_cu_free(void *p); /* NULL ok */
+/* Blocking copies; 0 or -1. */
+int mt_cu_copy_h2d(void *dst, const void *src, size_t bytes);
+int mt_cu_copy_d2h(void *dst, const void *src, size_t bytes);
+/* Waits for all work on the device; 0, or -1 when any of it failed. */
+int mt_cu_sync(void);
+/* Bytes of one element. */
+size_t mt_cu_dtype_size(mt_cu_dtype dt);
+
+/* For benchmarks and tests: selects among variants of a kernel (results
+ * stay within the tolerances of tests/test_cuda_kernels.c; a variant may
+ * change the bits of a reduction). Process-wide; call it while no kernel is
+ * being launched, and before asking for scratch sizes. 0, or -1 for an
+ * unknown knob or value. MT_CU_TUNE_DEFAULTS restores every default. */
+typedef enum mt_cu_knob {
+    MT_CU_TUNE_DEFAULTS = 0,
+    MT_CU_TUNE_RMS_FWD_EMIN = 1,     /* RMSNorm forward: at least this many 8-wide accesses per thread (1, 2, 4; default 2) */
+    MT_CU_TUNE_RMS_BWD_EMIN = 2,     /* the same for the backward (default 1) */
+    MT_CU_TUNE_RMS_BWD_PREFETCH = 3, /* backward: dx loaded with x and dy (default 0) */
+    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,   /* backward: at most this many row chunks, i.e. dw partials (default 512) */
+    MT_CU_TUNE_CE_THREADS = 5,       /* cross-entropy: threads per row (32..1024, default 1024) */
+    MT_CU_TUNE_CE_SMEM = 6,          /* cross-entropy: bytes of shared memory per block, to limit rows in flight (0) */
+    MT_CU_TUNE_CE_REVERSE = 7,       /* cross-entropy: the gradient pass runs back to front (default 1) */
+    MT_CU_TUNE_CE_CLUSTER = 8        /* cross-entropy: each row on a cluster of blocks, read once (default 0) */
+} mt_cu_knob;
+int mt_cu_tune(mt_cu_knob knob, int value);
+
+/* ---- RMSNorm ------------------------------------------------------------------- */
+
+/* y = x * rsqrt(mean(x^2) + eps) * w per row, as mt_cpu_rmsnorm (the mean of
+ * squares reduced in double; in bf16 mode, x or w bf16, each thread's part
+ * of it in fp32), rstd[t] saved if not NULL.
+ * y (T, C) and w (C) in dt; x (T, C) in xdt (the residual stream may be fp32
+ * while the normed output is bf16). C <= 32768 on the vector path (C % 8 ==
+ * 0, 16-byte aligned pointers), else C <= 16384; -1 beyond. One block per
+ * row, the row held in registers. */
+int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
+                  const void *w, int T, int C, float eps);
+
+size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C);
+/* dx += d(loss)/dx (fp32, the residual gradient stream; may be NULL),
+ * dw += d(loss)/dw (fp32, may be NULL: then scratch may be NULL), from
+ * dy (T, C) fp32, x (T, C) in xdt, w (C) in dt, rstd (T) from the forward or
+ * NULL (recomputed). dx must not alias dy. C as for the forward.
+ * One pass: each block takes a fixed chunk of rows (at most 512 chunks by
+ * default), adds into their dx, and sums their dw terms in ascending t into
+ * scratch; a second kernel adds the chunks in order. */
+int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt, const void *x,
+                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch);
+
+/* ---- RoPE ---------------------------------------------------------------------------- */
+
+/* In place on x (T, nh, D) in dt, Hugging Face's rotate_half convention, as
+ * mt_cpu_rope: a = (float)pos[t] * inv_freq[i] (sincosf, full accuracy);
+ * inverse != 0 rotates by -a (the backward). pos (T) int32, inv_freq (D/2)
+ * fp32; D even. */
+int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
+               int D, int inverse);
+
+/* ---- SwiGLU --------------------------------------------------------------------------- */
+
+/* out = silu(gate) * up, all (n) in dt. out may alias gate or up. */
+int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n);
+/* dgate = dout * up * silu'(gate), dup = dout * silu(gate), all (n) in dt
+ * (dgate and dup feed the GEMMs). Each element is read before it is written
+ * by the same thread, so dgate may alias gate or dout and dup may alias up. */
+int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
+                     const void *up, size_t n);
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+/* out[t, :] = wte[tokens[t], :]; out (T, C) in dt, wte (V, C) in wdt (a
+ * conversion when they differ). A token outside [0, V) gives a zero row
+ * (callers validate tokens; this only keeps the read in bounds). */
+int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
+                    const void *wte, int T, int C, int V);
+
+/* 0 when it cannot be determined (no device). */
+size_t mt_cu_embedding_bwd_scratch_bytes(int T);
+/* dwte[tokens[t], :] += dout[t, :] with, for every row, the t in ascending
+ * order: the same sums, bit for bit, as mt_cpu_embedding_bwd. dwte (V, C)
+ * fp32, dout (T, C) fp32. Tokens are stably radix-sorted (CUB) with their
+ * positions; one block per distinct token (and column range) adds its rows
+ * in order. Tokens outside [0, V) are skipped. */
+int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                        void *scratch);
+
+/* ---- cross-entropy ----------------------------------------------------------------- */
+
+size_t mt_cu_cross_entropy_scratch_bytes(int n);
+/* On n rows of logits (n, V) fp32 (not modified unless dlogits aliases it):
+ * dlogits (n, V) in dt = (softmax - onehot(target)) * dscale, zero in the
+ * rows whose target is ignore_index (or outside [0, V): callers validate);
+ * dlogits may be NULL (loss only) and, when dt is fp32, may be logits
+ * itself (in place). *loss_sum (device double, may be NULL) += the sum over
+ * the other rows of logsumexp - logit[target] (each row in double, rows
+ * added in a fixed order); *count (device int, may be NULL) += their number.
+ * One block per row: an online max / sum of exponentials, then a second pass
+ * (back to front) that writes the gradient. */
+int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V, float dscale,
+                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch);
+
+/* ---- elementwise --------------------------------------------------------------------- */
+
+/* y = x converted (n elements); ydt == xdt copies. y must not overlap x unless y == x and ydt == xdt. */
+int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n);
+/* y = a + b in fp32, stored in ydt (e.g. the fp32 residual stream plus a bf16
+ * branch). y may be a or b when it has the same dtype. */
+int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt, const void *b,
+              size_t n);
+/* x *= alpha in place (n elements of dt). */
+int mt_cu_scale(mt_cu_stream s, mt_cu_dtype dt, void *x, float alpha, size_t n);
+/* bytes of p = 0 */
+int mt_cu_zero(mt_cu_stream s, void *p, size_t bytes);
+
+/* ---- reductions ------------------------------------------------------------------------ */
+
+size_t mt_cu_sumsq_scratch_bytes(void);
+/* *out (device double) += sum of x[i]^2 over n fp32 elements, each square
+ * exact in double and summed in double: a fixed grid (from n alone) of
+ * per-block partials, then one block adds them in a fixed order. */
+int mt_cu_sumsq(mt_cu_stream s, double *out, const float *x, size_t n, void *scratch);
+
+size_t mt_cu_bias_grad_scratch_bytes(int T, int N);
+/* db[n] += sum over t of dy[t, n]; db (N) fp32, dy (T, N) in dt. Fixed row
+ * chunks summed in ascending t into scratch, then the chunks in order. */
+int mt_cu_bias_grad(mt_cu_stream s, float *db, mt_cu_dtype dt, const void *dy, int T, int N, void *scratch);
+
+#else /* built without CUDA: no device, every call fails */
+
+static inline int mt_cu_device_available(void) { return 0; }
+static inline void *mt_cu_alloc(size_t bytes) { (void)bytes; return NULL; }
+static inline void mt_cu_free(void *p) { (void)p; }
+static inline int mt_cu_copy_h2d(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return -1; }
+static inline int mt_cu_copy_d2h(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return -1; }
+static inline int mt_cu_sync(void) { return -1; }
+static inline size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
+typedef enum mt_cu_knob {
+    MT_CU_TUNE_DEFAULTS = 0,
+    MT_CU_TUNE_RMS_FWD_EMIN = 1,
+    MT_CU_TUNE_RMS_BWD_EMIN = 2,
+    MT_CU_TUNE_RMS_BWD_PREFETCH = 3,
+    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,
+    MT_CU_TUNE_CE_THREADS = 5,
+    MT_CU_TUNE_CE_SMEM = 6,
+    MT_CU_TUNE_CE_REVERSE = 7,
+    MT_CU_TUNE_CE_CLUSTER = 8
+} mt_cu_knob;
+static inline int mt_cu_tune(mt_cu_knob knob, int value) { (void)knob, (void)value; return -1; }
+static inline int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
+                                const void *w, int T, int C, float eps)
+{ (void)s, (void)dt, (void)y, (void)rstd, (void)xdt, (void)x, (void)w, (void)T, (void)C, (void)eps; return -1; }
+static inline size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C) { (void)T, (void)C; return 0; }
+static inline int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt,
+                                    const void *x, mt_cu_dtype dt, const void *w, const float *rstd, int T, int C,
+                                    float eps, void *scratch)
+{
+    (void)s, (void)dx, (void)dw, (void)dy, (void)xdt, (void)x, (void)dt, (void)w, (void)rstd, (void)T, (void)C;
+    (void)eps, (void)scratch;
+    return -1;
+}
+static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
+                             int T, int nh, int D, int inverse)
+{ (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)inverse; return -1; }
+static inline int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
+{ (void)s, (void)dt, (void)out, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout,
+                                   const void *gate, const void *up, size_t n)
+{ (void)s, (void)dt, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
+                                  const void *wte, int T, int C, int V)
+{ (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V; return -1; }
+static inline size_t mt_cu_embedding_bwd_scratch_bytes(int T) { (void)T; return 0; }
+static inline int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T,
+                                      int C, int V, void *scratch)
+{ (void)s, (void)dwte, (void)tokens, (void)dout, (void)T, (void)C, (void)V, (void)scratch; return -1; }
+static inline size_t mt_cu_cross_entropy_scratch_bytes(int n) { (void)n; return 0; }
+static inline int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V,
+                                      float dscale, int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum,
+                                      int *count, void *scratch)
+{
+    (void)s, (void)logits, (void)targets, (void)n, (void)V, (void)dscale, (void)ignore_index, (void)dt;
+    (void)dlogits, (void)loss_sum, (void)count, (void)scratch;
+    return -1;
+}
+static inline int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n)
+{ (void)s, (void)ydt, (void)y, (void)xdt, (void)x, (void)n; return -1; }
+static inline int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt,
+                            const void *b, size_t n)
+{ (void)s, (void)ydt, (void)y, (void)adt, (void)a, (void)bdt, (void)b, (void)n; return -1; }
+static inline int mt_cu_scale(mt_cu_stream s, mt_cu_dtype dt, void *x, float alpha, size_t n)
+{ (void)s, (void)dt, (void)x, (void)alpha, (void)n; return -1; }
+static inline int mt_cu_zero(mt_cu_stream s, void *p, size_t bytes) { (void)s, (void)p, (void)bytes; return -1; }
+static inline size_t mt_cu_sumsq_scratch_bytes(void) { return 0; }
+static inline int mt_cu_sumsq(mt_cu_stream s, double *out, const float *x, size_t n, void *scratch)
+{ (void)s, (void)out, (void)x, (void)n, (void)scratch; return -1; }
+static inline size_t mt_cu_bias_grad_scratch_bytes(int T, int N) { (void)T, (void)N; return 0; }
+static inline int mt_cu_bias_grad(mt_cu_stream s, float *db, mt_cu_dtype dt, const void *dy, int T, int N,
+                                  void *scratch)
+{ (void)s, (void)db, (void)dt, (void)dy, (void)T, (void)N, (void)scratch; return -1; }
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

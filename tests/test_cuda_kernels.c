@@ -1,0 +1,764 @@
+/* The CUDA backend's own kernels (cuda/kernels.h) against the CPU reference
+ * ops (src/cpu_ops.h), in both activation dtypes, on awkward shapes (row
+ * lengths that are and are not multiples of 8, rows long enough for every
+ * register layout, token counts that are multiples of nothing), plus
+ * run-to-run determinism of every reduction. Each test skips on a machine
+ * without a CUDA device.
+ *
+ * bf16 mode: the inputs are rounded to bf16 first and the CPU reference is
+ * run in fp32 on the rounded values, so the only differences are the GPU's
+ * fp32 arithmetic and the final rounding of its output to bf16. bf16 keeps
+ * 8 significant bits, so rounding v to nearest moves it by at most half an
+ * ulp, 2^-8 |v| (2^-9 of the binade's top); BF16_TOL below is that bound
+ * plus the fp32 part's own tolerance.
+ *
+ * fp32 mode tolerances are stated at each check, in units of u = 2^-24 (half
+ * an fp32 ulp relative): the kernels spell out the CPU's rounding steps
+ * (no fused multiply-adds where the CPU has none), so what differs is the
+ * library exp / sin / cos (CUDA's expf, sincosf: <= 2 ulp; the CPU's
+ * Cephes expf <= 2 ulp, glibc's cosf / sinf < 1 ulp) and the order of
+ * reductions. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cuda/kernels.h"
+#include "adamw.h"
+#include "bf16.h"
+#include "cpu_ops.h"
+
+#define U24 5.9604644775390625e-08 /* 2^-24 */
+#define BF16_TOL 3.90625e-03       /* 2^-8 */
+
+#define NEED_GPU()                                                                                                     \
+    do {                                                                                                               \
+        if (!mt_cu_device_available()) cr_skip_test("no CUDA device");                                                 \
+    } while (0)
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
+
+static uint64_t next_u64(void) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [lo, hi) */
+static float uni(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(next_u64() >> 40) / (double)(1ull << 24));
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    cr_assert(p, "out of host memory");
+    return p;
+}
+
+static const char *dtn(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? "bf16" : "f32"; }
+
+/* A tensor on both sides: ref holds the values as the CPU sees them (rounded
+ * to bf16 when dt is bf16), dev the same values in dt on the device. `off`
+ * elements of padding before the data (1 shifts it off 16-byte alignment,
+ * which selects the kernels' scalar paths). */
+typedef struct {
+    float *ref;
+    void *base, *dev;
+    mt_cu_dtype dt;
+    size_t n;
+} tensor;
+
+static void t_upload(tensor *t)
+{
+    const size_t es = mt_cu_dtype_size(t->dt);
+    if (t->dt == MT_CU_BF16) {
+        uint16_t *h = xmalloc(t->n * 2);
+        for (size_t i = 0; i < t->n; i++) h[i] = mt_f32_to_bf16(t->ref[i]);
+        cr_assert(mt_cu_copy_h2d(t->dev, h, t->n * es) == 0);
+        free(h);
+    } else {
+        cr_assert(mt_cu_copy_h2d(t->dev, t->ref, t->n * es) == 0);
+    }
+}
+
+/* n values uniform in [lo, hi), rounded to dt */
+static tensor t_rand(mt_cu_dtype dt, size_t n, float lo, float hi, size_t off)
+{
+    const size_t es = mt_cu_dtype_size(dt);
+    tensor t = {xmalloc(n * sizeof(float)), NULL, NULL, dt, n};
+    for (size_t i = 0; i < n; i++) {
+        const float v = uni(lo, hi);
+        t.ref[i] = dt == MT_CU_BF16 ? mt_bf16_to_f32(mt_f32_to_bf16(v)) : v;
+    }
+    t.base = mt_cu_alloc((n + off) * es);
+    cr_assert(t.base, "cudaMalloc of %zu bytes", (n + off) * es);
+    t.dev = (char *)t.base + off * es;
+    t_upload(&t);
+    return t;
+}
+
+/* The device values as floats (a new array). */
+static float *t_fetch(const tensor *t)
+{
+    float *out = xmalloc(t->n * sizeof(float));
+    if (t->dt == MT_CU_BF16) {
+        uint16_t *h = xmalloc(t->n * 2);
+        cr_assert(mt_cu_copy_d2h(h, t->dev, t->n * 2) == 0);
+        for (size_t i = 0; i < t->n; i++) out[i] = mt_bf16_to_f32(h[i]);
+        free(h);
+    } else {
+        cr_assert(mt_cu_copy_d2h(out, t->dev, t->n * 4) == 0);
+    }
+    return out;
+}
+
+static void t_free(tensor *t)
+{
+    free(t->ref);
+    mt_cu_free(t->base);
+    memset(t, 0, sizeof *t);
+}
+
+static void *dev_upload(const void *h, size_t bytes)
+{
+    void *d = mt_cu_alloc(bytes);
+    cr_assert(d, "cudaMalloc of %zu bytes", bytes);
+    cr_assert(mt_cu_copy_h2d(d, h, bytes) == 0);
+    return d;
+}
+
+static void *dev_scratch(size_t bytes)
+{
+    cr_assert(bytes > 0, "scratch size");
+    void *d = mt_cu_alloc(bytes);
+    cr_assert(d, "cudaMalloc of %zu bytes", bytes);
+    return d;
+}
+
+/* The tolerance of a bf16 output on top of the fp32 one. */
+static double out_tol(mt_cu_dtype dt, double ref, double f32_tol)
+{
+    return (dt == MT_CU_BF16 ? BF16_TOL * fabs(ref) : 0.0) + f32_tol;
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------ */
+
+typedef struct { int T, C; } shape2;
+
+/* Row lengths: two multiples of 8 (one a register per thread, one at the
+ * 4096 of real models), not a multiple of 8 (the scalar path), and long rows
+ * that need 4 and 8 vectors per thread. */
+static const shape2 norm_shapes[] = {{37, 96}, {37, 4096}, {13, 100}, {3, 12288}, {3, 24000}, {2, 5003}};
+static const mt_cu_dtype norm_dts[][2] = {{MT_CU_F32, MT_CU_F32}, {MT_CU_BF16, MT_CU_BF16}, {MT_CU_F32, MT_CU_BF16}};
+
+/* bf16 mode (x or w in bf16): each thread sums its part of a row's squares
+ * (at most 64 terms) in fp32 before the double reduction: within 63u of
+ * those terms, so the mean of squares within 63u relative (all terms are
+ * positive) and rstd within 32u + the 2 roundings of the fp32 mode. */
+static int bf16_mode(mt_cu_dtype xdt, mt_cu_dtype dt) { return xdt == MT_CU_BF16 || dt == MT_CU_BF16; }
+
+static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt)
+{
+    const float eps = 1e-5f;
+    const size_t n = (size_t)T * C;
+    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, 0.5f, 1.5f, 0);
+    tensor y = t_rand(dt, n, 0.0f, 0.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
+    float *yref = xmalloc(n * sizeof(float)), *rref = xmalloc((size_t)T * sizeof(float));
+    mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps);
+    cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps) == 0);
+    float *yg = t_fetch(&y), *rg = t_fetch(&r);
+    /* rstd, fp32 mode: the mean of squares is summed in double on both sides
+     * (in another order: a relative difference near 1e-16), then rounded and
+     * inverted by the same fp32 steps: equal but for a rounding-boundary
+     * case, so 2 ulp (4u). bf16 mode: 36u (above), so 40u. */
+    const double rtol = bf16_mode(xdt, dt) ? 40 * U24 : 4 * U24;
+    for (int t = 0; t < T; t++)
+        cr_assert(fabs(rg[t] - rref[t]) <= rtol * rref[t], "%dx%d x %s y %s: rstd[%d] %.9g vs %.9g", T, C, dtn(xdt),
+                  dtn(dt), t, rg[t], rref[t]);
+    /* y = w (x r): the same two products, so y's relative error is r's plus
+     * two roundings: 8u (fp32 mode), 48u plus bf16's rounding (bf16 mode). */
+    for (size_t i = 0; i < n; i++) {
+        const double tol = out_tol(dt, yref[i], (bf16_mode(xdt, dt) ? 48 : 8) * U24 * fabs(yref[i]));
+        cr_assert(fabs(yg[i] - yref[i]) <= tol, "%dx%d x %s y %s: y[%zu] = %.9g, ref %.9g", T, C, dtn(xdt), dtn(dt),
+                  i, yg[i], yref[i]);
+    }
+    free(yref), free(rref), free(yg), free(rg);
+    t_free(&x), t_free(&w), t_free(&y), t_free(&r);
+}
+
+Test(cuda_kernels, rmsnorm_forward)
+{
+    NEED_GPU();
+    seed(1);
+    const int emins[] = {2, 1, 4}; /* every register layout */
+    for (int ei = 0; ei < 3; ei++) {
+        cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_FWD_EMIN, emins[ei]) == 0);
+        for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
+            for (size_t di = 0; di < 3; di++)
+                check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1]);
+    }
+    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
+}
+
+/* One backward case: dx and dw accumulate onto random values. with_rstd 0
+ * recomputes rstd on both sides. */
+static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd)
+{
+    const float eps = 1e-6f;
+    const size_t n = (size_t)T * C;
+    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, 0.5f, 1.5f, 0);
+    tensor dy = t_rand(MT_CU_F32, n, -1.0f, 1.0f, 0), dx = t_rand(MT_CU_F32, n, -1.0f, 1.0f, 0);
+    tensor dw = t_rand(MT_CU_F32, (size_t)C, -1.0f, 1.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
+    float *dx0 = xmalloc(n * sizeof(float)), *dw0 = xmalloc((size_t)C * sizeof(float));
+    memcpy(dx0, dx.ref, n * sizeof(float));
+    memcpy(dw0, dw.ref, (size_t)C * sizeof(float));
+    float *y = xmalloc(n * sizeof(float));
+    mt_cpu_rmsnorm(NULL, y, r.ref, x.ref, w.ref, T, C, eps);
+    t_upload(&r); /* the CPU's rstd, so that the backward is tested alone */
+    mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps);
+
+    void *scratch = dev_scratch(mt_cu_rmsnorm_bwd_scratch_bytes(T, C));
+    cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
+                                eps, scratch) == 0);
+    float *dxg = t_fetch(&dx), *dwg = t_fetch(&dw);
+    double *mag = calloc((size_t)C, sizeof(double));
+    cr_assert(mag);
+    for (int t = 0; t < T; t++) {
+        /* dx += r (g - n m), g = dy w, n = x r, m = mean(g n).
+         * fp32 mode: m in double on both sides (another order), equal or
+         * 1 ulp apart, every other step the same rounding: within 16u of the
+         * magnitudes involved.
+         * bf16 mode: each thread's part of g n (<= 64 terms) is summed in
+         * fp32, so m is within 63u mean|g n| (+ the above), which moves dx
+         * by r |n| that much; with rstd recomputed, r within 36u (see the
+         * forward), which moves each term by ~2 x 36u: 96u of the magnitudes. */
+        const float rr = r.ref[t];
+        double gn = 0.0, gn_abs = 0.0;
+        for (int c = 0; c < C; c++) {
+            const double term = (double)(dy.ref[t * C + c] * w.ref[c]) * (double)(x.ref[t * C + c] * rr);
+            gn += term, gn_abs += fabs(term);
+        }
+        const double m = gn / C, m_tol = bf16_mode(xdt, dt) ? 64 * U24 * gn_abs / C : 0.0;
+        const double k = bf16_mode(xdt, dt) && !with_rstd ? 96 : 16;
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)t * C + c;
+            const double g = dy.ref[i] * w.ref[c], nn = x.ref[i] * rr;
+            const double scale = fabs(dx0[i]) + fabs(rr) * (fabs(g) + fabs(nn * m));
+            cr_assert(fabs(dxg[i] - dx.ref[i]) <= k * U24 * scale + fabs(rr * nn) * m_tol, "%dx%d x %s w %s rstd %d: dx[%d,%d] = %.9g, ref %.9g",
+                      T, C, dtn(xdt), dtn(dt), with_rstd, t, c, dxg[i], dx.ref[i]);
+            mag[c] += fabs((double)dy.ref[i] * nn);
+        }
+    }
+    /* dw: T + 1 terms (the products dy (x r) rounded alike on both sides)
+     * summed in different orders; any order is within (T) u sum|terms| of
+     * the exact sum, so the two within twice that. A recomputed rstd (bf16
+     * mode: 36u) moves every product by as much: 40u more. */
+    for (int c = 0; c < C; c++) {
+        const double tol = (2.0 * T + (with_rstd ? 0 : 40)) * U24 * (fabs(dw0[c]) + mag[c]);
+        cr_assert(fabs(dwg[c] - dw.ref[c]) <= tol, "%dx%d x %s w %s: dw[%d] = %.9g, ref %.9g", T, C, dtn(xdt), dtn(dt),
+                  c, dwg[c], dw.ref[c]);
+    }
+    /* determinism: again from the same start, the same bits */
+    cr_assert(mt_cu_copy_h2d(dx.dev, dx0, n * sizeof(float)) == 0);
+    cr_assert(mt_cu_copy_h2d(dw.dev, dw0, (size_t)C * sizeof(float)) == 0);
+    cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
+                                eps, scratch) == 0);
+    float *dxg2 = t_fetch(&dx), *dwg2 = t_fetch(&dw);
+    cr_assert(memcmp(dxg, dxg2, n * sizeof(float)) == 0, "%dx%d: dx differs between two runs", T, C);
+    cr_assert(memcmp(dwg, dwg2, (size_t)C * sizeof(float)) == 0, "%dx%d: dw differs between two runs", T, C);
+    free(dx0), free(dw0), free(y), free(dxg), free(dwg), free(dxg2), free(dwg2), free(mag);
+    mt_cu_free(scratch);
+    t_free(&x), t_free(&w), t_free(&dy), t_free(&dx), t_free(&dw), t_free(&r);
+}
+
+Test(cuda_kernels, rmsnorm_backward)
+{
+    NEED_GPU();
+    seed(2);
+    for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
+        for (size_t di = 0; di < 3; di++)
+            check_rmsnorm_bwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1], 1);
+    /* several rows per block (T > 2048), rstd recomputed */
+    check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1);
+    check_rmsnorm_bwd(2053, 104, MT_CU_F32, MT_CU_F32, 0);
+    check_rmsnorm_bwd(37, 4096, MT_CU_BF16, MT_CU_BF16, 0);
+}
+
+Test(cuda_kernels, rmsnorm_backward_variants)
+{
+    NEED_GPU();
+    seed(12);
+    const int chunks[] = {1024, 2048, 512, 1}, emins[] = {1, 2, 4};
+    for (int ei = 0; ei < 3; ei++)
+        for (int pf = 0; pf < 2; pf++)
+            for (int ci = 0; ci < 4; ci++) {
+                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_EMIN, emins[ei]) == 0);
+                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_PREFETCH, pf) == 0);
+                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, chunks[ci]) == 0);
+                check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1);
+                check_rmsnorm_bwd(37, 4096, MT_CU_F32, MT_CU_BF16, ci == 3);
+                check_rmsnorm_bwd(13, 4096, MT_CU_F32, MT_CU_F32, 1);
+            }
+    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
+    cr_expect(mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, 0) == -1);
+    cr_expect(mt_cu_tune(MT_CU_TUNE_RMS_BWD_EMIN, 3) == -1);
+    cr_expect(mt_cu_tune((mt_cu_knob)99, 0) == -1);
+}
+
+/* ---- RoPE ------------------------------------------------------------------ */
+
+static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
+{
+    const size_t n = (size_t)T * nh * D;
+    tensor x = t_rand(dt, n, -1.0f, 1.0f, 0);
+    int32_t *pos = xmalloc((size_t)T * sizeof(int32_t));
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)(next_u64() % 8192);
+    /* large angles: 131071 and 200000 rad at inv_freq[0] = 1 (CUDA's sincosf
+     * takes its slow argument reduction beyond 105615) */
+    pos[0] = 0;
+    if (T > 1) pos[1] = 131071;
+    if (T > 2) pos[2] = 200000;
+    float *inv = xmalloc((size_t)(D / 2) * sizeof(float));
+    const mt_rope_params rp = {500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192};
+    mt_rope_inv_freq(inv, D, &rp);
+    void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(D / 2) * sizeof(float));
+    float *x0 = xmalloc(n * sizeof(float));
+    memcpy(x0, x.ref, n * sizeof(float));
+    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, inverse);
+    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, inverse) == 0);
+    float *g = t_fetch(&x);
+    const int half = D / 2;
+    for (size_t i = 0; i < n; i++) {
+        /* out = x0 c -+ x1 s: cos and sin within 3 ulp (<= 3u each, |c|,|s|
+         * <= 1) between the libraries, and the same three roundings: within
+         * 8u (|x_i| + |x_pair|). */
+        const size_t d = i % (size_t)D, pair = d < (size_t)half ? i + half : i - half;
+        const double tol = out_tol(dt, x.ref[i], 8 * U24 * (fabs(x0[i]) + fabs(x0[pair])));
+        cr_assert(fabs(g[i] - x.ref[i]) <= tol, "T %d nh %d D %d %s inverse %d: x[%zu] = %.9g, ref %.9g (pos %d)", T, nh,
+                  D, dtn(dt), inverse, i, g[i], x.ref[i], pos[i / ((size_t)nh * D)]);
+    }
+    free(pos), free(inv), free(x0), free(g);
+    mt_cu_free(dpos), mt_cu_free(dinv);
+    t_free(&x);
+}
+
+Test(cuda_kernels, rope)
+{
+    NEED_GPU();
+    seed(3);
+    for (int dti = 0; dti < 2; dti++)
+        for (int inv = 0; inv < 2; inv++) {
+            const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+            check_rope(37, 3, 128, dt, inv);
+            check_rope(37, 5, 64, dt, inv);
+            check_rope(300, 1, 16, dt, inv);
+            check_rope(11, 2, 6, dt, inv); /* half = 3: the scalar path */
+            check_rope(5, 9, 80, dt, inv);
+            check_rope(3203, 30, 128, dt, inv); /* 4 heads per thread, the last group short */
+        }
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------ */
+
+static void check_swiglu(size_t n, mt_cu_dtype dt, size_t off)
+{
+    tensor g = t_rand(dt, n, -8.0f, 8.0f, off), u = t_rand(dt, n, -2.0f, 2.0f, off), d = t_rand(dt, n, -1.0f, 1.0f, off);
+    tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
+    mt_cpu_swiglu(NULL, out.ref, g.ref, u.ref, n);
+    mt_cpu_swiglu_bwd(NULL, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
+    cr_assert(mt_cu_swiglu(NULL, dt, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_swiglu_bwd(NULL, dt, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
+    /* fp32 mode: exp within 2 ulp on each side, then the same division and
+     * products: the forward within 16u relative. The backward's 1 - s loses
+     * the relative accuracy of s (|ds| <= ~8u), scaled by g: within 32u of
+     * |d u| (1 + |g|) and 32u of |d g|. bf16 mode uses the fast exp (<= 11 ulp
+     * for |g| <= 8) and division (2 ulp): 4 times those. */
+    const double k = dt == MT_CU_BF16 ? 4.0 : 1.0;
+    for (size_t i = 0; i < n; i++) {
+        const double gi = g.ref[i], ui = u.ref[i], di = d.ref[i];
+        cr_assert(fabs(og[i] - out.ref[i]) <= out_tol(dt, out.ref[i], k * 16 * U24 * fabs(out.ref[i])),
+                  "n %zu %s off %zu: out[%zu] = %.9g, ref %.9g", n, dtn(dt), off, i, og[i], out.ref[i]);
+        cr_assert(fabs(dgg[i] - dg.ref[i]) <= out_tol(dt, dg.ref[i], k * 32 * U24 * fabs(di * ui) * (1 + fabs(gi))),
+                  "n %zu %s off %zu: dgate[%zu] = %.9g, ref %.9g", n, dtn(dt), off, i, dgg[i], dg.ref[i]);
+        cr_assert(fabs(dug[i] - du.ref[i]) <= out_tol(dt, du.ref[i], k * 32 * U24 * fabs(di * gi)),
+                  "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g", n, dtn(dt), off, i, dug[i], du.ref[i]);
+    }
+    /* in place: dgate over dout, dup over up */
+    cr_assert(mt_cu_swiglu_bwd(NULL, dt, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *dgi = t_fetch(&d), *dui = t_fetch(&u);
+    cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
+    cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");
+    free(og), free(dgg), free(dug), free(dgi), free(dui);
+    t_free(&g), t_free(&u), t_free(&d), t_free(&out), t_free(&dg), t_free(&du);
+}
+
+Test(cuda_kernels, swiglu)
+{
+    NEED_GPU();
+    seed(4);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_swiglu((size_t)37 * 4096 + 5, dt, 0); /* vectors and a tail */
+        check_swiglu((size_t)37 * 96, dt, 1);       /* misaligned: scalar */
+        check_swiglu(7, dt, 0);                     /* the tail alone */
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt)
+{
+    int32_t *tok = xmalloc((size_t)T * sizeof(int32_t));
+    for (int t = 0; t < T; t++) { /* half from a few ids: long runs of repeats */
+        const uint64_t range = (next_u64() & 1) && V > 7 ? 7 : (uint64_t)V;
+        tok[t] = (int32_t)(next_u64() % range);
+    }
+    tok[0] = V - 1;
+    tensor wte = t_rand(wdt, (size_t)V * C, -1.0f, 1.0f, 0), out = t_rand(dt, (size_t)T * C, 0, 0, 0);
+    void *dtok = dev_upload(tok, (size_t)T * sizeof(int32_t));
+    cr_assert(mt_cu_embedding(NULL, dt, out.dev, dtok, wdt, wte.dev, T, C, V) == 0);
+    float *og = t_fetch(&out);
+    /* a copy, converted: exact (bf16 -> fp32 exactly, fp32 -> bf16 rounded alike) */
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float want = wte.ref[(size_t)tok[t] * C + c];
+            if (dt == MT_CU_BF16) want = mt_bf16_to_f32(mt_f32_to_bf16(want));
+            cr_assert(og[(size_t)t * C + c] == want, "T %d C %d V %d out %s wte %s: out[%d,%d]", T, C, V, dtn(dt),
+                      dtn(wdt), t, c);
+        }
+    free(og);
+
+    /* backward: for every row the same float additions in the same order as
+     * the CPU: bit-identical */
+    tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1.0f, 1.0f, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
+    float *dwte0 = xmalloc((size_t)V * C * sizeof(float));
+    memcpy(dwte0, dwte.ref, (size_t)V * C * sizeof(float));
+    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V);
+    void *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scratch) == 0);
+    float *g = t_fetch(&dwte);
+    for (size_t i = 0; i < (size_t)V * C; i++)
+        cr_assert(memcmp(&g[i], &dwte.ref[i], sizeof(float)) == 0, "T %d C %d V %d: dwte[%zu] = %.9g, CPU %.9g", T, C,
+                  V, i, g[i], dwte.ref[i]);
+    free(g), free(dwte0), free(tok);
+    mt_cu_free(scratch), mt_cu_free(dtok);
+    t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
+}
+
+Test(cuda_kernels, embedding)
+{
+    NEED_GPU();
+    seed(5);
+    const mt_cu_dtype pairs[][2] = {{MT_CU_F32, MT_CU_F32}, {MT_CU_BF16, MT_CU_BF16}, {MT_CU_F32, MT_CU_BF16}};
+    for (int p = 0; p < 3; p++) {
+        check_embedding(300, 4096, 1000, pairs[p][0], pairs[p][1]);
+        check_embedding(300, 96, 32000, pairs[p][0], pairs[p][1]);
+        check_embedding(257, 98, 1000, pairs[p][0], pairs[p][1]); /* C % 4 != 0: scalar */
+    }
+    check_embedding(1, 8, 1, MT_CU_F32, MT_CU_F32);
+}
+
+Test(cuda_kernels, embedding_tokens_out_of_range)
+{
+    NEED_GPU();
+    seed(6);
+    const int T = 4, C = 16, V = 10;
+    const int32_t tok[4] = {3, -1, 10, 3};
+    tensor wte = t_rand(MT_CU_F32, (size_t)V * C, -1, 1, 0), out = t_rand(MT_CU_F32, (size_t)T * C, 5, 6, 0);
+    tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1, 1, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
+    void *dtok = dev_upload(tok, sizeof tok), *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
+    cr_assert(mt_cu_embedding(NULL, MT_CU_F32, out.dev, dtok, MT_CU_F32, wte.dev, T, C, V) == 0);
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scratch) == 0);
+    float *o = t_fetch(&out), *g = t_fetch(&dwte);
+    for (int c = 0; c < C; c++) {
+        cr_assert(o[C + c] == 0.0f && o[2 * C + c] == 0.0f, "a token out of range gives a zero row");
+        cr_assert(o[c] == wte.ref[3 * C + c]);
+        cr_assert(g[3 * C + c] == (dwte.ref[3 * C + c] + dout.ref[c]) + dout.ref[3 * C + c]);
+    }
+    for (int v = 0; v < V; v++)
+        if (v != 3)
+            for (int c = 0; c < C; c++) cr_assert(g[v * C + c] == dwte.ref[v * C + c], "row %d untouched", v);
+    free(o), free(g);
+    mt_cu_free(dtok), mt_cu_free(scratch);
+    t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------ */
+
+enum { CE_SEPARATE, CE_IN_PLACE, CE_LOSS_ONLY };
+
+static void check_ce(int n, int V, mt_cu_dtype dt, int mode)
+{
+    const float dscale = 1.0f / 29.0f;
+    const int ignore = -100;
+    tensor lg = t_rand(MT_CU_F32, (size_t)n * V, -4.0f, 4.0f, 0);
+    int32_t *tg = xmalloc((size_t)n * sizeof(int32_t));
+    for (int r = 0; r < n; r++) {
+        tg[r] = (next_u64() % 5 == 0) ? ignore : (int32_t)(next_u64() % (uint64_t)V);
+        if (r % 3 == 0) lg.ref[(size_t)r * V + next_u64() % (uint64_t)V] = 30.0f; /* a confident row */
+    }
+    tg[0] = ignore;
+    if (n > 1) tg[1] = V - 1;
+    t_upload(&lg);
+    float *ref = xmalloc((size_t)n * V * sizeof(float));
+    memcpy(ref, lg.ref, (size_t)n * V * sizeof(float));
+    int count_ref = 0;
+    const double loss_ref = mt_cpu_cross_entropy(NULL, ref, tg, n, V, dscale, ignore, &count_ref);
+
+    void *dtg = dev_upload(tg, (size_t)n * sizeof(int32_t));
+    const double loss0 = 1.5; /* the sums accumulate */
+    const int count0 = 3;
+    void *dloss = dev_upload(&loss0, sizeof loss0), *dcount = dev_upload(&count0, sizeof count0);
+    void *scratch = dev_scratch(mt_cu_cross_entropy_scratch_bytes(n));
+    tensor dl = {NULL, NULL, NULL, dt, (size_t)n * V};
+    void *dst = NULL;
+    if (mode == CE_IN_PLACE) {
+        dl.dev = lg.dev;
+        dst = lg.dev;
+    } else if (mode == CE_SEPARATE) {
+        dl.base = dl.dev = dev_scratch((size_t)n * V * mt_cu_dtype_size(dt));
+        dst = dl.dev;
+    }
+    cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, dcount, scratch) == 0);
+    double loss;
+    int count;
+    cr_assert(mt_cu_copy_d2h(&loss, dloss, sizeof loss) == 0 && mt_cu_copy_d2h(&count, dcount, sizeof count) == 0);
+    cr_assert(count == count0 + count_ref, "n %d V %d: count %d, want %d", n, V, count, count0 + count_ref);
+    /* each row's loss M + log S - x[target]: M and x[target] exact; S a sum
+     * of exps each within 4 ulp (8u) of the CPU's, so log S within about 8u
+     * (absolute); 16u per row, plus the double sums' own rounding. */
+    const double ltol = 16 * U24 * count_ref + 1e-12 * fabs(loss_ref);
+    cr_assert(fabs((loss - loss0) - loss_ref) <= ltol, "n %d V %d %s: loss %.12g, ref %.12g", n, V, dtn(dt),
+              loss - loss0, loss_ref);
+    float *g = NULL;
+    if (mode != CE_LOSS_ONLY) {
+        g = t_fetch(&dl);
+        /* p = exp(x - M) * (dscale / S): the same x - M, exp within 4 ulp
+         * between the libraries and dscale / S within a few: 16u relative;
+         * at the target p - dscale: 16u of dscale. Ignored rows: zeros. */
+        for (int r = 0; r < n; r++)
+            for (int v = 0; v < V; v++) {
+                const size_t i = (size_t)r * V + v;
+                const double mag = fabs(ref[i]) + (v == tg[r] ? dscale : 0.0);
+                cr_assert(fabs(g[i] - ref[i]) <= out_tol(dt, ref[i], 16 * U24 * mag),
+                          "n %d V %d %s mode %d: dlogits[%d,%d] = %.9g, ref %.9g (target %d)", n, V, dtn(dt), mode, r,
+                          v, g[i], ref[i], tg[r]);
+                if (tg[r] == ignore) cr_assert(g[i] == 0.0f);
+            }
+    }
+    /* determinism (not in place: the logits are gone) */
+    if (mode != CE_IN_PLACE) {
+        const double zero = 0.0;
+        cr_assert(mt_cu_copy_h2d(dloss, &zero, sizeof zero) == 0);
+        cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, NULL, scratch) == 0);
+        double loss2;
+        cr_assert(mt_cu_copy_d2h(&loss2, dloss, sizeof loss2) == 0);
+        cr_assert(loss0 + loss2 == loss, "n %d V %d: the loss differs between runs", n, V);
+        if (g) {
+            float *g2 = t_fetch(&dl);
+            cr_assert(memcmp(g, g2, (size_t)n * V * sizeof(float)) == 0, "dlogits differ between runs");
+            free(g2);
+        }
+    }
+    free(g), free(tg), free(ref);
+    if (mode == CE_SEPARATE) mt_cu_free(dl.base);
+    mt_cu_free(dtg), mt_cu_free(dloss), mt_cu_free(dcount), mt_cu_free(scratch);
+    t_free(&lg);
+}
+
+Test(cuda_kernels, cross_entropy)
+{
+    NEED_GPU();
+    seed(7);
+    const int Vs[] = {1000, 32000, 1001};
+    for (int vi = 0; vi < 3; vi++) {
+        check_ce(37, Vs[vi], MT_CU_F32, CE_SEPARATE);
+        check_ce(37, Vs[vi], MT_CU_F32, CE_IN_PLACE);
+        check_ce(37, Vs[vi], MT_CU_BF16, CE_SEPARATE);
+        check_ce(37, Vs[vi], MT_CU_F32, CE_LOSS_ONLY);
+    }
+    check_ce(1, 3, MT_CU_F32, CE_SEPARATE);
+}
+
+Test(cuda_kernels, cross_entropy_variants)
+{
+    NEED_GPU();
+    seed(13);
+    const int threads[] = {512, 1024, 64};
+    for (int cl = 0; cl < 2; cl++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int rev = 0; rev < 2; rev++) {
+                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_CLUSTER, cl) == 0);
+                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_THREADS, threads[ti]) == 0);
+                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_REVERSE, rev) == 0);
+                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_SMEM, rev && !cl ? 120 * 1024 : 0) == 0);
+                check_ce(37, 32000, MT_CU_BF16, CE_SEPARATE);
+                check_ce(37, 32000, MT_CU_F32, CE_IN_PLACE);
+                check_ce(37, 1000, MT_CU_F32, CE_LOSS_ONLY);
+                check_ce(37, 1001, MT_CU_F32, CE_SEPARATE);
+                if (ti == 1 && rev == 1) { /* Qwen2's vocabulary: 8 blocks a row in the cluster variant */
+                    check_ce(5, 152064, MT_CU_BF16, CE_SEPARATE);
+                    check_ce(5, 152064, MT_CU_F32, CE_IN_PLACE);
+                }
+            }
+    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
+}
+
+/* ---- elementwise ------------------------------------------------------------------ */
+
+static void check_elementwise(size_t n, size_t off)
+{
+    /* convert: bf16 rounding to nearest even as the host's; widening exact */
+    tensor f = t_rand(MT_CU_F32, n, -3, 3, off), b = t_rand(MT_CU_BF16, n, -3, 3, off);
+    tensor fo = t_rand(MT_CU_F32, n, 0, 0, off), bo = t_rand(MT_CU_BF16, n, 0, 0, off);
+    cr_assert(mt_cu_convert(NULL, MT_CU_BF16, bo.dev, MT_CU_F32, f.dev, n) == 0);
+    cr_assert(mt_cu_convert(NULL, MT_CU_F32, fo.dev, MT_CU_BF16, b.dev, n) == 0);
+    float *bg = t_fetch(&bo), *fg = t_fetch(&fo);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(bg[i] == mt_bf16_to_f32(mt_f32_to_bf16(f.ref[i])), "n %zu off %zu: to bf16 [%zu]", n, off, i);
+        cr_assert(fg[i] == b.ref[i], "n %zu off %zu: to fp32 [%zu]", n, off, i);
+    }
+    free(bg), free(fg);
+    /* add: fp32 sums, exact; y = fp32 residual + bf16 branch, and bf16 = bf16 + fp32 */
+    cr_assert(mt_cu_add(NULL, MT_CU_F32, fo.dev, MT_CU_F32, f.dev, MT_CU_BF16, b.dev, n) == 0);
+    cr_assert(mt_cu_add(NULL, MT_CU_BF16, bo.dev, MT_CU_BF16, b.dev, MT_CU_F32, f.dev, n) == 0);
+    fg = t_fetch(&fo), bg = t_fetch(&bo);
+    for (size_t i = 0; i < n; i++) {
+        const float s = f.ref[i] + b.ref[i];
+        cr_assert(fg[i] == s, "n %zu off %zu: add f32 [%zu]", n, off, i);
+        cr_assert(bg[i] == mt_bf16_to_f32(mt_f32_to_bf16(s)), "n %zu off %zu: add bf16 [%zu]", n, off, i);
+    }
+    free(bg), free(fg);
+    /* in place y = y + b, and scale */
+    cr_assert(mt_cu_add(NULL, MT_CU_F32, f.dev, MT_CU_F32, f.dev, MT_CU_BF16, b.dev, n) == 0);
+    cr_assert(mt_cu_scale(NULL, MT_CU_F32, f.dev, 0.37f, n) == 0);
+    cr_assert(mt_cu_scale(NULL, MT_CU_BF16, b.dev, -1.7f, n) == 0);
+    fg = t_fetch(&f), bg = t_fetch(&b);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(fg[i] == (f.ref[i] + b.ref[i]) * 0.37f, "n %zu off %zu: add in place, scale [%zu]", n, off, i);
+        cr_assert(bg[i] == mt_bf16_to_f32(mt_f32_to_bf16(b.ref[i] * -1.7f)), "n %zu off %zu: scale bf16 [%zu]", n,
+                  off, i);
+    }
+    free(bg), free(fg);
+    cr_assert(mt_cu_zero(NULL, fo.dev, n * sizeof(float)) == 0);
+    fg = t_fetch(&fo);
+    for (size_t i = 0; i < n; i++) cr_assert(fg[i] == 0.0f);
+    free(fg);
+    t_free(&f), t_free(&b), t_free(&fo), t_free(&bo);
+}
+
+Test(cuda_kernels, elementwise)
+{
+    NEED_GPU();
+    seed(8);
+    check_elementwise(100003, 0);
+    check_elementwise(100003, 1);
+    check_elementwise(5, 0);
+    cr_assert(mt_cu_convert(NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, 0) == 0, "n = 0 does nothing");
+}
+
+/* ---- reductions ------------------------------------------------------------------ */
+
+static void check_sumsq(size_t n, size_t off)
+{
+    tensor x = t_rand(MT_CU_F32, n, -1.5f, 1.5f, off);
+    const double start = 2.5;
+    void *out = dev_upload(&start, sizeof start), *scratch = dev_scratch(mt_cu_sumsq_scratch_bytes());
+    cr_assert(mt_cu_sumsq(NULL, out, x.dev, n, scratch) == 0);
+    double got, got2;
+    cr_assert(mt_cu_copy_d2h(&got, out, sizeof got) == 0);
+    long double ref = 0;
+    for (size_t i = 0; i < n; i++) ref += (long double)x.ref[i] * x.ref[i];
+    /* every square exact in double, n additions in double: within n 2^-53
+     * relative in the worst case, far less in practice; 1e-12 covers
+     * n <= 2^40 at a typical sqrt(n) growth and catches any lost element */
+    cr_assert(fabs((got - start) - (double)ref) <= 1e-12 * (double)ref + 1e-300, "n %zu: %.17g vs %.17Lg", n,
+              got - start, ref);
+    const double cpu = mt_sumsq_f32(NULL, x.ref, n);
+    cr_assert(fabs((got - start) - cpu) <= 1e-12 * cpu + 1e-300, "n %zu: %.17g vs the CPU's %.17g", n, got - start,
+              cpu);
+    cr_assert(mt_cu_copy_h2d(out, &start, sizeof start) == 0);
+    cr_assert(mt_cu_sumsq(NULL, out, x.dev, n, scratch) == 0);
+    cr_assert(mt_cu_copy_d2h(&got2, out, sizeof got2) == 0);
+    cr_assert(memcmp(&got, &got2, sizeof got) == 0, "n %zu: two runs differ", n);
+    mt_cu_free(out), mt_cu_free(scratch);
+    t_free(&x);
+}
+
+Test(cuda_kernels, sumsq)
+{
+    NEED_GPU();
+    seed(9);
+    check_sumsq(10000019, 0);
+    check_sumsq(10000019, 1);
+    check_sumsq(5, 0);
+    check_sumsq(1000, 3);
+}
+
+static void check_bias(int T, int N, mt_cu_dtype dt)
+{
+    tensor dy = t_rand(dt, (size_t)T * N, -1, 1, 0), db = t_rand(MT_CU_F32, (size_t)N, -1, 1, 0);
+    float *db0 = xmalloc((size_t)N * sizeof(float));
+    memcpy(db0, db.ref, (size_t)N * sizeof(float));
+    mt_cpu_matmul_bwd(NULL, NULL, NULL, NULL, db.ref, dy.ref, NULL, NULL, T, 1, N, 0);
+    void *scratch = dev_scratch(mt_cu_bias_grad_scratch_bytes(T, N));
+    cr_assert(mt_cu_bias_grad(NULL, db.dev, dt, dy.dev, T, N, scratch) == 0);
+    float *g = t_fetch(&db);
+    /* T + 1 terms in two orders: within 2 T u sum|terms| of each other */
+    for (int c = 0; c < N; c++) {
+        double mag = fabs(db0[c]);
+        for (int t = 0; t < T; t++) mag += fabs(dy.ref[(size_t)t * N + c]);
+        cr_assert(fabs(g[c] - db.ref[c]) <= 2.0 * T * U24 * mag, "T %d N %d %s: db[%d] = %.9g, ref %.9g", T, N, dtn(dt),
+                  c, g[c], db.ref[c]);
+    }
+    cr_assert(mt_cu_copy_h2d(db.dev, db0, (size_t)N * sizeof(float)) == 0);
+    cr_assert(mt_cu_bias_grad(NULL, db.dev, dt, dy.dev, T, N, scratch) == 0);
+    float *g2 = t_fetch(&db);
+    cr_assert(memcmp(g, g2, (size_t)N * sizeof(float)) == 0, "T %d N %d: two runs differ", T, N);
+    free(g), free(g2), free(db0);
+    mt_cu_free(scratch);
+    t_free(&dy), t_free(&db);
+}
+
+Test(cuda_kernels, bias_grad)
+{
+    NEED_GPU();
+    seed(10);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_bias(37, 96, dt);
+        check_bias(2053, 4104, dt);
+        check_bias(300, 100, dt); /* N % 8 != 0: scalar */
+        check_bias(1, 1, dt);
+    }
+}
+
+Test(cuda_kernels, bad_arguments)
+{
+    NEED_GPU();
+    char scratch_dummy;
+    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 40000, 1e-5f) == -1,
+              "rows longer than 32768");
+    cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f) == -1,
+              "unknown dtype");
+    cr_expect(mt_cu_rope(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 7, 0) == -1, "odd head dim");
+    cr_expect(mt_cu_rmsnorm_bwd(NULL, NULL, (float *)&scratch_dummy, NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, NULL, 4,
+                                64, 1e-5f, NULL) == -1,
+              "dw without scratch");
+    float *lg = mt_cu_alloc(64 * sizeof(float));
+    cr_assert(lg);
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy) == -1,
+              "bf16 gradients cannot overwrite fp32 logits");
+    mt_cu_free(lg);
+    cr_expect(mt_cu_sync() == 0, "no error left behind");
+}
