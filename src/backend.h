@@ -74,5 +74,7 @@ typedef struct mt_model mt_model;
 
 /* The CPU backend; NULL when out of memory. */
 mt_be *mt_cpu_backend_create(mt_model *m);
+/* The CUDA backend on the policy's device; NULL with the reason in err. */
+mt_be *mt_cuda_backend_create(mt_model *m, mt_err err);
 
 #endif

@@ -102,8 +102,11 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
 {
     mt_err err = mt_model_err(m);
     if (!m->be) {
-        m->be = mt_cpu_backend_create(m);
-        if (!m->be) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the backend");
+        if (m->backend == MT_BACKEND_CUDA) {
+            if (!(m->be = mt_cuda_backend_create(m, err))) return mt_fail(err, MT_ERR_DEVICE, "%s", m->errmsg);
+        } else if (!(m->be = mt_cpu_backend_create(m))) {
+            return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the backend");
+        }
         memset(&m->be_shape, 0, sizeof m->be_shape);
     }
     const mt_be_shape *have = &m->be_shape;

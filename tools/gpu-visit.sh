@@ -1,6 +1,7 @@
 #!/bin/bash
-# One visit to the GPU test machine: what it is, the benchmarks, the test
-# suite, the CLI demo; full logs under $OUT (default ./out), a summary last.
+# One visit to the GPU test machine: what it is, the GPU test suites, the
+# whole suite, the CLI demo on the GPU, compute-sanitizer on a short run, the
+# benchmarks; full logs under $OUT (default ./out), a summary last.
 # Build on the development machine first (make), copy build/, lib/, bin/ and
 # .devdeps/ along (see ../shared/scripts/device-deps.sh), run from the root.
 set -u
@@ -11,20 +12,23 @@ summary=()
 run() { # name, command...
   local name=$1; shift
   local t0=$(date +%s.%N)
-  "$@" > "$OUT/$name.log" 2>&1
+  timeout 300 "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s.%N)
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
-run machine sh -c 'date -u; nvidia-smi; lscpu; free -g; nproc; cat /proc/meminfo | head -5'
-run adamw build/bench/adamw --params 1G --threads 1,2,4,8,12,16 --iters 5
-run adamw_isa sh -c 'for i in scalar avx2 avx512 avx512bf16; do build/bench/adamw --params 1G --threads 16 --iters 5 --isa $i; done'
-run cpu_gemm build/bench/cpu_gemm
-[ -x build/bench/cpu_step ] && run cpu_step build/bench/cpu_step
+run machine sh -c 'date -u; nvidia-smi; lscpu | head -20; free -g; nproc'
+run gpu_tests build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
 run tests build/tests/mt_tests --jobs 8
-[ -x bin/megatrain ] && run demo bin/megatrain train --out "$OUT/demo-model"
-rm -rf "$OUT/demo-model"
+run demo bin/megatrain train --out "$OUT/demo-model"
+run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/megatrain train --steps 3 --log-every 1 --out $OUT/san && compute-sanitizer --tool racecheck bin/megatrain train --steps 2 --log-every 1 --out $OUT/san"
+run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
+run cpu_step build/bench/cpu_step --threads 16
+rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
-grep -h -A12 'Gparam' "$OUT/adamw.log" | head -20
-grep -h 'Synthesis' "$OUT/tests.log"
-grep -h 'held-out\|trained in' "$OUT/demo.log" 2>/dev/null
+grep -h 'Synthesis' "$OUT/gpu_tests.log" "$OUT/tests.log"
+grep -h 'FAIL\|Assertion' "$OUT/gpu_tests.log" | head -20
+grep -h 'held-out\|trained in\|backend' "$OUT/demo.log" 2>/dev/null
+grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY' "$OUT/sanitizer.log" | head
+grep -h -A5 'Gparam' "$OUT/adamw.log" | head -8
+grep -h 'tokens/s' "$OUT/cpu_step.log"

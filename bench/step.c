@@ -1,0 +1,115 @@
+/* Whole optimizer steps on a model shape, any backend: tokens/s and model
+ * TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq * tokens) / time
+ * (the recompute not counted), median over the timed steps after one warm-up.
+ *
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|7b|qwen7b] [--seq-len N]
+ *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
+ *                    [--host-budget GIB]
+ */
+#include <megatrain.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int preset(mt_model_config *c, const char *name)
+{
+    struct { const char *name; uint32_t V, C, F, L, H, Hkv; int bias; } p[] = {
+        {"tiny", 8192, 256, 768, 8, 8, 4, 0},
+        {"1b", 32000, 2048, 5632, 22, 32, 4, 0},        /* TinyLlama-1.1B */
+        {"7b", 32000, 4096, 11008, 32, 32, 32, 0},      /* Llama-2-7B */
+        {"qwen7b", 152064, 3584, 18944, 28, 28, 4, 1},  /* Qwen2.5-7B */
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (!strcmp(name, p[i].name)) {
+            c->vocab_size = p[i].V, c->hidden_size = p[i].C, c->intermediate_size = p[i].F;
+            c->num_hidden_layers = p[i].L, c->num_attention_heads = p[i].H, c->num_key_value_heads = p[i].Hkv;
+            c->attention_bias = (uint32_t)p[i].bias;
+            c->arch = p[i].bias ? MT_ARCH_QWEN2 : MT_ARCH_LLAMA;
+            return 0;
+        }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "cuda", *pre = "tiny";
+    int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
+    double host_gib = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
+        else if (!strcmp(argv[i], "--preset") && v) pre = argv[++i];
+        else if (!strcmp(argv[i], "--seq-len") && v) S = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--micro-batch") && v) B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--grad-accum") && v) M = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--slots") && v) slots = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--host-budget") && v) host_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--fp32")) fp32 = 1;
+        else {
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|7b|qwen7b] [--seq-len N] "
+                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB]\n");
+            return 2;
+        }
+    }
+    mt_model_config c;
+    mt_model_config_init(&c);
+    if (preset(&c, pre) || steps < 1 || S < 2 || B < 1 || M < 1) {
+        fprintf(stderr, "step: bad arguments\n");
+        return 2;
+    }
+    c.max_position_embeddings = (uint32_t)S;
+    c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = !strcmp(backend, "cpu") ? MT_BACKEND_CPU : MT_BACKEND_CUDA;
+    p.weight_slots = (uint32_t)slots;
+    p.log_level = MT_LOG_INFO;
+    p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
+    mt_model *m;
+    if (mt_model_create(&m, &c, &p) != MT_OK) {
+        fprintf(stderr, "step: %s\n", mt_last_errmsg());
+        return 1;
+    }
+    const size_t n = (size_t)M * B * S;
+    int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
+    double *t = malloc((size_t)steps * sizeof *t), fwd = 0, bwd = 0, opt = 0;
+    if (!tok || !tg || !t) return 1;
+    unsigned r = 1;
+    for (size_t i = 0; i < n; i++) tok[i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 8) % c.vocab_size);
+    for (size_t i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = (uint32_t)B, b.seq_len = (uint32_t)S, b.num_micro_batches = (uint32_t)M;
+    b.tokens = tok, b.targets = tg;
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-5f;
+    for (int s = 0; s <= steps; s++) {
+        mt_step_stats st;
+        mt_step_stats_init(&st);
+        if (mt_step(m, &b, &o, &st) != MT_OK) {
+            fprintf(stderr, "step: %s\n", mt_model_errmsg(m));
+            return 1;
+        }
+        if (s) t[s - 1] = st.seconds, fwd += st.forward_seconds, bwd += st.backward_seconds, opt += st.optimizer_seconds;
+        printf("step %d: %.3f s (forward %.3f, backward %.3f, optimizer %.3f), loss %.4f\n", s, st.seconds,
+               st.forward_seconds, st.backward_seconds, st.optimizer_seconds, st.loss);
+    }
+    qsort(t, (size_t)steps, sizeof *t, cmp);
+    const double med = t[steps / 2], P = (double)mt_model_num_params(m);
+    const double flop = 6.0 * P * (double)n + 12.0 * c.num_hidden_layers * c.hidden_size * (double)S * (double)n;
+    printf("%s %s, %.2f B parameters, %d x %d x %d = %zu tokens per step, K=%d: median %.3f s, %.0f tokens/s, "
+           "%.1f model TFLOP/s (forward %.0f%%, backward %.0f%%, optimizer %.0f%%)\n",
+           pre, fp32 ? "fp32" : "bf16", P / 1e9, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
+           100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
+    mt_model_destroy(m);
+    free(tok), free(tg), free(t);
+    return 0;
+}
