@@ -338,7 +338,8 @@ typedef struct mt_step_stats {
     double seconds;             /* wall time of the step */
     double forward_seconds;     /* forward pass */
     double backward_seconds;    /* loss, backward with recompute, gradient transfers */
-    double optimizer_seconds;   /* clipping and AdamW */
+    double optimizer_seconds;   /* clipping and AdamW; on the CUDA backend the update runs behind the
+                                   next step's forward, and this is the time to start it */
 } mt_step_stats;
 
 MT_API void mt_step_stats_init(mt_step_stats *stats);
@@ -347,7 +348,10 @@ MT_API void mt_step_stats_init(mt_step_stats *stats);
  * global-norm clipping, AdamW with the learning rate of the model's step
  * counter under opt's schedule. stats may be NULL. On failure the model's
  * weights, optimizer state and step counter are as before the call;
- * MT_ERR_NONFINITE when the loss or gradient norm is not finite. */
+ * MT_ERR_NONFINITE when the loss or gradient norm is not finite.
+ * On the CUDA backend the AdamW update may still be running on a library
+ * thread when mt_step returns; the next step's forward waits for each unit,
+ * and every other call that reads the model waits for all of it. */
 MT_API mt_status mt_step(mt_model *model, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats);
 
 typedef struct mt_eval_stats {

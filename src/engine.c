@@ -46,14 +46,21 @@ static void run_visits(mt_model *m, const visit *v, int n, int n_micro, float lo
     int loads[2 * 4096 + 8], n_loads = 0; /* visits that need weights, in order */
     for (int i = 0; i < n; i++)
         if (v[i].needs_weights) loads[n_loads++] = i;
-    for (int j = 0; j < K - 1 && j < n_loads; j++) be->ops->load_weights(be, j % K, v[loads[j]].unit);
+    for (int j = 0; j < K - 1 && j < n_loads; j++) {
+        mt_optimizer_await_unit(m, v[loads[j]].unit);
+        be->ops->load_weights(be, j % K, v[loads[j]].unit);
+    }
     int li = 0;
     for (int i = 0; i < n; i++) {
         if (i == split_at && t_split) *t_split = now();
         int slot = -1;
         if (v[i].needs_weights) {
             slot = li % K;
-            if (li + K - 1 < n_loads) be->ops->load_weights(be, (li + K - 1) % K, v[loads[li + K - 1]].unit);
+            if (li + K - 1 < n_loads) {
+                const int u = v[loads[li + K - 1]].unit;
+                mt_optimizer_await_unit(m, u); /* the previous step's update of u */
+                be->ops->load_weights(be, (li + K - 1) % K, u);
+            }
             li++;
         }
         const int u = v[i].unit;
@@ -176,37 +183,6 @@ static void stage_tokens(mt_model *m, const mt_batch *b)
         m->be->ops->set_tokens(m->be, (int)mb, b->tokens + mb * per, b->targets ? b->targets + mb * per : NULL);
 }
 
-/* ---- the optimizer ---------------------------------------------------------- */
-
-static void optimizer_step(mt_model *m, const mt_optim_config *o, float lr, float grad_scale)
-{
-    const double t = (double)(m->step + 1);
-    mt_adamw_hyper h = {lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                        (float)(1.0 - pow((double)o->beta1, t)), (float)(1.0 - pow((double)o->beta2, t)), grad_scale};
-    mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
-    for (int ui = 0; ui < m->layout.n_units; ui++) {
-        const mt_unit_desc *u = &m->layout.units[ui];
-        const mt_tile *tl = &m->tiles.tile[ui];
-        mt_adamw_segment seg[MT_MAX_UNIT_TENSORS];
-        uint16_t *w = mt_tile_weights_bf16(tl, u);
-        float *g32 = mt_tile_grad_f32(tl, u);
-        for (int i = 0; i < u->n_tensors; i++) {
-            const mt_tensor_desc *td = &u->tensors[i];
-            seg[i] = (mt_adamw_segment){
-                .master = mt_tile_master(tl, u) + td->offset,
-                .m = mt_tile_m(tl, u) + td->offset,
-                .v = mt_tile_v(tl, u) + td->offset,
-                .grad = w ? (const void *)(w + td->offset) : (const void *)(g32 + td->offset),
-                .grad_is_bf16 = w != NULL,
-                .w_bf16 = w ? w + td->offset : NULL,
-                .n = td->numel,
-                .weight_decay = td->decay ? o->weight_decay : 0.0f,
-            };
-        }
-        mt_adamw_apply(m->pool, k, &h, seg, (size_t)u->n_tensors);
-    }
-}
-
 /* After a failed step in bf16 mode the weight blocks hold gradients: put
  * the weights back from the master copy. */
 typedef struct restore_job { const float *master; uint16_t *w; size_t n; } restore_job;
@@ -271,6 +247,7 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
     }
     double loss, norm, t_head = t0;
     if ((st = mt_engine_grads(m, &b, n_targets, &loss, &norm, &t_head))) {
+        mt_optimizer_drain(m); /* a failure can come before every unit was awaited */
         restore_weights(m);
         return st;
     }
@@ -284,7 +261,14 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
     float scale = 1.0f;
     if (o.grad_clip > 0 && norm > o.grad_clip) scale = (float)((double)o.grad_clip / (norm + 1e-6));
     const float lr = mt_lr_at(&o, m->step);
-    optimizer_step(m, &o, lr, scale);
+    const double t = (double)(m->step + 1);
+    const mt_adamw_hyper h = {lr, o.beta1, o.beta2, o.eps, o.weight_decay, (float)(1.0 - pow((double)o.beta1, t)),
+                              (float)(1.0 - pow((double)o.beta2, t)), scale};
+    /* With a GPU the update runs behind the next step's forward, which waits
+     * for each unit before loading it; the CPU backend needs the cores itself. */
+    mt_optimizer_drain(m);
+    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(m, &h, o.weight_decay, 1) != 0)
+        mt_optimizer_run(m, &h, o.weight_decay, 0);
     m->step++;
     const double t_end = now();
     if (stats) {
@@ -308,6 +292,7 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
 mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m);
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     const double t0 = now();
@@ -336,6 +321,7 @@ mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
 mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m);
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_logits: out is NULL");

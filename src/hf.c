@@ -341,6 +341,7 @@ mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int w
 mt_status mt_model_save(mt_model *m, const char *dir)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_save: dir is NULL");
@@ -407,6 +408,7 @@ static void zero_moments(mt_model *m)
 mt_status mt_model_load(mt_model *m, const char *dir)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_load: dir is NULL");

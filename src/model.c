@@ -75,6 +75,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     *out = NULL;
     mt_model *m = calloc(1, sizeof *m);
     if (!m) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the model handle");
+    mt_optimizer_init(&m->opt);
     mt_status st;
     char why[256], b1[32];
     if ((st = mt_config_import(err, &m->cfg, cfg)) || (st = mt_policy_import(err, &m->pol, pol))) goto fail;
@@ -122,6 +123,7 @@ fail:
 void mt_model_destroy(mt_model *m)
 {
     if (!m) return;
+    mt_optimizer_fini(m);
     if (m->be) m->be->ops->destroy(m->be);
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);

@@ -8,6 +8,7 @@
 #include "threadpool.h"
 #include "tiler.h"
 #include "backend.h"
+#include "optimizer.h"
 
 struct mt_model {
     mt_model_config cfg;   /* validated, head_dim resolved */
@@ -21,6 +22,7 @@ struct mt_model {
     uint64_t step;         /* optimizer steps taken */
     mt_be *be;             /* created at the first step, evaluation or logits */
     mt_be_shape be_shape;  /* what be is reserved for */
+    mt_optimizer opt;      /* AdamW, possibly still running behind the last step */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }
