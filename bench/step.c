@@ -2,9 +2,9 @@
  * TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq * tokens) / time
  * (the recompute not counted), median over the timed steps after one warm-up.
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|7b|qwen7b] [--seq-len N]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
- *                    [--host-budget GIB]
+ *                    [--host-budget GIB] [--gpu-budget GIB]
  */
 #include <megatrain.h>
 #include <stdio.h>
@@ -22,6 +22,7 @@ static int preset(mt_model_config *c, const char *name)
     struct { const char *name; uint32_t V, C, F, L, H, Hkv; int bias; } p[] = {
         {"tiny", 8192, 256, 768, 8, 8, 4, 0},
         {"1b", 32000, 2048, 5632, 22, 32, 4, 0},        /* TinyLlama-1.1B */
+        {"1.5b", 32000, 2048, 5632, 32, 32, 4, 0},      /* 1.5 B: 21 GB of state, 10x a 2 GiB GPU budget */
         {"7b", 32000, 4096, 11008, 32, 32, 32, 0},      /* Llama-2-7B */
         {"qwen7b", 152064, 3584, 18944, 28, 28, 4, 1},  /* Qwen2.5-7B */
     };
@@ -40,7 +41,7 @@ int main(int argc, char **argv)
 {
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
-    double host_gib = 0;
+    double host_gib = 0, gpu_gib = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
@@ -51,10 +52,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--slots") && v) slots = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-budget") && v) host_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--gpu-budget") && v) gpu_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--fp32")) fp32 = 1;
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|7b|qwen7b] [--seq-len N] "
-                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB]\n");
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N] "
+                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB]\n");
             return 2;
         }
     }
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
     p.weight_slots = (uint32_t)slots;
     p.log_level = MT_LOG_INFO;
     p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
+    p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
     mt_model *m;
     if (mt_model_create(&m, &c, &p) != MT_OK) {
         fprintf(stderr, "step: %s\n", mt_last_errmsg());

@@ -15,6 +15,15 @@
 // docs/architecture.md); the gradient of the residual stream is fp32. In fp32
 // mode everything is fp32 and gradients go to the tile's fp32 gradient block.
 //
+// Activation checkpoints (the output of every unit for every micro-batch)
+// stay on the device when they fit the GPU budget. When they do not, the
+// device keeps two rows (one unit's outputs for all micro-batches): the
+// forward writes row u % 2 and copies it to pinned host memory on the d2h
+// stream; the backward fetches checkpoint u-2 into the row that checkpoint u
+// just vacated while unit u computes, so the copies hide behind the compute.
+// Checkpoints L-1 and L are still on the device when the backward starts and
+// never travel.
+//
 // Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
 // KV = Hkv*D, F MLP width, V vocabulary, L layers.
 #include "attention.h"
@@ -54,7 +63,10 @@ struct cu_be {
     float *acc[2];  // fp32 weight-gradient accumulators (largest unit)
     float *tied_acc;// (V, C) when the head shares the embedding
     void *stage[2]; // bf16 gradients on their way to the host
-    void *ck;       // (L+1, n_micro, T, C) checkpoints
+    void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host two rows (2, n_micro, T, C)
+    int ck_host;    // checkpoints 0 .. L-2 live in pinned host memory (ck_pinned)
+    void *ck_pinned;// (L-1, n_micro, T, C) on the host
+    cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
     int32_t *tokens, *targets; // (n_micro, T)
     int32_t *pos;   // (T)
@@ -138,6 +150,21 @@ static void linear_dw(cu_be *b, float *dW, const void *dy, const void *x, int M,
 
 static int act_gemm_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_GEMM_BF16 : MT_GEMM_F32; }
 
+// ---- checkpoints ---------------------------------------------------------------------
+
+static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->T * b->C * b->es; }
+
+// Checkpoint idx of micro-batch mb on the device: its own place, or with two
+// rows (host checkpoints, or evaluation, which keeps nothing) row idx % 2.
+static void *ck_at(cu_be *b, int idx, int mb)
+{
+    const int rows = b->ck_host || !b->shape.want_grad;
+    const size_t row = rows ? (size_t)(idx % 2) : (size_t)idx;
+    return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->T * (size_t)b->C * b->es;
+}
+
+static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size_t)idx * ck_row_bytes(b); }
+
 // ---- set-up ------------------------------------------------------------------------------
 
 static void free_device(cu_be *b)
@@ -147,6 +174,9 @@ static void free_device(cu_be *b)
     b->arena_bytes = 0;
     if (b->h_tokens) cudaFreeHost(b->h_tokens);
     b->h_tokens = NULL;
+    if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
+    b->ck_pinned = NULL;
+    b->ck_host = 0;
     memset(&b->shape, 0, sizeof b->shape);
 }
 
@@ -165,6 +195,9 @@ static void cu_destroy(mt_be *be)
     for (int i = 0; i < 2; i++) {
         if (b->grad_ready[i]) cudaEventDestroy(b->grad_ready[i]);
         if (b->grad_sent[i]) cudaEventDestroy(b->grad_sent[i]);
+        if (b->ck_saved[i]) cudaEventDestroy(b->ck_saved[i]);
+        if (b->ck_fetched[i]) cudaEventDestroy(b->ck_fetched[i]);
+        if (b->ck_row_done[i]) cudaEventDestroy(b->ck_row_done[i]);
     }
     if (b->h2d) cudaStreamDestroy(b->h2d);
     if (b->comp) cudaStreamDestroy(b->comp);
@@ -197,7 +230,7 @@ static void layout_buffers(cu_be *b, carver *c)
     size_t slot_elems = lo->largest_unit_padded;
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
-    b->ck = carve(c, ((size_t)b->L + 1) * M * T * C * es);
+    b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
     b->tokens = (int32_t *)carve(c, M * T * 4);
     b->targets = (int32_t *)carve(c, M * T * 4);
     b->pos = (int32_t *)carve(c, T * 4);
@@ -271,12 +304,21 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     if (b->D != 32 && b->D != 64 && b->D != 128)
         return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend's attention supports head_dim 32, 64 and 128, not %d",
                        b->D);
-    carver c = {NULL, 0};
-    layout_buffers(b, &c);
-    const size_t need = c.off + 256;
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
     const uint64_t budget = b->m->pol.gpu_budget_bytes ? b->m->pol.gpu_budget_bytes : free_b;
+    // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
+    carver c = {NULL, 0};
+    b->ck_host = 0;
+    layout_buffers(b, &c);
+    const uint32_t place = b->m->pol.activations;
+    if (s->want_grad && b->L >= 2 &&
+        (place == MT_PLACE_HOST || (place == MT_PLACE_AUTO && (c.off + 256 > budget || c.off + 256 > free_b)))) {
+        b->ck_host = 1;
+        c.off = 0;
+        layout_buffers(b, &c);
+    }
+    const size_t need = c.off + 256;
     char b1[32], b2[32];
     if (need > budget || need > free_b)
         return mt_fail(err, MT_ERR_GPU_BUDGET,
@@ -296,6 +338,13 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the tokens");
+    }
+    const int ck_host = b->ck_host; // free_device() below would clear it
+    if (ck_host && cudaMallocHost(&b->ck_pinned, (size_t)(b->L - 1) * ck_row_bytes(b)) != cudaSuccess) {
+        cudaGetLastError();
+        free_device(b);
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate %s of pinned host memory for the activation checkpoints",
+                       mt_fmt_bytes(b1, sizeof b1, (uint64_t)(b->L - 1) * ck_row_bytes(b)));
     }
     // positions and frequencies, as the CPU backend computes them
     int32_t *pos = (int32_t *)malloc((size_t)b->T * sizeof *pos);
@@ -320,8 +369,10 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     b->failed = 0;
     b->gbuf = 0;
-    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step",
-           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len);
+    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s",
+           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len,
+           ck_host ? ", activation checkpoints in pinned host memory: " : "",
+           ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "");
     return MT_OK;
 }
 
@@ -389,10 +440,6 @@ static void bind_f32(float **w, float *block, const mt_unit_desc *u)
     for (int i = 0; i < u->n_tensors; i++) w[u->tensors[i].role] = block + u->tensors[i].offset;
 }
 
-static void *ck_at(cu_be *b, int idx, int mb)
-{
-    return (char *)b->ck + ((size_t)idx * (size_t)b->shape.n_micro + (size_t)mb) * (size_t)b->T * (size_t)b->C * b->es;
-}
 
 // ---- a decoder layer ---------------------------------------------------------------------------
 
@@ -474,12 +521,21 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     void *w[MT_T_ROLE_COUNT];
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
+    const int r = unit % 2;
+    if (b->ck_host && mb == 0 && unit >= 2 && unit - 2 <= b->L - 2) // the row's last checkpoint is on the host
+        CU(b, cudaStreamWaitEvent(b->comp, b->ck_saved[r], 0));
     if (unit == 0)
         OK(b, mt_cu_embedding(b->comp, b->dt, ck_at(b, 0, mb), b->tokens + (size_t)mb * b->T, b->dt, w[MT_T_EMBED],
                               b->T, b->C, b->V),
            "embedding");
     else
         layer_forward(b, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb));
+    if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->L - 2) { // to the host, behind the next unit
+        CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
+        CU(b, cudaStreamWaitEvent(b->d2h, b->ck_row_done[r], 0));
+        CU(b, cudaMemcpyAsync(ck_host_at(b, unit), ck_at(b, unit, 0), ck_row_bytes(b), cudaMemcpyDeviceToHost, b->d2h));
+        CU(b, cudaEventRecord(b->ck_saved[r], b->d2h));
+    }
 }
 
 static float *grads_of(cu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc[b->gbuf]; }
@@ -499,6 +555,7 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     bind_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
     CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
+    if (b->ck_host && unit - 1 <= b->L - 2) CU(b, cudaStreamWaitEvent(b->comp, b->ck_fetched[(unit - 1) % 2], 0));
     const void *x = ck_at(b, unit - 1, mb);
     layer_forward(b, w, x, b->scratch_out);
     layer_backward(b, w, gw, x, dy);
@@ -576,6 +633,14 @@ static void cu_begin_grads(mt_be *be, int unit)
     if (unit == b->L + 1 && b->tied_acc)
         CU(b, cudaMemsetAsync(b->tied_acc, 0, unit_desc(b, 0)->padded * 4, b->comp));
     b->gbuf_unit = unit;
+    if (b->ck_host && unit >= 2 && unit <= b->L) { // checkpoint unit-2, for the backward after this one
+        const int r = (unit - 2) % 2;
+        CU(b, cudaEventRecord(b->ck_row_done[r], b->comp)); // the row's last reader (backward unit+1, or the head)
+        CU(b, cudaStreamWaitEvent(b->h2d, b->ck_row_done[r], 0));
+        CU(b, cudaMemcpyAsync(ck_at(b, unit - 2, 0), ck_host_at(b, unit - 2), ck_row_bytes(b), cudaMemcpyHostToDevice,
+                              b->h2d));
+        CU(b, cudaEventRecord(b->ck_fetched[r], b->h2d));
+    }
 }
 
 static void cu_send_grads(mt_be *be, int unit)
@@ -651,7 +716,10 @@ extern "C" mt_be *mt_cuda_backend_create(mt_model *m, mt_err err)
              cudaEventCreateWithFlags(&b->slot_free[i], cudaEventDisableTiming) == cudaSuccess;
     for (int i = 0; ok && i < 2; i++)
         ok = cudaEventCreateWithFlags(&b->grad_ready[i], cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&b->grad_sent[i], cudaEventDisableTiming) == cudaSuccess;
+             cudaEventCreateWithFlags(&b->grad_sent[i], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&b->ck_saved[i], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&b->ck_fetched[i], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&b->ck_row_done[i], cudaEventDisableTiming) == cudaSuccess;
     if (!ok) snprintf(why, sizeof why, "cannot create streams and events: %s", cudaGetErrorString(cudaGetLastError()));
     if (ok && !(b->gemm = mt_gemm_create(why, sizeof why))) ok = 0;
     if (!ok) {

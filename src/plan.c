@@ -95,13 +95,17 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *
         p->activations = MT_PLACE_HOST;
         p->host_pageable_bytes = lo->tile_bytes + workspace + checkpoints;
     } else {
-        int on_device = pol->activations == MT_PLACE_DEVICE ||
+        /* checkpoints on the device, or all but the last two units' in pinned
+         * host memory with two device rows to stage them (cuda_backend.cu) */
+        const uint64_t per_unit = checkpoints / ((uint64_t)cfg->num_hidden_layers + 1);
+        int on_device = pol->activations == MT_PLACE_DEVICE || cfg->num_hidden_layers < 2 ||
                         (pol->activations == MT_PLACE_AUTO && workspace + checkpoints <= gpu_budget);
         p->activations = on_device ? MT_PLACE_DEVICE : MT_PLACE_HOST;
         const int pin = pol->pin_host != MT_PIN_NEVER;
-        p->host_pinned_bytes = (pin ? lo->tile_bytes : 0) + (on_device ? 0 : checkpoints);
+        p->host_pinned_bytes =
+            (pin ? lo->tile_bytes : 0) + (on_device ? 0 : per_unit * ((uint64_t)cfg->num_hidden_layers - 1));
         p->host_pageable_bytes = pin ? 0 : lo->tile_bytes;
-        p->gpu_bytes = workspace + (on_device ? checkpoints : 0);
+        p->gpu_bytes = workspace + (on_device ? checkpoints : 2 * per_unit);
     }
 
     const uint64_t host = p->host_pinned_bytes + p->host_pageable_bytes;

@@ -23,6 +23,9 @@ run demo bin/megatrain train --out "$OUT/demo-model"
 run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/megatrain train --steps 3 --log-every 1 --out $OUT/san && compute-sanitizer --tool racecheck bin/megatrain train --steps 2 --log-every 1 --out $OUT/san"
 run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
 run cpu_step build/bench/cpu_step --threads 16
+run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-accum 2 --steps 3 --host-budget 110
+run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118
+run step_2gib build/bench/step --preset 1.5b --seq-len 1024 --micro-batch 1 --grad-accum 4 --steps 3 --host-budget 110 --gpu-budget 2
 rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
@@ -31,4 +34,4 @@ grep -h 'FAIL\|Assertion' "$OUT/gpu_tests.log" | head -20
 grep -h 'held-out\|trained in\|backend' "$OUT/demo.log" 2>/dev/null
 grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY' "$OUT/sanitizer.log" | head
 grep -h -A5 'Gparam' "$OUT/adamw.log" | head -8
-grep -h 'tokens/s' "$OUT/cpu_step.log"
+grep -h 'tokens/s' "$OUT/cpu_step.log" "$OUT"/step_*.log
