@@ -275,11 +275,9 @@ static void head_run(cpu_be *b, int slot, int mb, float loss_scale, int want_gra
     float *glm = b->m->cfg.tie_word_embeddings ? b->tied_acc : gw[MT_T_LM_HEAD];
     const float *x = ck_at(b, b->L, mb);
     mt_cpu_rmsnorm(p, b->xn1, b->rstd1, x, w[MT_T_FINAL_NORM], T, C, b->m->cfg.rms_norm_eps);
-    if (logits_out) { /* the last position of each sequence */
-        for (int s = 0; s < b->shape.n_seq; s++) {
-            const float *row = b->xn1 + ((size_t)s * b->shape.seq_len + (size_t)b->shape.seq_len - 1) * C;
-            mt_cpu_matmul(p, b->ws, logits_out + (size_t)s * V, row, lm, NULL, 1, C, V, 0);
-        }
+    if (logits_out) { /* the last position of each sequence: rows seq_len - 1 apart, one GEMM */
+        const size_t S = (size_t)b->shape.seq_len;
+        mt_cpu_gemm(p, b->ws, 0, 1, b->shape.n_seq, V, C, b->xn1 + (S - 1) * C, S * C, lm, C, logits_out, V, NULL, 0);
         return;
     }
     const int32_t *tg = b->targets + (size_t)mb * T;
