@@ -13,7 +13,7 @@
 #include "adamw.h"
 #include "backend.h"
 #include "bf16.h"
-#include "model.h"
+#include "engine.h"
 #include "plan.h"
 #include "sysinfo.h"
 
@@ -207,10 +207,6 @@ static void restore_weights(mt_model *m)
 
 /* ---- public entry points ------------------------------------------------------- */
 
-/* Forward and backward of a checked batch: leaves the gradients in the tiles
- * and returns the mean loss and the global gradient norm. */
-mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
-                          double *t_head);
 mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
                           double *t_head)
 {

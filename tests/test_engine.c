@@ -6,10 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "engine.h"
 
-mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
-                          double *t_head);
 
 enum { V = 37 };
 
