@@ -56,7 +56,6 @@ struct cu_be {
     cudaStream_t h2d, comp, d2h;
     cudaEvent_t slot_loaded[MAX_SLOTS], slot_free[MAX_SLOTS], grad_ready[2], grad_sent[2];
     int gbuf;       // the gradient buffer in use
-    int gbuf_unit;  // the unit it accumulates
     char *arena;    // one device allocation, carved below
     size_t arena_bytes;
     void *slots[MAX_SLOTS];
@@ -381,7 +380,7 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
     cu_be *b = (cu_be *)be;
     const size_t n = (size_t)b->T, M = (size_t)b->shape.n_micro;
     int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = b->h_tokens + (M + (size_t)mb) * n;
-    if (mb == 0) CU(b, cudaStreamSynchronize(b->comp)); // the staging buffer's last copies are done
+    // the staging buffer is free: every step, evaluation and logits call ends in sync()
     memcpy(ht, tokens, n * 4);
     CU(b, cudaMemcpyAsync(b->tokens + (size_t)mb * n, ht, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (targets) {
@@ -566,7 +565,7 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
 static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad, float *logits_out)
 {
     const mt_unit_desc *u = unit_desc(b, b->L + 1);
-    const int T = b->T, C = b->C, V = b->V, at = act_gemm_type(b);
+    const int T = b->T, C = b->C, V = b->V;
     const size_t es = b->es;
     void *w[MT_T_ROLE_COUNT];
     float *gw[MT_T_ROLE_COUNT];
@@ -605,7 +604,6 @@ static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad
             linear_dw(b, glm, b->dlogits, xc, n, C, V);
         }
     }
-    (void)at;
     if (want_grad) {
         float *dx = b->dx + (size_t)mb * T * C;
         CU(b, cudaMemsetAsync(dx, 0, (size_t)T * C * 4, b->comp));
@@ -632,7 +630,6 @@ static void cu_begin_grads(mt_be *be, int unit)
     CU(b, cudaMemsetAsync(b->acc[b->gbuf], 0, unit_desc(b, unit)->padded * 4, b->comp));
     if (unit == b->L + 1 && b->tied_acc)
         CU(b, cudaMemsetAsync(b->tied_acc, 0, unit_desc(b, 0)->padded * 4, b->comp));
-    b->gbuf_unit = unit;
     if (b->ck_host && unit >= 2 && unit <= b->L) { // checkpoint unit-2, for the backward after this one
         const int r = (unit - 2) % 2;
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp)); // the row's last reader (backward unit+1, or the head)
