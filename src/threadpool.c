@@ -8,6 +8,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 struct mt_pool {
     int n_threads;
@@ -27,6 +30,25 @@ struct mt_pool {
 
 typedef struct { mt_pool *pool; int id; } worker_arg;
 
+/* Subnormal floats make x86 arithmetic take microcode assists, tens of
+ * times slower: a confident softmax fills the gradients of the logits with
+ * them and training slowed to half speed. Pool work runs with
+ * flush-to-zero and denormals-are-zero; the caller's own mode is restored
+ * after each run. */
+#if defined(__x86_64__) || defined(__i386__)
+#define FTZ_DAZ 0x8040u
+static unsigned fast_float_mode(void)
+{
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(old | FTZ_DAZ);
+    return old;
+}
+static void restore_float_mode(unsigned old) { _mm_setcsr(old); }
+#else
+static unsigned fast_float_mode(void) { return 0; }
+static void restore_float_mode(unsigned old) { (void)old; }
+#endif
+
 static void drain(mt_pool *p, int thread)
 {
     for (;;) {
@@ -42,6 +64,7 @@ static void *worker_main(void *argp)
     free(argp);
     mt_pool *p = a.pool;
     unsigned seen = 0;
+    (void)fast_float_mode(); /* the library's own thread: for good */
     for (;;) {
         pthread_mutex_lock(&p->mu);
         while (p->generation == seen && !p->stop) pthread_cond_wait(&p->wake, &p->mu);
@@ -116,8 +139,10 @@ int mt_pool_size(const mt_pool *p) { return p ? p->n_threads : 1; }
 void mt_pool_run(mt_pool *p, size_t n_tasks, mt_pool_fn fn, void *ctx)
 {
     if (n_tasks == 0) return;
+    const unsigned mode = fast_float_mode();
     if (!p || p->n_threads == 1 || n_tasks == 1) {
         for (size_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        restore_float_mode(mode);
         return;
     }
     pthread_mutex_lock(&p->mu);
@@ -133,6 +158,7 @@ void mt_pool_run(mt_pool *p, size_t n_tasks, mt_pool_fn fn, void *ctx)
     pthread_mutex_lock(&p->mu);
     while (atomic_load(&p->busy) != 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+    restore_float_mode(mode);
 }
 
 void mt_split_range(size_t n, size_t n_parts, size_t p, size_t align, size_t *lo, size_t *hi)
