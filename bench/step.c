@@ -4,12 +4,48 @@
  *
  *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
- *                    [--host-budget GIB] [--gpu-budget GIB]
+ *                    [--host-budget GIB] [--gpu-budget GIB] [--timeline] [--timeline-csv FILE]
+ *
+ * --timeline records each step's timeline (mt_model_timeline) and reports,
+ * for every step and for the median one, the fraction of the step during
+ * which the compute stream was busy and where its idle time went;
+ * --timeline-csv also writes the median step's unit visits to FILE.
  */
 #include <megatrain.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static const char *const WAIT_NAMES[MT_WAIT_COUNT] = {"weights", "optimizer", "checkpoints", "launch", "host"};
+static const char *const PHASE_NAMES[] = {"forward", "head", "backward"};
+
+static void print_timeline(const char *what, const mt_timeline *t)
+{
+    printf("%s: compute busy %.1f%% of %.3f s; idle:", what, 100 * t->busy_seconds / t->seconds, t->seconds);
+    for (int k = 0; k < MT_WAIT_COUNT; k++)
+        printf(" %s %.1f%% (%.0f ms)%s", WAIT_NAMES[k], 100 * t->wait_seconds[k] / t->seconds, 1e3 * t->wait_seconds[k],
+               k + 1 < MT_WAIT_COUNT ? "," : "");
+    printf(" | h2d %.1f GB in %.2f s (%.1f GB/s), d2h %.1f GB in %.2f s (%.1f GB/s)\n", t->h2d_bytes / 1e9,
+           t->h2d_seconds, t->h2d_seconds > 0 ? t->h2d_bytes / 1e9 / t->h2d_seconds : 0.0, t->d2h_bytes / 1e9,
+           t->d2h_seconds, t->d2h_seconds > 0 ? t->d2h_bytes / 1e9 / t->d2h_seconds : 0.0);
+}
+
+static int write_csv(const char *path, const mt_timeline_visit *v, uint32_t n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "visit,unit,phase,start_ms,end_ms,weights_start_ms,weights_end_ms");
+    for (int k = 0; k < MT_WAIT_COUNT; k++) fprintf(f, ",wait_%s_ms", WAIT_NAMES[k]);
+    fprintf(f, "\n");
+    for (uint32_t i = 0; i < n; i++) {
+        fprintf(f, "%u,%u,%s,%.3f,%.3f,%.3f,%.3f", i, v[i].unit, PHASE_NAMES[v[i].phase % 3], 1e3 * v[i].start,
+                1e3 * v[i].end, v[i].weights_start < 0 ? -1.0 : 1e3 * v[i].weights_start,
+                v[i].weights_end < 0 ? -1.0 : 1e3 * v[i].weights_end);
+        for (int k = 0; k < MT_WAIT_COUNT; k++) fprintf(f, ",%.3f", 1e3 * v[i].wait_seconds[k]);
+        fprintf(f, "\n");
+    }
+    return fclose(f);
+}
 
 static int cmp(const void *a, const void *b)
 {
@@ -42,6 +78,8 @@ int main(int argc, char **argv)
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
     double host_gib = 0, gpu_gib = 0;
+    int timeline = 0;
+    const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
@@ -54,9 +92,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--host-budget") && v) host_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--gpu-budget") && v) gpu_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--fp32")) fp32 = 1;
+        else if (!strcmp(argv[i], "--timeline")) timeline = 1;
+        else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
         else {
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N] "
-                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB]\n");
+                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
+                            "[--timeline] [--timeline-csv FILE]\n");
             return 2;
         }
     }
@@ -75,6 +116,7 @@ int main(int argc, char **argv)
     p.log_level = MT_LOG_INFO;
     p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
     p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
+    p.timeline = (uint32_t)timeline;
     mt_model *m;
     if (mt_model_create(&m, &c, &p) != MT_OK) {
         fprintf(stderr, "step: %s\n", mt_last_errmsg());
@@ -83,7 +125,10 @@ int main(int argc, char **argv)
     const size_t n = (size_t)M * B * S;
     int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
     double *t = malloc((size_t)steps * sizeof *t), fwd = 0, bwd = 0, opt = 0;
-    if (!tok || !tg || !t) return 1;
+    const uint32_t n_visits = 2 * c.num_hidden_layers + 4;
+    mt_timeline *tls = calloc((size_t)steps, sizeof *tls);
+    mt_timeline_visit *vis = calloc((size_t)steps * n_visits, sizeof *vis);
+    if (!tok || !tg || !t || !tls || !vis) return 1;
     unsigned r = 1;
     for (size_t i = 0; i < n; i++) tok[i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 8) % c.vocab_size);
     for (size_t i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
@@ -104,15 +149,37 @@ int main(int argc, char **argv)
         if (s) t[s - 1] = st.seconds, fwd += st.forward_seconds, bwd += st.backward_seconds, opt += st.optimizer_seconds;
         printf("step %d: %.3f s (forward %.3f, backward %.3f, optimizer %.3f), loss %.4f\n", s, st.seconds,
                st.forward_seconds, st.backward_seconds, st.optimizer_seconds, st.loss);
+        if (timeline && s) {
+            mt_timeline_init(&tls[s - 1]);
+            if (mt_model_timeline(m, &tls[s - 1], vis + (size_t)(s - 1) * n_visits, n_visits) != MT_OK) {
+                fprintf(stderr, "step: %s\n", mt_model_errmsg(m));
+                return 1;
+            }
+            char what[32];
+            snprintf(what, sizeof what, "  timeline %d", s);
+            print_timeline(what, &tls[s - 1]);
+        }
     }
-    qsort(t, (size_t)steps, sizeof *t, cmp);
-    const double med = t[steps / 2], P = (double)mt_model_num_params(m);
+    double *sorted = malloc((size_t)steps * sizeof *sorted);
+    if (!sorted) return 1;
+    memcpy(sorted, t, (size_t)steps * sizeof *t);
+    qsort(sorted, (size_t)steps, sizeof *sorted, cmp);
+    const double med = sorted[steps / 2], P = (double)mt_model_num_params(m);
+    if (timeline) {
+        int mi = 0; /* the median step */
+        while (mi + 1 < steps && t[mi] != med) mi++;
+        print_timeline("timeline of the median step", &tls[mi]);
+        if (csv && write_csv(csv, vis + (size_t)mi * n_visits, n_visits)) {
+            fprintf(stderr, "step: cannot write %s\n", csv);
+            return 1;
+        }
+    }
     const double flop = 6.0 * P * (double)n + 12.0 * c.num_hidden_layers * c.hidden_size * (double)S * (double)n;
     printf("%s %s, %.2f B parameters, %d x %d x %d = %zu tokens per step, K=%d: median %.3f s, %.0f tokens/s, "
            "%.1f model TFLOP/s (forward %.0f%%, backward %.0f%%, optimizer %.0f%%)\n",
            pre, fp32 ? "fp32" : "bf16", P / 1e9, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
            100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
     mt_model_destroy(m);
-    free(tok), free(tg), free(t);
+    free(tok), free(tg), free(t), free(sorted), free(tls), free(vis);
     return 0;
 }

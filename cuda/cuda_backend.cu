@@ -40,6 +40,7 @@ extern "C" { // the library's own (C) headers
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_SLOTS 16
 #define LOGITS_CHUNK_BYTES (256u << 20) // the head's fp32 logits per chunk
@@ -82,6 +83,14 @@ struct cu_be {
     int32_t *h_tokens;  // pinned staging for set_tokens
     char why[256];
     int failed;         // the first error, reported by sync()
+    // the step's trace (timeline.h), armed from trace_start() to sync()
+    mt_trace *tr;
+    int armed;
+    cudaEvent_t origin, head;
+    cudaEvent_t *vev, *cev; // two per visit, two per copy: start and end
+    int cap_vev, cap_cev;
+    int slot_copy[MAX_SLOTS];            // the copy that last filled each slot
+    int ck_save_copy[2], ck_fetch_copy[2]; // the copies behind ck_saved and ck_fetched
 };
 
 #define CU(b, call)                                                                                                    \
@@ -108,6 +117,110 @@ static void fail_op(cu_be *b, const char *what)
 }
 
 static const mt_unit_desc *unit_desc(cu_be *b, int u) { return &b->m->layout.units[u]; }
+static void destroy_events(cudaEvent_t *ev, int n);
+
+// ---- the trace -----------------------------------------------------------------------
+//
+// With a FULL trace every visit gets a timing event on the compute stream
+// when it starts (after its waits) and when it ends, and every copy one on
+// its stream before and after; the engine turns them into the timeline.
+
+static double host_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int full_trace(const cu_be *b) { return b->armed && b->tr->level == MT_TRACE_FULL; }
+
+// A traced copy about to be issued on stream s: its index, or -1.
+static int copy_start(cu_be *b, cudaStream_t s, int to_host, int kind, uint64_t bytes)
+{
+    mt_trace *t = b->tr;
+    if (!full_trace(b) || t->n_copies >= t->cap_copies || t->n_copies >= b->cap_cev) return -1;
+    const int i = t->n_copies++;
+    t->copy[i] = (mt_trace_copy){to_host, kind, bytes, host_now() - t->origin, 0.0, 0.0};
+    CU(b, cudaEventRecord(b->cev[2 * i], s));
+    return i;
+}
+
+static void copy_end(cu_be *b, int i, cudaStream_t s)
+{
+    if (i >= 0) CU(b, cudaEventRecord(b->cev[2 * i + 1], s));
+}
+
+// Grows a pool of event pairs to need pairs; on failure it is as before.
+static int grow_events(cudaEvent_t **ev, int *cap, int need)
+{
+    if (need <= *cap) return 0;
+    cudaEvent_t *p = (cudaEvent_t *)realloc(*ev, 2 * (size_t)need * sizeof *p);
+    if (!p) return -1;
+    *ev = p;
+    for (int i = 2 * *cap; i < 2 * need; i++)
+        if (cudaEventCreate(&p[i]) != cudaSuccess) {
+            cudaGetLastError();
+            destroy_events(p + 2 * *cap, i - 2 * *cap);
+            return -1;
+        }
+    *cap = need;
+    return 0;
+}
+
+static int cu_trace_start(mt_be *be, mt_trace *t)
+{
+    cu_be *b = (cu_be *)be;
+    b->tr = t;
+    b->armed = 0;
+    if (!b->origin && (cudaEventCreate(&b->origin) != cudaSuccess || cudaEventCreate(&b->head) != cudaSuccess)) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (t->level == MT_TRACE_FULL &&
+        (grow_events(&b->vev, &b->cap_vev, t->cap_visits) || grow_events(&b->cev, &b->cap_cev, t->cap_copies)))
+        return -1;
+    for (int i = 0; i < MAX_SLOTS; i++) b->slot_copy[i] = -1;
+    b->ck_save_copy[0] = b->ck_save_copy[1] = b->ck_fetch_copy[0] = b->ck_fetch_copy[1] = -1;
+    if (cudaEventRecord(b->origin, b->comp) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    b->armed = 1;
+    return 0;
+}
+
+static void cu_mark_head(mt_be *be)
+{
+    cu_be *b = (cu_be *)be;
+    if (b->armed) CU(b, cudaEventRecord(b->head, b->comp));
+}
+
+// Seconds from the origin to ev, which has completed.
+static int since_origin(cu_be *b, cudaEvent_t ev, double *s)
+{
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, b->origin, ev) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *s = ms / 1e3;
+    return 0;
+}
+
+static int cu_trace_read(mt_be *be)
+{
+    cu_be *b = (cu_be *)be;
+    mt_trace *t = b->tr;
+    if (!t || !t->level || since_origin(b, b->head, &t->head_start)) return -1;
+    if (t->level < MT_TRACE_FULL) return 0;
+    for (int i = 0; i < t->n_visits; i++)
+        if (since_origin(b, b->vev[2 * i], &t->visit[i].start) || since_origin(b, b->vev[2 * i + 1], &t->visit[i].end))
+            return -1;
+    for (int i = 0; i < t->n_copies; i++)
+        if (since_origin(b, b->cev[2 * i], &t->copy[i].start) || since_origin(b, b->cev[2 * i + 1], &t->copy[i].end))
+            return -1;
+    return 0;
+}
 
 // ---- GEMMs ---------------------------------------------------------------------------
 
@@ -179,6 +292,24 @@ static void free_device(cu_be *b)
     memset(&b->shape, 0, sizeof b->shape);
 }
 
+static void destroy_events(cudaEvent_t *ev, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+}
+
+static void destroy_trace_events(cu_be *b)
+{
+    if (b->origin) cudaEventDestroy(b->origin);
+    if (b->head) cudaEventDestroy(b->head);
+    if (b->vev) destroy_events(b->vev, 2 * b->cap_vev);
+    if (b->cev) destroy_events(b->cev, 2 * b->cap_cev);
+    free(b->vev), free(b->cev);
+    b->origin = b->head = NULL;
+    b->vev = b->cev = NULL;
+    b->cap_vev = b->cap_cev = 0;
+}
+
 static void cu_destroy(mt_be *be)
 {
     cu_be *b = (cu_be *)be;
@@ -198,6 +329,7 @@ static void cu_destroy(mt_be *be)
         if (b->ck_fetched[i]) cudaEventDestroy(b->ck_fetched[i]);
         if (b->ck_row_done[i]) cudaEventDestroy(b->ck_row_done[i]);
     }
+    destroy_trace_events(b);
     if (b->h2d) cudaStreamDestroy(b->h2d);
     if (b->comp) cudaStreamDestroy(b->comp);
     if (b->d2h) cudaStreamDestroy(b->d2h);
@@ -409,21 +541,50 @@ static void cu_load_weights(mt_be *be, int slot, int unit)
     cu_be *b = (cu_be *)be;
     size_t bytes;
     const void *src = host_block(b, unit, &bytes);
+    const int tied_head = unit == b->L + 1 && b->m->cfg.tie_word_embeddings; // it reads the embedding matrix too
+    size_t eb = 0;
+    const void *e = tied_head ? host_block(b, 0, &eb) : NULL;
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
+    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb);
     CU(b, cudaMemcpyAsync(b->slots[slot], src, bytes, cudaMemcpyHostToDevice, b->h2d));
-    if (unit == b->L + 1 && b->m->cfg.tie_word_embeddings) { // the head reads the embedding matrix too
-        size_t eb;
-        const void *e = host_block(b, 0, &eb);
+    if (tied_head)
         CU(b, cudaMemcpyAsync((char *)b->slots[slot] + unit_desc(b, unit)->padded * b->es, e, eb,
                               cudaMemcpyHostToDevice, b->h2d));
-    }
+    copy_end(b, c, b->h2d);
+    b->slot_copy[slot] = c;
     CU(b, cudaEventRecord(b->slot_loaded[slot], b->h2d));
 }
 
-static void cu_release_slot(mt_be *be, int slot)
+// The compute waits for the slot's weights and for the checkpoint row the
+// visit reads: in the forward, the row's previous checkpoint must have
+// reached the host before unit overwrites it; in the backward, checkpoint
+// unit-1 must be back from the host.
+static void cu_begin_visit(mt_be *be, int slot, int unit, int phase)
 {
     cu_be *b = (cu_be *)be;
-    CU(b, cudaEventRecord(b->slot_free[slot], b->comp));
+    int ck = -1;
+    if (slot >= 0) CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
+    if (b->ck_host && phase == MT_PHASE_FORWARD && unit >= 2 && unit - 2 <= b->L - 2) {
+        CU(b, cudaStreamWaitEvent(b->comp, b->ck_saved[unit % 2], 0));
+        ck = b->ck_save_copy[unit % 2];
+    }
+    if (b->ck_host && phase == MT_PHASE_BACKWARD && unit >= 1 && unit - 1 <= b->L - 2) {
+        CU(b, cudaStreamWaitEvent(b->comp, b->ck_fetched[(unit - 1) % 2], 0));
+        ck = b->ck_fetch_copy[(unit - 1) % 2];
+    }
+    if (full_trace(b) && b->tr->n_visits > 0) {
+        const int i = b->tr->n_visits - 1; // the engine's record of this visit
+        b->tr->visit[i].weights = slot >= 0 ? b->slot_copy[slot] : -1;
+        b->tr->visit[i].checkpoint = ck;
+        CU(b, cudaEventRecord(b->vev[2 * i], b->comp));
+    }
+}
+
+static void cu_end_visit(mt_be *be, int slot)
+{
+    cu_be *b = (cu_be *)be;
+    if (slot >= 0) CU(b, cudaEventRecord(b->slot_free[slot], b->comp));
+    if (full_trace(b) && b->tr->n_visits > 0) CU(b, cudaEventRecord(b->vev[2 * (b->tr->n_visits - 1) + 1], b->comp));
 }
 
 // Pointers to each tensor of a unit inside a block laid out like its tile.
@@ -519,10 +680,7 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     cu_be *b = (cu_be *)be;
     void *w[MT_T_ROLE_COUNT];
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
-    CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
     const int r = unit % 2;
-    if (b->ck_host && mb == 0 && unit >= 2 && unit - 2 <= b->L - 2) // the row's last checkpoint is on the host
-        CU(b, cudaStreamWaitEvent(b->comp, b->ck_saved[r], 0));
     if (unit == 0)
         OK(b, mt_cu_embedding(b->comp, b->dt, ck_at(b, 0, mb), b->tokens + (size_t)mb * b->T, b->dt, w[MT_T_EMBED],
                               b->T, b->C, b->V),
@@ -532,7 +690,10 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->L - 2) { // to the host, behind the next unit
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->ck_row_done[r], 0));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_CHECKPOINT, ck_row_bytes(b));
         CU(b, cudaMemcpyAsync(ck_host_at(b, unit), ck_at(b, unit, 0), ck_row_bytes(b), cudaMemcpyDeviceToHost, b->d2h));
+        copy_end(b, c, b->d2h);
+        b->ck_save_copy[r] = c;
         CU(b, cudaEventRecord(b->ck_saved[r], b->d2h));
     }
 }
@@ -553,8 +714,6 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
     float *gw[MT_T_ROLE_COUNT];
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     bind_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
-    CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
-    if (b->ck_host && unit - 1 <= b->L - 2) CU(b, cudaStreamWaitEvent(b->comp, b->ck_fetched[(unit - 1) % 2], 0));
     const void *x = ck_at(b, unit - 1, mb);
     layer_forward(b, w, x, b->scratch_out);
     layer_backward(b, w, gw, x, dy);
@@ -572,7 +731,6 @@ static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad
     bind(w, b->slots[slot], u, es);
     const int tied = b->m->cfg.tie_word_embeddings != 0;
     const void *lm = tied ? (const void *)((char *)b->slots[slot] + u->padded * es) : w[MT_T_LM_HEAD];
-    CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
     const void *x = ck_at(b, b->L, mb);
     OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_FINAL_NORM], T, C,
                         b->m->cfg.rms_norm_eps),
@@ -634,8 +792,11 @@ static void cu_begin_grads(mt_be *be, int unit)
         const int r = (unit - 2) % 2;
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp)); // the row's last reader (backward unit+1, or the head)
         CU(b, cudaStreamWaitEvent(b->h2d, b->ck_row_done[r], 0));
+        const int c = copy_start(b, b->h2d, 0, MT_COPY_CHECKPOINT, ck_row_bytes(b));
         CU(b, cudaMemcpyAsync(ck_at(b, unit - 2, 0), ck_host_at(b, unit - 2), ck_row_bytes(b), cudaMemcpyHostToDevice,
                               b->h2d));
+        copy_end(b, c, b->h2d);
+        b->ck_fetch_copy[r] = c;
         CU(b, cudaEventRecord(b->ck_fetched[r], b->h2d));
     }
 }
@@ -652,12 +813,16 @@ static void cu_send_grads(mt_be *be, int unit)
         OK(b, mt_cu_convert(b->comp, MT_CU_BF16, b->stage[i], MT_CU_F32, src, u->padded), "convert");
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->grad_ready[i], 0));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->weight_bytes);
         CU(b, cudaMemcpyAsync(mt_tile_weights_bf16(t, u), b->stage[i], u->weight_bytes, cudaMemcpyDeviceToHost,
                               b->d2h));
+        copy_end(b, c, b->d2h);
     } else {
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->grad_ready[i], 0));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->grad_bytes);
         CU(b, cudaMemcpyAsync(mt_tile_grad_f32(t, u), src, u->grad_bytes, cudaMemcpyDeviceToHost, b->d2h));
+        copy_end(b, c, b->d2h);
     }
     CU(b, cudaEventRecord(b->grad_sent[i], b->d2h));
 }
@@ -673,6 +838,7 @@ static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err
     CU(b, cudaStreamSynchronize(b->comp));
     CU(b, cudaStreamSynchronize(b->d2h));
     CU(b, cudaStreamSynchronize(b->h2d));
+    b->armed = 0;
     *loss_sum = v[0];
     *grad_sumsq = v[1];
     if (b->failed) {
@@ -683,8 +849,9 @@ static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err
 }
 
 static const mt_be_ops cu_ops = {
-    "CUDA",          cu_destroy,  cu_reserve,     cu_set_tokens, cu_load_weights, cu_release_slot, cu_forward,
-    cu_head,         cu_head_logits, cu_backward, cu_begin_grads, cu_send_grads,  cu_sync,
+    "CUDA",         cu_destroy,     cu_reserve,       cu_set_tokens, cu_load_weights,  cu_begin_visit,
+    cu_end_visit,   cu_forward,     cu_head,          cu_head_logits, cu_backward,     cu_begin_grads,
+    cu_send_grads,  cu_sync,        cu_trace_start,   cu_mark_head,  cu_trace_read,
 };
 
 extern "C" mt_be *mt_cuda_backend_create(mt_model *m, mt_err err)

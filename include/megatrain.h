@@ -195,13 +195,14 @@ typedef struct mt_offload_policy {
     mt_log_fn log_callback;      /* NULL: warnings and errors to stderr */
     void *log_user_data;
     uint32_t log_level;          /* mt_log_level: the least severe level delivered */
-    uint32_t reserved0;          /* zero */
+    uint32_t timeline;           /* 1: record each step's timeline (CUDA backend; mt_model_timeline) */
     mt_abort_fn abort_callback;  /* NULL: never abort */
     void *abort_user_data;
 } mt_offload_policy;
 
 /* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,
- * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN. */
+ * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN,
+ * no timeline. */
 MT_API void mt_offload_policy_init(mt_offload_policy *pol);
 
 /* ---- optimizer ------------------------------------------------------------ */
@@ -336,10 +337,11 @@ typedef struct mt_step_stats {
     uint64_t tokens;            /* tokens processed */
     uint64_t target_tokens;     /* tokens whose target was not ignored */
     double seconds;             /* wall time of the step */
-    double forward_seconds;     /* forward pass */
+    double forward_seconds;     /* forward pass (on the CUDA backend until the head starts on the GPU) */
     double backward_seconds;    /* loss, backward with recompute, gradient transfers */
     double optimizer_seconds;   /* clipping and AdamW; on the CUDA backend the update runs behind the
                                    next step's forward, and this is the time to start it */
+                                /* the three add up to seconds */
 } mt_step_stats;
 
 MT_API void mt_step_stats_init(mt_step_stats *stats);
@@ -371,6 +373,60 @@ MT_API mt_status mt_eval(mt_model *model, const mt_batch *batch, mt_eval_stats *
 /* Next-token logits after each of n_seq sequences of seq_len tokens:
  * out[n_seq * vocab_size], the scores at each sequence's last position. */
 MT_API mt_status mt_model_logits(mt_model *model, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out);
+
+/* ---- step timeline ------------------------------------------------------------- */
+
+/* Where a step's time goes on the GPU. With mt_offload_policy.timeline set,
+ * the CUDA backend records CUDA events around every unit visit on the compute
+ * stream and every copy on the two copy streams; after the step the library
+ * splits the step's wall time into the compute stream's busy time and the
+ * causes of its idle time. See docs/timeline.md. */
+typedef enum mt_phase {
+    MT_PHASE_FORWARD = 0,  /* embedding or layer forward, every micro-batch */
+    MT_PHASE_HEAD = 1,     /* final norm, logits, loss and its gradient */
+    MT_PHASE_BACKWARD = 2, /* layer recompute and backward, or the embedding's backward */
+    MT_PHASE_MAX_ENUM = 0x7FFFFFFF
+} mt_phase;
+
+typedef enum mt_wait {
+    MT_WAIT_WEIGHTS = 0,     /* a unit's weights still on their way (PCIe, or a slot still in use) */
+    MT_WAIT_OPTIMIZER = 1,   /* the CPU AdamW had not finished a unit the forward needed */
+    MT_WAIT_CHECKPOINTS = 2, /* activation checkpoints on their way to or from host memory */
+    MT_WAIT_LAUNCH = 3,      /* nothing issued yet: launch latency and the host's own work */
+    MT_WAIT_HOST = 4,        /* before the step's first GPU work and after its last (checks, sync) */
+    MT_WAIT_COUNT = 5
+} mt_wait;
+
+typedef struct mt_timeline {
+    uint32_t struct_size;           /* sizeof(mt_timeline), set by mt_timeline_init */
+    uint32_t n_visits;              /* unit visits in the step */
+    uint64_t step;                  /* the step recorded (mt_model_step_count after it) */
+    double seconds;                 /* wall time of the step */
+    double busy_seconds;            /* the compute stream running the step's visits */
+    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream idle, by cause: busy + waits = seconds */
+    double h2d_seconds;             /* the host-to-device stream copying */
+    double d2h_seconds;             /* the device-to-host stream copying */
+    uint64_t h2d_bytes;
+    uint64_t d2h_bytes;
+} mt_timeline;
+
+/* One unit visit. A fixed layout: new fields will come with a new type. */
+typedef struct mt_timeline_visit {
+    uint32_t unit;                  /* 0 embedding, 1..L layers, L+1 head */
+    uint32_t phase;                 /* mt_phase */
+    double start, end;              /* on the compute stream, seconds from the step's start */
+    double weights_start;           /* its weights' copy on the host-to-device stream; -1 without one */
+    double weights_end;
+    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream's idle time just before it, by cause */
+} mt_timeline_visit;
+
+MT_API void mt_timeline_init(mt_timeline *timeline);
+
+/* The timeline of the model's last step: *out, and the first cap visits
+ * into visits (may be NULL). MT_ERR_UNSUPPORTED unless the policy's
+ * timeline is set and the backend is CUDA; MT_ERR_INVALID_ARGUMENT before
+ * the first step. */
+MT_API mt_status mt_model_timeline(mt_model *model, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap);
 
 /* Optimizer steps the model has taken. */
 MT_API uint64_t mt_model_step_count(const mt_model *model);

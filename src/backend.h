@@ -18,6 +18,7 @@
 #include "internal.h"
 #include "layout.h"
 #include "tiler.h"
+#include "timeline.h"
 
 typedef struct mt_be mt_be;
 
@@ -39,9 +40,12 @@ typedef struct mt_be_ops {
     /* Copies unit's weights from its host tile (the bf16 block, or the fp32
      * master in fp32 mode) into slot, after the slot's previous user released it. */
     void (*load_weights)(mt_be *be, int slot, int unit);
-    /* The compute on a slot waits for its weights; release_slot marks the
-     * slot free for the next load once the compute issued so far is done. */
-    void (*release_slot)(mt_be *be, int slot);
+    /* A visit of unit in phase (mt_phase) begins: its compute waits for the
+     * weights in slot (-1: none) and for the checkpoints it reads. */
+    void (*begin_visit)(mt_be *be, int slot, int unit, int phase);
+    /* The visit's compute is issued: the slot (-1: none) is free for the
+     * next load once that compute is done. */
+    void (*end_visit)(mt_be *be, int slot);
     /* Forward of micro-batch mb through unit (embedding or layer): reads
      * checkpoint unit-1 (or the tokens), writes checkpoint unit. */
     void (*forward)(mt_be *be, int slot, int unit, int mb);
@@ -64,6 +68,14 @@ typedef struct mt_be_ops {
     /* Waits for all work issued. Returns the step's loss sum and squared
      * gradient norm, and resets both for the next step. */
     mt_status (*sync)(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err);
+    /* Timing, NULL where a backend keeps none. trace_start at the start of a
+     * step, with nothing running: the origin is now; t->level MARKS asks for
+     * mark_head alone, FULL also for every visit and copy, which the backend
+     * appends to t as it issues them, with their device times filled in by
+     * trace_read after sync(). Nonzero when the events cannot be had. */
+    int (*trace_start)(mt_be *be, mt_trace *t);
+    void (*mark_head)(mt_be *be);
+    int (*trace_read)(mt_be *be);
 } mt_be_ops;
 
 struct mt_be {

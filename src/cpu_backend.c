@@ -167,7 +167,9 @@ static void cpu_load_weights(mt_be *be, int slot, int unit)
         copy_unit(b, b->slots[slot] + unit_desc(b, unit)->padded, 0);
 }
 
-static void cpu_release_slot(mt_be *be, int slot) { (void)be, (void)slot; }
+/* Work runs when issued: there is nothing to wait for or release. */
+static void cpu_begin_visit(mt_be *be, int slot, int unit, int phase) { (void)be, (void)slot, (void)unit, (void)phase; }
+static void cpu_end_visit(mt_be *be, int slot) { (void)be, (void)slot; }
 
 /* Pointers to each tensor of a unit inside a block laid out like its tile. */
 static void bind(float **w, float *block, const mt_unit_desc *u)
@@ -353,7 +355,8 @@ static const mt_be_ops cpu_ops = {
     .reserve = cpu_reserve,
     .set_tokens = cpu_set_tokens,
     .load_weights = cpu_load_weights,
-    .release_slot = cpu_release_slot,
+    .begin_visit = cpu_begin_visit,
+    .end_visit = cpu_end_visit,
     .forward = cpu_forward,
     .head = cpu_head,
     .head_logits = cpu_head_logits,

@@ -22,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { PH_FORWARD, PH_HEAD, PH_HEAD_LOGITS, PH_BACKWARD };
+/* A visit's phase: mt_phase, or the head computing logits only. */
+enum { PH_FORWARD = MT_PHASE_FORWARD, PH_HEAD = MT_PHASE_HEAD, PH_BACKWARD = MT_PHASE_BACKWARD, PH_HEAD_LOGITS };
 
 typedef struct visit {
     int unit;
@@ -37,38 +38,57 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Runs visits[0..n) over n_micro micro-batches with K slots. */
-static void run_visits(mt_model *m, const visit *v, int n, int n_micro, float loss_scale, float *logits_out,
-                       double *t_split, int split_at)
+/* Waits for the previous step's update of unit before its weights are
+ * loaded; a full trace keeps the time the wait took. */
+static void await_unit(mt_model *m, mt_trace *t, int unit)
+{
+    const int full = t && t->level == MT_TRACE_FULL;
+    const double a = full ? now() : 0;
+    if (mt_optimizer_await_unit(m, unit) && full && t->n_opt < t->cap_opt)
+        t->opt[t->n_opt++] = (mt_trace_span){a - t->origin, now() - t->origin};
+}
+
+/* Runs visits[0..n) over n_micro micro-batches with K slots; a step passes
+ * its trace t, evaluations NULL. */
+static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_micro, float loss_scale,
+                       float *logits_out)
 {
     mt_be *be = m->be;
+    const int full = t && t->level == MT_TRACE_FULL;
     const int K = (int)m->pol.weight_slots;
     int loads[2 * 4096 + 8], n_loads = 0; /* visits that need weights, in order */
     for (int i = 0; i < n; i++)
         if (v[i].needs_weights) loads[n_loads++] = i;
     for (int j = 0; j < K - 1 && j < n_loads; j++) {
-        mt_optimizer_await_unit(m, v[loads[j]].unit);
+        await_unit(m, t, v[loads[j]].unit);
         be->ops->load_weights(be, j % K, v[loads[j]].unit);
     }
     int li = 0;
     for (int i = 0; i < n; i++) {
-        if (i == split_at && t_split) *t_split = now();
         int slot = -1;
         if (v[i].needs_weights) {
             slot = li % K;
             if (li + K - 1 < n_loads) {
                 const int u = v[loads[li + K - 1]].unit;
-                mt_optimizer_await_unit(m, u); /* the previous step's update of u */
+                await_unit(m, t, u); /* the previous step's update of u */
                 be->ops->load_weights(be, (li + K - 1) % K, u);
             }
             li++;
         }
         const int u = v[i].unit;
+        const int phase = v[i].phase == PH_HEAD_LOGITS ? PH_HEAD : v[i].phase;
+        if (full && t->n_visits < t->cap_visits)
+            t->visit[t->n_visits++] = (mt_trace_visit){u, phase, now() - t->origin, 0, 0, -1, -1};
+        be->ops->begin_visit(be, slot, u, phase);
         switch (v[i].phase) {
         case PH_FORWARD:
             for (int mb = 0; mb < n_micro; mb++) be->ops->forward(be, slot, u, mb);
             break;
         case PH_HEAD:
+            if (t) { /* the device's time replaces the host's where it keeps one */
+                t->head_start = now() - t->origin;
+                if (t->level >= MT_TRACE_MARKS) be->ops->mark_head(be);
+            }
             if (loss_scale != 0) be->ops->begin_grads(be, u);
             for (int mb = 0; mb < n_micro; mb++) be->ops->head(be, slot, mb, loss_scale, loss_scale != 0);
             if (loss_scale != 0) be->ops->send_grads(be, u);
@@ -83,7 +103,7 @@ static void run_visits(mt_model *m, const visit *v, int n, int n_micro, float lo
             be->ops->send_grads(be, u);
             break;
         }
-        if (slot >= 0) be->ops->release_slot(be, slot);
+        be->ops->end_visit(be, slot);
     }
 }
 
@@ -207,19 +227,37 @@ static void restore_weights(mt_model *m)
 
 /* ---- public entry points ------------------------------------------------------- */
 
+/* Starts the step's trace, with nothing running on the backend: FULL with
+ * the policy's timeline, else the head mark alone (mt_step_stats' split),
+ * where the backend keeps time. */
+static void trace_start(mt_model *m)
+{
+    mt_trace *t = &m->trace;
+    mt_be *be = m->be;
+    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 4;
+    int level = !be->ops->trace_start ? MT_TRACE_OFF : m->pol.timeline ? MT_TRACE_FULL : MT_TRACE_MARKS;
+    if (mt_trace_reset(t, level, n_visits, n_visits + 3 * L + 8)) level = MT_TRACE_MARKS;
+    t->level = level;
+    t->origin = now();
+    if (level && be->ops->trace_start(be, t)) t->level = MT_TRACE_OFF;
+}
+
 mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
                           double *t_head)
 {
     mt_err err = mt_model_err(m);
     mt_status st;
     if ((st = prepare(m, (int)b->micro_batch_size, (int)b->seq_len, (int)b->num_micro_batches, 1))) return st;
+    trace_start(m);
     stage_tokens(m, b);
     visit v[2 * 4096 + 8];
     const int n = build_visits(m, v, PH_HEAD, 1);
-    run_visits(m, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL, t_head,
-               (int)m->cfg.num_hidden_layers + 1);
+    run_visits(m, &m->trace, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    mt_trace *t = &m->trace;
+    if (t->level && m->be->ops->trace_read(m->be)) t->level = MT_TRACE_OFF; /* no device times: host ones stay */
+    if (t_head) *t_head = t->origin + t->head_start;
     *loss = loss_sum / (double)n_targets;
     *norm = sqrt(sumsq);
     return MT_OK;
@@ -242,6 +280,7 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
         if ((st = mt_copy_out(err, stats, &probe, sizeof probe, sizeof probe, "mt_step_stats"))) return st;
     }
     double loss, norm, t_head = t0;
+    m->trace_valid = 0;
     if ((st = mt_engine_grads(m, &b, n_targets, &loss, &norm, &t_head))) {
         mt_optimizer_drain(m); /* a failure can come before every unit was awaited */
         restore_weights(m);
@@ -267,6 +306,11 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
         mt_optimizer_run(m, &h, o.weight_decay, 0);
     m->step++;
     const double t_end = now();
+    if (m->trace.level == MT_TRACE_FULL) {
+        m->trace_before = m->trace.origin - t0;
+        m->trace_after = t_end - m->trace.origin;
+        m->trace_valid = 1;
+    }
     if (stats) {
         mt_step_stats s;
         mt_step_stats_init(&s);
@@ -304,7 +348,7 @@ mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
     stage_tokens(m, &b);
     visit v[4096 + 8];
     int n = build_visits(m, v, PH_HEAD, 0);
-    run_visits(m, v, n, (int)b.num_micro_batches, 0.0f, NULL, NULL, -1);
+    run_visits(m, NULL, v, n, (int)b.num_micro_batches, 0.0f, NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
     s.loss = loss_sum / (double)n_targets;
@@ -334,12 +378,40 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, ui
     stage_tokens(m, &b);
     visit v[4096 + 8];
     int n = build_visits(m, v, PH_HEAD_LOGITS, 0);
-    run_visits(m, v, n, 1, 0.0f, out, NULL, -1);
+    run_visits(m, NULL, v, n, 1, 0.0f, out);
     double loss_sum, sumsq;
     return m->be->ops->sync(m->be, &loss_sum, &sumsq, err);
 }
 
 uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }
+
+void mt_timeline_init(mt_timeline *t)
+{
+    if (!t) return;
+    memset(t, 0, sizeof *t);
+    t->struct_size = sizeof *t;
+}
+
+mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: out is NULL");
+    mt_timeline tl;
+    mt_timeline_init(&tl);
+    mt_status st = mt_copy_out(err, out, &tl, sizeof tl, sizeof tl, "mt_timeline");
+    if (st) return st;
+    if (!m->pol.timeline || m->backend != MT_BACKEND_CUDA)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "mt_model_timeline needs the CUDA backend and mt_offload_policy.timeline set when the model is "
+                       "created");
+    if (!m->trace_valid)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: no step recorded yet (or the last one failed)");
+    mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, visits, cap);
+    tl.step = m->step;
+    return mt_copy_out(err, out, &tl, sizeof tl, sizeof tl, "mt_timeline");
+}
 
 void mt_batch_init(mt_batch *b)
 {

@@ -124,6 +124,7 @@ void mt_model_destroy(mt_model *m)
 {
     if (!m) return;
     mt_optimizer_fini(m);
+    mt_trace_free(&m->trace);
     if (m->be) m->be->ops->destroy(m->be);
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);

@@ -9,6 +9,7 @@
 #include "tiler.h"
 #include "backend.h"
 #include "optimizer.h"
+#include "timeline.h"
 
 struct mt_model {
     mt_model_config cfg;   /* validated, head_dim resolved */
@@ -23,6 +24,10 @@ struct mt_model {
     mt_be *be;             /* created at the first step, evaluation or logits */
     mt_be_shape be_shape;  /* what be is reserved for */
     mt_optimizer opt;      /* AdamW, possibly still running behind the last step */
+    mt_trace trace;        /* the last step's events (timeline.h) */
+    double trace_before;   /* host seconds of that step before the trace's origin */
+    double trace_after;    /* and after it */
+    int trace_valid;       /* the last step left a whole FULL trace */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }

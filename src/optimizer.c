@@ -85,13 +85,15 @@ int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async)
     return 0;
 }
 
-void mt_optimizer_await_unit(mt_model *m, int unit)
+int mt_optimizer_await_unit(mt_model *m, int unit)
 {
     mt_optimizer *o = &m->opt;
-    if (!o->started) return;
+    if (!o->started) return 0;
+    int waited = 0;
     pthread_mutex_lock(&o->mu);
-    while (o->busy && o->done <= unit) pthread_cond_wait(&o->cv, &o->mu);
+    while (o->busy && o->done <= unit) pthread_cond_wait(&o->cv, &o->mu), waited = 1;
     pthread_mutex_unlock(&o->mu);
+    return waited;
 }
 
 void mt_optimizer_drain(mt_model *m)

@@ -31,8 +31,8 @@ void mt_optimizer_fini(mt_model *m);
  * use); returns -1 only when that thread cannot be started (then nothing
  * was queued). A previous job must be finished (mt_optimizer_drain). */
 int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async);
-/* Returns once unit's update (if one is pending) is done. */
-void mt_optimizer_await_unit(mt_model *m, int unit);
+/* Returns once unit's update (if one is pending) is done: 1 if it had to wait. */
+int mt_optimizer_await_unit(mt_model *m, int unit);
 /* Returns once no update is pending: before anything reads or writes the
  * model's state outside the step. */
 void mt_optimizer_drain(mt_model *m);

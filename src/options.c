@@ -204,7 +204,7 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
         return BAD("mt_offload_policy.activations %u is not an mt_placement value", p->activations);
     if (p->pin_host > MT_PIN_NEVER) return BAD("mt_offload_policy.pin_host %u is not an mt_pinning value", p->pin_host);
     if (p->log_level > MT_LOG_ERROR + 1) return BAD("mt_offload_policy.log_level %u is not an mt_log_level", p->log_level);
-    if (p->reserved0) return BAD("mt_offload_policy.reserved0 must be zero");
+    if (p->timeline > 1) return BAD("mt_offload_policy.timeline %u is not 0 or 1", p->timeline);
 #undef BAD
     return MT_OK;
 }

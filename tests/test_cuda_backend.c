@@ -235,3 +235,81 @@ Test(cuda_backend, host_checkpoints_are_bit_identical)
     mt_model_destroy(m[0]);
     mt_model_destroy(m[1]);
 }
+
+/* The timeline of a step: every visit in the engine's order, each starting
+ * only after its weights arrived (the events are ordered by the stream
+ * waits), busy time and waits adding up to the step's wall time (1 us: the
+ * sum of ~20 differences of doubles), and the copies' bytes those the step
+ * must move: every unit's bf16 weights on the way in (the layers twice,
+ * forward and backward), every unit's bf16 gradients on the way out, and
+ * with host checkpoints L-1 rows out and back. */
+static void timeline_of(int place)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
+    c.num_hidden_layers = 4;
+    const int L = 4;
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CUDA;
+    p.activations = (uint32_t)place;
+    p.timeline = 1;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m;
+    mt_status st = mt_model_create(&m, &c, &p);
+    if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    enum { B = 2, S = 64, MB = 2, N = B * S * MB };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    mt_timeline tl;
+    mt_timeline_init(&tl);
+    cr_assert_eq(mt_model_timeline(m, &tl, NULL, 0), MT_ERR_INVALID_ARGUMENT, "no step yet");
+    uint64_t w_bytes = 0, layer_bytes = 0;
+    for (int u = 0; u < m->layout.n_units; u++) w_bytes += m->layout.units[u].weight_bytes;
+    for (int u = 1; u <= L; u++) layer_bytes += m->layout.units[u].weight_bytes;
+    const uint64_t row = (uint64_t)MB * B * S * c.hidden_size * 2;
+    const uint64_t ck = place == MT_PLACE_HOST ? (uint64_t)(L - 1) * row : 0;
+    for (int s = 0; s < 3; s++) {
+        fill(tok, tg, N, 7u + (unsigned)s);
+        mt_batch b = batch_of(tok, tg, B, S, MB);
+        mt_step_stats ss;
+        mt_step_stats_init(&ss);
+        cr_assert_eq(mt_step(m, &b, &o, &ss), MT_OK, "%s", mt_model_errmsg(m));
+        cr_assert_float_eq(ss.forward_seconds + ss.backward_seconds + ss.optimizer_seconds, ss.seconds, 1e-9);
+        cr_assert_gt(ss.forward_seconds, 0.0);
+        cr_assert_gt(ss.backward_seconds, 0.0);
+        mt_timeline_visit v[2 * L + 4];
+        cr_assert_eq(mt_model_timeline(m, &tl, v, 2 * L + 4), MT_OK, "%s", mt_model_errmsg(m));
+        cr_assert_eq(tl.step, (uint64_t)s + 1);
+        cr_assert_eq(tl.n_visits, (uint32_t)(2 * L + 4));
+        cr_assert_float_eq(tl.seconds, ss.seconds, 1e-9);
+        double sum = tl.busy_seconds;
+        for (int k = 0; k < MT_WAIT_COUNT; k++) {
+            cr_assert_geq(tl.wait_seconds[k], 0.0, "wait %d", k);
+            sum += tl.wait_seconds[k];
+        }
+        cr_assert_float_eq(sum, tl.seconds, 1e-6);
+        cr_assert_gt(tl.busy_seconds, 0.0);
+        cr_assert_eq(tl.h2d_bytes, w_bytes + layer_bytes + ck, "h2d %llu", (unsigned long long)tl.h2d_bytes);
+        cr_assert_eq(tl.d2h_bytes, w_bytes + ck, "d2h %llu", (unsigned long long)tl.d2h_bytes);
+        for (int i = 0; i < 2 * L + 4; i++) {
+            const int unit = i <= L + 1 ? i : 2 * L + 2 - i;
+            const int phase = i <= L ? MT_PHASE_FORWARD : i == L + 1 ? MT_PHASE_HEAD : MT_PHASE_BACKWARD;
+            cr_assert_eq(v[i].unit, (uint32_t)unit, "visit %d", i);
+            cr_assert_eq(v[i].phase, (uint32_t)phase, "visit %d", i);
+            cr_assert_leq(v[i].start, v[i].end, "visit %d", i);
+            if (i) cr_assert_geq(v[i].start, v[i - 1].end - 1e-6, "visit %d", i);
+            if (unit == 0 && phase == MT_PHASE_BACKWARD) {
+                cr_assert_eq(v[i].weights_start, -1.0, "the embedding's backward needs no weights");
+            } else {
+                cr_assert_leq(v[i].weights_start, v[i].weights_end, "visit %d", i);
+                cr_assert_leq(v[i].weights_end, v[i].start + 1e-6, "visit %d began before its weights arrived", i);
+            }
+        }
+    }
+    mt_model_destroy(m);
+}
+
+Test(cuda_backend, timeline_accounts_for_the_step) { timeline_of(MT_PLACE_DEVICE); }
+Test(cuda_backend, timeline_with_host_checkpoints) { timeline_of(MT_PLACE_HOST); }
