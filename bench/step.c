@@ -125,7 +125,7 @@ int main(int argc, char **argv)
     const size_t n = (size_t)M * B * S;
     int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
     double *t = malloc((size_t)steps * sizeof *t), fwd = 0, bwd = 0, opt = 0;
-    const uint32_t n_visits = 2 * c.num_hidden_layers + 4;
+    const uint32_t n_visits = 2 * c.num_hidden_layers + 3; /* embedding, layers, head; layers, embedding */
     mt_timeline *tls = calloc((size_t)steps, sizeof *tls);
     mt_timeline_visit *vis = calloc((size_t)steps * n_visits, sizeof *vis);
     if (!tok || !tg || !t || !tls || !vis) return 1;
@@ -169,7 +169,7 @@ int main(int argc, char **argv)
         int mi = 0; /* the median step */
         while (mi + 1 < steps && t[mi] != med) mi++;
         print_timeline("timeline of the median step", &tls[mi]);
-        if (csv && write_csv(csv, vis + (size_t)mi * n_visits, n_visits)) {
+        if (csv && write_csv(csv, vis + (size_t)mi * n_visits, tls[mi].n_visits < n_visits ? tls[mi].n_visits : n_visits)) {
             fprintf(stderr, "step: cannot write %s\n", csv);
             return 1;
         }

@@ -234,7 +234,7 @@ static void trace_start(mt_model *m)
 {
     mt_trace *t = &m->trace;
     mt_be *be = m->be;
-    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 4;
+    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 3;
     int level = !be->ops->trace_start ? MT_TRACE_OFF : m->pol.timeline ? MT_TRACE_FULL : MT_TRACE_MARKS;
     if (mt_trace_reset(t, level, n_visits, n_visits + 3 * L + 8)) level = MT_TRACE_MARKS;
     t->level = level;

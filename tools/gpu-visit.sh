@@ -4,13 +4,17 @@
 # benchmarks; full logs under $OUT (default ./out), a summary last.
 # Build on the development machine first (make), copy build/, lib/, bin/ and
 # .devdeps/ along (see ../shared/scripts/device-deps.sh), run from the root.
+#   tools/gpu-visit.sh                 everything
+#   tools/gpu-visit.sh gpu_tests step_7b   only the parts named
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 [ -f .devdeps/env.sh ] && . ./.devdeps/env.sh
 summary=()
+want=" $* "
 run() { # name, command...
   local name=$1; shift
+  [ "$want" = "  " ] || [[ "$want" == *" $name "* ]] || return 0
   local t0=$(date +%s.%N)
   timeout 300 "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s.%N)
@@ -24,8 +28,8 @@ run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/meg
 run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
 run cpu_step build/bench/cpu_step --threads 16
 run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-accum 2 --steps 3 --host-budget 110
-run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118
-run step_2gib build/bench/step --preset 1.5b --seq-len 1024 --micro-batch 1 --grad-accum 4 --steps 3 --host-budget 110 --gpu-budget 2
+run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --timeline-csv "$OUT/step_7b_visits.csv"
+run step_2gib build/bench/step --preset 1.5b --seq-len 1024 --micro-batch 1 --grad-accum 4 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
 rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
@@ -34,4 +38,4 @@ grep -h 'FAIL\|Assertion' "$OUT/gpu_tests.log" | head -20
 grep -h 'held-out\|trained in\|backend' "$OUT/demo.log" 2>/dev/null
 grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY' "$OUT/sanitizer.log" | head
 grep -h -A5 'Gparam' "$OUT/adamw.log" | head -8
-grep -h 'tokens/s' "$OUT/cpu_step.log" "$OUT"/step_*.log
+grep -h 'tokens/s\|median step' "$OUT"/cpu_step.log "$OUT"/step_*.log 2>/dev/null
