@@ -437,7 +437,11 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                        b->D);
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    const uint64_t budget = b->m->pol.gpu_budget_bytes ? b->m->pol.gpu_budget_bytes : free_b;
+    // the budget covers the GEMM workspace, already allocated, and the arena
+    const size_t held = mt_gemm_device_bytes();
+    const uint64_t budget = b->m->pol.gpu_budget_bytes
+                                ? (b->m->pol.gpu_budget_bytes > held ? b->m->pol.gpu_budget_bytes - held : 0)
+                                : free_b;
     // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
     carver c = {NULL, 0};
     b->ck_host = 0;
@@ -455,7 +459,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         return mt_fail(err, MT_ERR_GPU_BUDGET,
                        "a step of %d x %d x %d tokens needs %s of GPU memory, but the %s is %s", s->n_micro, s->n_seq,
                        s->seq_len, mt_fmt_bytes(b1, sizeof b1, need),
-                       need > budget ? "GPU budget" : "device's free memory",
+                       need > budget ? "GPU budget (less the GEMM workspace)" : "device's free memory",
                        mt_fmt_bytes(b2, sizeof b2, need > budget ? budget : free_b));
     if (cudaMalloc((void **)&c.base, need) != cudaSuccess) {
         cudaGetLastError();

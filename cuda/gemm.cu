@@ -48,7 +48,9 @@ static void say(char *why, size_t len, const char *fmt, const char *a, const cha
     if (why && len) snprintf(why, len, fmt, a, b);
 }
 
-extern "C" mt_gemm *mt_gemm_create(char *why, size_t why_len)
+extern "C" size_t mt_gemm_device_bytes(void) { return WORKSPACE_BYTES; }
+
+mt_gemm *mt_gemm_create(char *why, size_t why_len)
 {
     const char *name = "libcublasLt.so." STR(CUBLAS_VER_MAJOR);
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);

@@ -19,6 +19,8 @@ typedef struct mt_gemm mt_gemm;
  * device; NULL with the reason in why when it cannot. */
 mt_gemm *mt_gemm_create(char *why, size_t why_len);
 void mt_gemm_destroy(mt_gemm *g); /* NULL ok */
+/* Device memory a handle holds (its workspace), for GPU budgets. */
+size_t mt_gemm_device_bytes(void);
 
 /* C[M,N] = op(A)[M,K] op(B)[K,N] (+ bias[N] per row) + beta * C, row-major:
  *   op(A) = A stored [M,K], or with transA A stored [K,M] transposed;
