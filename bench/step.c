@@ -58,7 +58,7 @@ static int preset(mt_model_config *c, const char *name)
     struct { const char *name; uint32_t V, C, F, L, H, Hkv; int bias; } p[] = {
         {"tiny", 8192, 256, 768, 8, 8, 4, 0},
         {"1b", 32000, 2048, 5632, 22, 32, 4, 0},        /* TinyLlama-1.1B */
-        {"1.5b", 32000, 2048, 5632, 32, 32, 4, 0},      /* 1.5 B: 21 GB of state, 10x a 2 GiB GPU budget */
+        {"1.5b", 32000, 2048, 5632, 32, 32, 4, 0},      /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
         {"7b", 32000, 4096, 11008, 32, 32, 32, 0},      /* Llama-2-7B */
         {"qwen7b", 152064, 3584, 18944, 28, 28, 4, 1},  /* Qwen2.5-7B */
     };

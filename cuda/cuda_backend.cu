@@ -607,7 +607,9 @@ static void bind_f32(float **w, float *block, const mt_unit_desc *u)
 
 // ---- a decoder layer ---------------------------------------------------------------------------
 
-// x (T, C) -> out (T, C), keeping in b what the backward needs.
+// x (T, C) -> out (T, C), keeping in b what the backward needs. The
+// backward's recompute passes out NULL: the down projection (a quarter of
+// the layer's GEMM FLOPs in a Llama) only makes the output, never read there.
 static void layer_forward(cu_be *b, void *const *w, const void *x, void *out)
 {
     const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
@@ -629,6 +631,7 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out)
     linear(b, b->g, at, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0.0f);
     linear(b, b->u, at, b->xn2, w[MT_T_UP], NULL, T, C, F, 0.0f);
     OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)T * F), "swiglu");
+    if (!out) return;
     CU(b, cudaMemcpyAsync(out, b->h, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
     linear(b, out, at, b->a, w[MT_T_DOWN], NULL, T, F, C, 1.0f);
 }
@@ -719,7 +722,7 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     bind_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
     const void *x = ck_at(b, unit - 1, mb);
-    layer_forward(b, w, x, b->scratch_out);
+    layer_forward(b, w, x, NULL);
     layer_backward(b, w, gw, x, dy);
 }
 

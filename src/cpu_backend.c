@@ -184,7 +184,8 @@ static float *ck_at(cpu_be *b, int idx, int mb)
 }
 
 /* A decoder layer's forward, leaving in the buffers of b everything the
- * backward needs: x (T, C) -> out (T, C). */
+ * backward needs: x (T, C) -> out (T, C). The backward's recompute passes
+ * out NULL: the down projection only makes the output, which it never reads. */
 static void layer_forward(cpu_be *b, float *const *w, const float *x, float *out)
 {
     mt_pool *p = b->m->pool;
@@ -204,6 +205,7 @@ static void layer_forward(cpu_be *b, float *const *w, const float *x, float *out
     mt_cpu_matmul(p, b->ws, b->g, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0);
     mt_cpu_matmul(p, b->ws, b->u, b->xn2, w[MT_T_UP], NULL, T, C, F, 0);
     mt_cpu_swiglu(p, b->a, b->g, b->u, (size_t)T * F);
+    if (!out) return;
     memcpy(out, b->h, (size_t)T * C * sizeof(float));
     mt_cpu_matmul(p, b->ws, out, b->a, w[MT_T_DOWN], NULL, T, F, C, 1);
 }
@@ -260,7 +262,7 @@ static void cpu_backward(mt_be *be, int slot, int unit, int mb)
     bind(w, b->slots[slot], u);
     bind(gw, b->acc, u);
     const float *x = ck_at(b, unit - 1, mb);
-    layer_forward(b, w, x, b->dxn /* scratch: only the saved activations matter */);
+    layer_forward(b, w, x, NULL);
     layer_backward(b, w, gw, x, b->dx + (size_t)mb * b->T * b->C);
 }
 
