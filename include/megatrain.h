@@ -180,6 +180,13 @@ typedef enum mt_pinning {
     MT_PIN_MAX_ENUM = 0x7FFFFFFF
 } mt_pinning;
 
+/* What the backward recomputes from each layer's input checkpoint. */
+typedef enum mt_recompute {
+    MT_RECOMPUTE_AUTO = 0, /* keep each layer's attention output on the GPU when it fits, recompute the rest */
+    MT_RECOMPUTE_FULL = 1, /* recompute the whole layer: the least GPU memory */
+    MT_RECOMPUTE_MAX_ENUM = 0x7FFFFFFF
+} mt_recompute;
+
 typedef struct mt_offload_policy {
     uint32_t struct_size;        /* sizeof(mt_offload_policy), set by mt_offload_policy_init */
     uint32_t backend;            /* mt_backend */
@@ -198,11 +205,13 @@ typedef struct mt_offload_policy {
     uint32_t timeline;           /* 1: record each step's timeline (CUDA backend; mt_model_timeline) */
     mt_abort_fn abort_callback;  /* NULL: never abort */
     void *abort_user_data;
+    uint32_t recompute;          /* mt_recompute: what the backward recomputes */
+    uint32_t reserved1;          /* zero */
 } mt_offload_policy;
 
 /* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,
  * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN,
- * no timeline. */
+ * no timeline, recompute AUTO. */
 MT_API void mt_offload_policy_init(mt_offload_policy *pol);
 
 /* ---- optimizer ------------------------------------------------------------ */

@@ -8,7 +8,7 @@
 /* Sizes of each struct's first release (0.1). Fields appended later are
  * defaulted for callers that pass one of these sizes. */
 #define CONFIG_SIZE_V0_1 sizeof(mt_model_config)
-#define POLICY_SIZE_V0_1 sizeof(mt_offload_policy)
+#define POLICY_SIZE_V0_1 offsetof(mt_offload_policy, recompute)
 #define OPTIM_SIZE_V0_1 sizeof(mt_optim_config)
 #define SHAPE_SIZE_V0_1 sizeof(mt_batch_shape)
 #define PLAN_SIZE_V0_1 sizeof(mt_memory_plan)
@@ -205,6 +205,9 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
     if (p->pin_host > MT_PIN_NEVER) return BAD("mt_offload_policy.pin_host %u is not an mt_pinning value", p->pin_host);
     if (p->log_level > MT_LOG_ERROR + 1) return BAD("mt_offload_policy.log_level %u is not an mt_log_level", p->log_level);
     if (p->timeline > 1) return BAD("mt_offload_policy.timeline %u is not 0 or 1", p->timeline);
+    if (p->recompute > MT_RECOMPUTE_FULL)
+        return BAD("mt_offload_policy.recompute %u is not an mt_recompute value", p->recompute);
+    if (p->reserved1) return BAD("mt_offload_policy.reserved1 must be zero");
 #undef BAD
     return MT_OK;
 }

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "megatrain.h"
@@ -225,7 +226,27 @@ Test(api, bad_policies_are_refused)
     p = quiet_cpu_policy();
     p.device = -1;
     cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    p = quiet_cpu_policy();
+    p.recompute = 2;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_last_errmsg(), "recompute 2"), "message: %s", mt_last_errmsg());
+    p = quiet_cpu_policy();
+    p.timeline = 3;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
     cr_assert_null(m);
+}
+
+/* A caller built against the first mt_offload_policy, which ended at
+ * abort_user_data, gets the defaults of the fields added since. */
+Test(api, policy_of_the_first_size_is_accepted)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    p.recompute = 12345; /* beyond the caller's struct_size: never read */
+    p.struct_size = (uint32_t)offsetof(mt_offload_policy, recompute);
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+    mt_model_destroy(m);
 }
 
 /* ---- budgets -------------------------------------------------------------------- */

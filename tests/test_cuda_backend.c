@@ -318,3 +318,38 @@ static void timeline_of(int place)
 
 Test(cuda_backend, timeline_accounts_for_the_step) { timeline_of(MT_PLACE_DEVICE); }
 Test(cuda_backend, timeline_with_host_checkpoints) { timeline_of(MT_PLACE_HOST); }
+
+static void note_kept(mt_log_level level, const char *text, void *user)
+{
+    (void)level;
+    if (strstr(text, "attention outputs kept")) *(int *)user = 1;
+}
+
+/* Attention outputs kept from the forward (recompute AUTO, where they fit)
+ * give the bits a full recompute gives: the backward reads what the
+ * recompute would have computed again, by the same kernel. The backend's
+ * log says which it did. */
+Test(cuda_backend, kept_attention_is_bit_identical)
+{
+    int kept[2] = {0, 0};
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
+    c.num_hidden_layers = 3;
+    mt_model *m[2];
+    for (int i = 0; i < 2; i++) {
+        mt_offload_policy p;
+        mt_offload_policy_init(&p);
+        p.backend = MT_BACKEND_CUDA;
+        p.recompute = i ? MT_RECOMPUTE_FULL : MT_RECOMPUTE_AUTO;
+        p.log_level = MT_LOG_INFO;
+        p.log_callback = note_kept;
+        p.log_user_data = &kept[i];
+        mt_status st = mt_model_create(&m[i], &c, &p);
+        if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
+        cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+        train(m[i], 3);
+    }
+    cr_assert(kept[0] && !kept[1], "AUTO keeps the attention outputs (%d), FULL does not (%d)", kept[0], kept[1]);
+    cr_assert(tiles_equal(m[0], m[1]), "kept attention and full recompute give the same bits");
+    mt_model_destroy(m[0]);
+    mt_model_destroy(m[1]);
+}
