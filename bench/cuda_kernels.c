@@ -7,7 +7,7 @@
  * timed on the host around back-to-back launches on the default stream),
  * and GB/s = bytes / time, with the fraction of the H200's 4.8 TB/s.
  * Usage: cuda_kernels [-v] [-s] [filter]
- *   -v      also the kernels' variants (mt_cu_tune)
+ *   -v      also the kernels' variants (mt_cu_tuning)
  *   -s      instead, every kernel once at small awkward shapes, in buffers of
  *           exact size: for compute-sanitizer
  *   filter  only the lines whose name contains it */
@@ -70,7 +70,7 @@ static void dfill(void *d, mt_cu_dtype dt, size_t n, float lo, float hi)
 typedef int (*bench_fn)(void *ctx);
 
 static const char *filter;
-static int variants; /* also time the variants of mt_cu_tune */
+static int variants; /* also time the variants (mt_cu_tuning) */
 
 /* Times fn and prints a line. */
 static void run(const char *name, bench_fn fn, void *ctx, double bytes)
@@ -110,17 +110,19 @@ typedef struct {
     mt_cu_dtype dt, xdt;
     void *x, *y, *w, *dy, *dx, *dw, *rstd, *scratch, *pos, *inv, *a, *b, *c, *d, *e, *tok, *loss;
     size_t n;
+    mt_cu_tuning tune; /* the variant timed (RMSNorm, cross-entropy) */
 } ctx_t;
 
 static int f_rmsnorm(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_rmsnorm(NULL, c->dt, c->y, c->rstd, c->xdt, c->x, c->w, T, C, 1e-5f);
+    return mt_cu_rmsnorm(NULL, c->dt, c->y, c->rstd, c->xdt, c->x, c->w, T, C, 1e-5f, &c->tune);
 }
 static int f_rmsnorm_bwd(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_rmsnorm_bwd(NULL, c->dx, c->dw, c->dy, c->xdt, c->x, c->dt, c->w, c->rstd, T, C, 1e-5f, c->scratch);
+    return mt_cu_rmsnorm_bwd(NULL, c->dx, c->dw, c->dy, c->xdt, c->x, c->dt, c->w, c->rstd, T, C, 1e-5f, c->scratch,
+                             &c->tune);
 }
 static int f_rope(void *p)
 {
@@ -171,7 +173,7 @@ static int f_ce(void *p)
 {
     ctx_t *c = p;
     return mt_cu_cross_entropy(NULL, c->x, c->tok, CE_ROWS, V, 1.0f / 16384, -100, c->dt, c->y, c->loss, NULL,
-                               c->scratch);
+                               c->scratch, &c->tune);
 }
 static int f_sumsq(void *p)
 {
@@ -190,22 +192,23 @@ static void bench_norm_rope(mt_cu_dtype dt, mt_cu_dtype xdt)
     ctx_t c = {.dt = dt, .xdt = xdt};
     c.x = dalloc(n * xs), c.y = dalloc(n * es), c.w = dalloc(C * es), c.rstd = dalloc(T * 4);
     c.dy = dalloc(n * 4), c.dx = dalloc(n * 4), c.dw = dalloc(C * 4);
-    mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, 4096); /* the most scratch any variant needs */
-    c.scratch = dalloc(mt_cu_rmsnorm_bwd_scratch_bytes(T, C));
-    mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0);
+    mt_cu_tuning_default(&c.tune);
+    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_RMS_BWD_CHUNKS, 4096); /* the most scratch any variant needs */
+    c.scratch = dalloc(mt_cu_rmsnorm_bwd_scratch_bytes(T, C, &c.tune));
+    mt_cu_tuning_default(&c.tune);
     dfill(c.x, xdt, n, -2, 2), dfill(c.w, dt, C, 0.5f, 1.5f), dfill(c.dy, MT_CU_F32, n, -1, 1);
     dfill(c.dx, MT_CU_F32, n, -1, 1), dfill(c.dw, MT_CU_F32, C, -1, 1);
     const char *xn = xdt == MT_CU_BF16 ? "bf16" : "f32", *wn = dt == MT_CU_BF16 ? "bf16" : "f32";
     char name[96];
-    /* the default first, then the variants (mt_cu_tune) when asked for */
+    /* the default first, then the variants (mt_cu_tuning) when asked for */
     const int emins[] = {0, 1, 2, 4};
     for (int ei = 0; ei < (variants ? 4 : 1); ei++) {
-        if (emins[ei]) mt_cu_tune(MT_CU_TUNE_RMS_FWD_EMIN, emins[ei]);
+        if (emins[ei]) mt_cu_tuning_set(&c.tune, MT_CU_TUNE_RMS_FWD_EMIN, emins[ei]);
         snprintf(name, sizeof name, "rmsnorm x %s -> y %s  %dx%d", xn, wn, T, C);
         if (emins[ei]) snprintf(name + strlen(name), sizeof name - strlen(name), " [emin %d]", emins[ei]);
         run(name, f_rmsnorm, &c, (double)n * (xs + es) + T * 4.0);
     }
-    mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0);
+    mt_cu_tuning_default(&c.tune);
     snprintf(name, sizeof name, "rmsnorm_bwd x %s w %s (dy,dx f32)", xn, wn);
     run(name, f_rmsnorm_bwd, &c, (double)n * (xs + 4 + 8));
     if (variants) {
@@ -213,14 +216,14 @@ static void bench_norm_rope(mt_cu_dtype dt, mt_cu_dtype xdt)
         for (int emin = 1; emin <= 2; emin++)
             for (int pf = 0; pf < 2; pf++)
                 for (int ci = 0; ci < 3; ci++) {
-                    mt_cu_tune(MT_CU_TUNE_RMS_BWD_EMIN, emin);
-                    mt_cu_tune(MT_CU_TUNE_RMS_BWD_PREFETCH, pf);
-                    mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, chunks[ci]);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_RMS_BWD_EMIN, emin);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_RMS_BWD_PREFETCH, pf);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_RMS_BWD_CHUNKS, chunks[ci]);
                     snprintf(name, sizeof name, "rmsnorm_bwd x %s w %s [emin %d pf %d chunks %d]", xn, wn, emin, pf,
                              chunks[ci]);
                     run(name, f_rmsnorm_bwd, &c, (double)n * (xs + 4 + 8));
                 }
-        mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0);
+        mt_cu_tuning_default(&c.tune);
     }
     if (dt == xdt) { /* RoPE on q: (T, 32, 128), x reused */
         const size_t nq = (size_t)T * NH * HD;
@@ -295,6 +298,7 @@ static void bench_ce(mt_cu_dtype dt)
 {
     const size_t n = (size_t)CE_ROWS * V;
     ctx_t c = {.dt = dt};
+    mt_cu_tuning_default(&c.tune);
     int32_t *tg = malloc(CE_ROWS * sizeof(int32_t));
     for (int r = 0; r < CE_ROWS; r++) tg[r] = (r * 7919) % V;
     c.tok = dalloc(CE_ROWS * sizeof(int32_t));
@@ -311,14 +315,14 @@ static void bench_ce(mt_cu_dtype dt)
         for (int cl = 0; cl < 2; cl++)
             for (int ti = 0; ti < 2; ti++)
                 for (int rev = 0; rev < 2 - cl; rev++) {
-                    mt_cu_tune(MT_CU_TUNE_CE_CLUSTER, cl);
-                    mt_cu_tune(MT_CU_TUNE_CE_THREADS, threads[ti]);
-                    mt_cu_tune(MT_CU_TUNE_CE_REVERSE, rev);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_CE_CLUSTER, cl);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_CE_THREADS, threads[ti]);
+                    mt_cu_tuning_set(&c.tune, MT_CU_TUNE_CE_REVERSE, rev);
                     snprintf(name, sizeof name, "cross_entropy -> %s [cluster %d threads %d rev %d]",
                              dt == MT_CU_BF16 ? "bf16" : "f32", cl, threads[ti], rev);
                     run(name, f_ce, &c, (double)n * (4 + mt_cu_dtype_size(dt)));
                 }
-        mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0);
+        mt_cu_tuning_default(&c.tune);
     }
     free(tg);
     mt_cu_free(c.tok), mt_cu_free(c.x), mt_cu_free(c.y), mt_cu_free(c.loss), mt_cu_free(c.scratch);
@@ -370,11 +374,13 @@ static void smoke(void)
             const size_t n = (size_t)Tn * Cn;
             void *x = sbuf(dt, n, 0), *y = sbuf(dt, n, 0), *w = sbuf(dt, Cn, 0), *r = sbuf(MT_CU_F32, Tn, 0);
             void *dy = sbuf(MT_CU_F32, n, 0), *dx = sbuf(MT_CU_F32, n, 0), *dw = sbuf(MT_CU_F32, Cn, 0);
-            void *scr = dalloc(mt_cu_rmsnorm_bwd_scratch_bytes(Tn, Cn));
-            chk(mt_cu_rmsnorm(NULL, dt, y, r, dt, x, w, Tn, Cn, 1e-5f), "rmsnorm");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, scr), "rmsnorm_bwd");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, NULL, Tn, Cn, 1e-5f, scr), "rmsnorm_bwd no rstd");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, NULL, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, NULL), "rmsnorm_bwd dx only");
+            void *scr = dalloc(mt_cu_rmsnorm_bwd_scratch_bytes(Tn, Cn, NULL));
+            chk(mt_cu_rmsnorm(NULL, dt, y, r, dt, x, w, Tn, Cn, 1e-5f, NULL), "rmsnorm");
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, scr, NULL), "rmsnorm_bwd");
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, NULL, Tn, Cn, 1e-5f, scr, NULL),
+                "rmsnorm_bwd no rstd");
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, NULL, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, NULL, NULL),
+                "rmsnorm_bwd dx only");
             void *bscr = dalloc(mt_cu_bias_grad_scratch_bytes(Tn, Cn));
             chk(mt_cu_bias_grad(NULL, dw, dt, x, Tn, Cn, bscr), "bias_grad");
             mt_cu_free(bscr);
@@ -425,23 +431,27 @@ static void smoke(void)
             sfree(dout, MT_CU_F32, 0), mt_cu_free(escr);
         }
         const int Vs[] = {1000, 1001, 32000, 152064, 3};
+        mt_cu_tuning tu;
+        mt_cu_tuning_default(&tu);
         for (int cl = 0; cl < 2; cl++)
             for (int i = 0; i < 5; i++) {
-                mt_cu_tune(MT_CU_TUNE_CE_CLUSTER, cl);
+                mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_CLUSTER, cl);
                 const int nr = 5, Vn = Vs[i];
                 int32_t tg[5] = {0, -100, Vn - 1, 1 % Vn, 2 % Vn};
                 void *dtg = dalloc(sizeof tg), *lg = sbuf(MT_CU_F32, (size_t)nr * Vn, 0);
                 void *dl = sbuf(dt, (size_t)nr * Vn, 0), *ls = dalloc(sizeof(double)), *cnt = dalloc(sizeof(int));
                 void *cscr = dalloc(mt_cu_cross_entropy_scratch_bytes(nr));
                 mt_cu_copy_h2d(dtg, tg, sizeof tg);
-                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, dl, ls, cnt, cscr), "cross_entropy");
-                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, NULL, ls, NULL, cscr), "ce loss only");
+                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, dl, ls, cnt, cscr, &tu),
+                    "cross_entropy");
+                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, NULL, ls, NULL, cscr, &tu),
+                    "ce loss only");
                 if (dt == MT_CU_F32)
-                    chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, lg, ls, cnt, cscr), "ce in place");
+                    chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, lg, ls, cnt, cscr, &tu),
+                        "ce in place");
                 mt_cu_free(dtg), sfree(lg, MT_CU_F32, 0), sfree(dl, dt, 0), mt_cu_free(ls), mt_cu_free(cnt);
                 mt_cu_free(cscr);
             }
-        mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0);
     }
     printf("smoke: %s\n", smoke_fails ? "FAILED" : "ok");
 }

@@ -431,7 +431,7 @@ static void layout_buffers(cu_be *b, carver *c)
         b->dlogits = carve(c, (size_t)b->chunk * (size_t)b->V * es);
         b->attn_ws_bytes = mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, b->H, b->Hkv, b->D);
         b->attn_ws = carve(c, b->attn_ws_bytes);
-        red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(b->T, b->C));
+        red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(b->T, b->C, NULL));
         red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(b->T));
         red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(b->T, b->Q));
     }
@@ -656,7 +656,7 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, vo
     const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
     const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
     const size_t es = b->es;
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_ATTN_NORM], T, C, eps), "rmsnorm");
+    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_ATTN_NORM], T, C, eps, NULL), "rmsnorm");
     linear(b, b->q, at, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, Q, 0.0f);
     linear(b, b->k, at, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, KV, 0.0f);
     linear(b, b->v, at, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, KV, 0.0f);
@@ -670,7 +670,8 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, vo
     // h = x + att Wo^T, out = h + silu(xn2 Wg^T) * (xn2 Wu^T) Wd^T: the residual adds inside the GEMMs
     CU(b, cudaMemcpyAsync(b->h, x, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
     linear(b, b->h, at, att, w[MT_T_O], NULL, T, Q, C, 1.0f);
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, b->h, w[MT_T_MLP_NORM], T, C, eps), "rmsnorm");
+    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, b->h, w[MT_T_MLP_NORM], T, C, eps, NULL),
+       "rmsnorm");
     linear(b, b->g, at, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0.0f);
     linear(b, b->u, at, b->xn2, w[MT_T_UP], NULL, T, C, F, 0.0f);
     OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)T * F), "swiglu");
@@ -697,7 +698,7 @@ static void layer_backward(cu_be *b, void *const *w, float *const *gw, const voi
     linear_dw(b, gw[MT_T_GATE], b->dg, b->xn2, T, C, F);
     linear_dw(b, gw[MT_T_UP], b->du, b->xn2, T, C, F);
     OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_MLP_NORM], b->dxn, b->dt, b->h, b->dt, w[MT_T_MLP_NORM], b->rstd2, T,
-                            C, eps, rs),
+                            C, eps, rs, NULL),
        "rmsnorm backward");
     // h = x + att Wo^T
     OK(b, mt_cu_convert(b->comp, b->dt, b->dy_act, MT_CU_F32, dy, (size_t)T * C), "convert");
@@ -722,7 +723,7 @@ static void layer_backward(cu_be *b, void *const *w, float *const *gw, const voi
         OK(b, mt_cu_bias_grad(b->comp, gw[MT_T_V_BIAS], b->dt, b->dv, T, KV, rs), "bias gradient");
     }
     OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_ATTN_NORM], b->dxn, b->dt, x, b->dt, w[MT_T_ATTN_NORM], b->rstd1, T,
-                            C, eps, rs),
+                            C, eps, rs, NULL),
        "rmsnorm backward");
 }
 
@@ -786,7 +787,7 @@ static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad
     const void *lm = tied ? (const void *)((char *)b->slots[slot] + u->padded * es) : w[MT_T_LM_HEAD];
     const void *x = ck_at(b, b->L, mb);
     OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_FINAL_NORM], T, C,
-                        b->m->cfg.rms_norm_eps),
+                        b->m->cfg.rms_norm_eps, NULL),
        "rmsnorm");
     if (logits_out) { // the last position of each sequence, gathered into one small GEMM
         const int n = b->shape.n_seq, S = b->shape.seq_len;
@@ -808,7 +809,7 @@ static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad
         const void *xc = (const char *)b->xn1 + (size_t)t0 * C * es;
         linear(b, b->logits, MT_GEMM_F32, xc, lm, NULL, n, C, V, 0.0f);
         OK(b, mt_cu_cross_entropy(b->comp, b->logits, tg + t0, n, V, loss_scale, MT_IGNORE_INDEX, b->dt,
-                                  want_grad ? b->dlogits : NULL, b->d_loss, NULL, b->red_scratch),
+                                  want_grad ? b->dlogits : NULL, b->d_loss, NULL, b->red_scratch, NULL),
            "cross-entropy");
         if (want_grad) {
             linear_dx(b, b->dxn + (size_t)t0 * C, MT_GEMM_F32, b->dlogits, lm, n, C, V, 0.0f);
@@ -819,7 +820,7 @@ static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad
         float *dx = b->dx + (size_t)mb * T * C;
         CU(b, cudaMemsetAsync(dx, 0, (size_t)T * C * 4, b->comp));
         OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, gw[MT_T_FINAL_NORM], b->dxn, b->dt, x, b->dt, w[MT_T_FINAL_NORM],
-                                b->rstd1, T, C, b->m->cfg.rms_norm_eps, b->red_scratch),
+                                b->rstd1, T, C, b->m->cfg.rms_norm_eps, b->red_scratch, NULL),
            "rmsnorm backward");
     }
 }

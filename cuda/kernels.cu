@@ -169,20 +169,11 @@ char *scratch_base(void *scratch) { return (char *)(((uintptr_t)scratch + 255) &
 
 size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
-// ---- tuning knobs (mt_cu_tune) ------------------------------------------------------------
+// ---- tuning (mt_cu_tuning) ----------------------------------------------------------------
+// Every launcher with variants takes its tuning from the caller (NULL: these
+// defaults, from bench/cuda_kernels -v on the H200; docs/cuda-kernels.md).
 
-struct tune_t {
-    // Defaults from bench/cuda_kernels -v on the H200 (docs/cuda-kernels.md).
-    int rms_fwd_emin = 2;      // RMSNorm forward: at least this many accesses per thread (1, 2, 4)
-    int rms_bwd_emin = 1;      // the same for the backward
-    int rms_bwd_prefetch = 0;  // backward: load dx with x and dy, before the row's reductions
-    int rms_bwd_chunks = 512;  // backward: at most this many row chunks (dw partials)
-    int ce_threads = 1024;     // cross-entropy: threads per row
-    int ce_smem = 0;           // cross-entropy: dynamic shared memory per block (limits rows in flight)
-    int ce_reverse = 1;        // cross-entropy: the gradient pass runs back to front
-    int ce_cluster = 0;        // cross-entropy: a row held in the shared memory of a thread-block cluster
-};
-tune_t tune;
+constexpr mt_cu_tuning TUNING_DEFAULT = MT_CU_TUNING_DEFAULT;
 
 // ---- row kernels: how a row of C elements is spread over a block ----------------------------
 // VEC elements per access (8, or 1 when C % 8 or the alignment forbids);
@@ -385,8 +376,8 @@ int colsum_finish(cudaStream_t s, float *out, const float *part, int P, int N)
     return launched();
 }
 
-// Rows per block of the RMSNorm backward: at most tune.rms_bwd_chunks chunks.
-int rms_rows(int T) { return (T + tune.rms_bwd_chunks - 1) / tune.rms_bwd_chunks; }
+// Rows per block of the RMSNorm backward: at most `chunks` chunks.
+int rms_rows(int T, int chunks) { return (T + chunks - 1) / chunks; }
 
 // ---- RoPE ------------------------------------------------------------------------------------
 // One thread per (t, VEC-wide slice of the first half, group of heads): the
@@ -903,6 +894,37 @@ int bias_rows(int T, int N)
     return R;
 }
 
+// ---- tuning: the checks ------------------------------------------------------------------------
+
+// Whether mt_cu_tuning_set accepts value for knob (a flag takes any value: nonzero is 1).
+bool knob_ok(mt_cu_knob knob, int value)
+{
+    switch (knob) {
+    case MT_CU_TUNE_DEFAULTS: return true;
+    case MT_CU_TUNE_RMS_FWD_EMIN:
+    case MT_CU_TUNE_RMS_BWD_EMIN: return value == 1 || value == 2 || value == 4;
+    case MT_CU_TUNE_RMS_BWD_PREFETCH:
+    case MT_CU_TUNE_CE_REVERSE:
+    case MT_CU_TUNE_CE_CLUSTER: return true;
+    case MT_CU_TUNE_RMS_BWD_CHUNKS: return value >= 1;
+    case MT_CU_TUNE_CE_THREADS: return value >= 32 && value <= CE_MAX_THREADS && value % 32 == 0;
+    case MT_CU_TUNE_CE_SMEM: return value >= 0 && value <= 200 * 1024;
+    }
+    return false;
+}
+
+// The tuning a launcher runs with: the defaults for NULL; NULL when a field
+// holds a value mt_cu_tuning_set would refuse (the launcher then fails).
+const mt_cu_tuning *tuning_for(const mt_cu_tuning *t)
+{
+    if (!t) return &TUNING_DEFAULT;
+    const bool ok = knob_ok(MT_CU_TUNE_RMS_FWD_EMIN, t->rms_fwd_emin) &&
+                    knob_ok(MT_CU_TUNE_RMS_BWD_EMIN, t->rms_bwd_emin) &&
+                    knob_ok(MT_CU_TUNE_RMS_BWD_CHUNKS, t->rms_bwd_chunks) &&
+                    knob_ok(MT_CU_TUNE_CE_THREADS, t->ce_threads) && knob_ok(MT_CU_TUNE_CE_SMEM, t->ce_smem);
+    return ok ? t : nullptr;
+}
+
 } // namespace
 
 // ======================================== the C API ========================================
@@ -958,30 +980,24 @@ int mt_cu_sync(void)
 
 size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
 
-int mt_cu_tune(mt_cu_knob knob, int value)
+void mt_cu_tuning_default(mt_cu_tuning *t)
 {
+    if (t) *t = TUNING_DEFAULT;
+}
+
+int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value)
+{
+    if (!t || !knob_ok(knob, value)) return -1;
     switch (knob) {
-    case MT_CU_TUNE_DEFAULTS: tune = tune_t{}; return 0;
-    case MT_CU_TUNE_RMS_FWD_EMIN:
-    case MT_CU_TUNE_RMS_BWD_EMIN:
-        if (value != 1 && value != 2 && value != 4) return -1;
-        (knob == MT_CU_TUNE_RMS_FWD_EMIN ? tune.rms_fwd_emin : tune.rms_bwd_emin) = value;
-        return 0;
-    case MT_CU_TUNE_CE_CLUSTER: tune.ce_cluster = value != 0; return 0;
-    case MT_CU_TUNE_RMS_BWD_PREFETCH: tune.rms_bwd_prefetch = value != 0; return 0;
-    case MT_CU_TUNE_RMS_BWD_CHUNKS:
-        if (value < 1) return -1;
-        tune.rms_bwd_chunks = value;
-        return 0;
-    case MT_CU_TUNE_CE_THREADS:
-        if (value < 32 || value > CE_MAX_THREADS || value % 32) return -1;
-        tune.ce_threads = value;
-        return 0;
-    case MT_CU_TUNE_CE_SMEM:
-        if (value < 0 || value > 200 * 1024) return -1;
-        tune.ce_smem = value;
-        return 0;
-    case MT_CU_TUNE_CE_REVERSE: tune.ce_reverse = value != 0; return 0;
+    case MT_CU_TUNE_DEFAULTS: *t = TUNING_DEFAULT; return 0;
+    case MT_CU_TUNE_RMS_FWD_EMIN: t->rms_fwd_emin = value; return 0;
+    case MT_CU_TUNE_RMS_BWD_EMIN: t->rms_bwd_emin = value; return 0;
+    case MT_CU_TUNE_RMS_BWD_PREFETCH: t->rms_bwd_prefetch = value != 0; return 0;
+    case MT_CU_TUNE_RMS_BWD_CHUNKS: t->rms_bwd_chunks = value; return 0;
+    case MT_CU_TUNE_CE_THREADS: t->ce_threads = value; return 0;
+    case MT_CU_TUNE_CE_SMEM: t->ce_smem = value; return 0;
+    case MT_CU_TUNE_CE_REVERSE: t->ce_reverse = value != 0; return 0;
+    case MT_CU_TUNE_CE_CLUSTER: t->ce_cluster = value != 0; return 0;
     }
     return -1;
 }
@@ -989,9 +1005,10 @@ int mt_cu_tune(mt_cu_knob knob, int value)
 // ---- RMSNorm ----
 
 int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                  const void *w, int T, int C, float eps)
+                  const void *w, int T, int C, float eps, const mt_cu_tuning *tune)
 {
-    if (T < 0 || C <= 0) return -1;
+    const mt_cu_tuning *tu = tuning_for(tune);
+    if (!tu || T < 0 || C <= 0) return -1;
     if (T == 0) return 0;
     const bool vec = C % 8 == 0 && al16(x) && al16(y) && al16(w);
     return with_dtype(xdt, [&](auto tx) {
@@ -1003,7 +1020,7 @@ int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dt
             const TW *ww = (const TW *)w;
             auto go = [&](auto vtag) {
                 constexpr int VEC = decltype(vtag)::value;
-                return with_row_cfg<VEC>(C, tune.rms_fwd_emin, [&](auto etag, int threads) {
+                return with_row_cfg<VEC>(C, tu->rms_fwd_emin, [&](auto etag, int threads) {
                     rmsnorm_fwd_k<TX, TW, VEC, decltype(etag)::value><<<T, threads, 0, s>>>(yy, rstd, xx, ww, C, eps);
                     return launched();
                 });
@@ -1013,19 +1030,23 @@ int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dt
     });
 }
 
-size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C)
+size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune)
 {
+    const mt_cu_tuning *tu = tuning_for(tune);
+    if (!tu) return 0;
     if (T <= 0 || C <= 0) return 256;
-    const int R = rms_rows(T), P = (T + R - 1) / R;
+    const int R = rms_rows(T, tu->rms_bwd_chunks), P = (T + R - 1) / R;
     return round256((size_t)P * C * sizeof(float)) + 256;
 }
 
 int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt, const void *x,
-                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch)
+                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch,
+                      const mt_cu_tuning *tune)
 {
-    if (T < 0 || C <= 0 || (dw && !scratch)) return -1;
+    const mt_cu_tuning *tu = tuning_for(tune);
+    if (!tu || T < 0 || C <= 0 || (dw && !scratch)) return -1;
     if (T == 0 || (!dx && !dw)) return 0;
-    const int R = rms_rows(T), P = (T + R - 1) / R;
+    const int R = rms_rows(T, tu->rms_bwd_chunks), P = (T + R - 1) / R;
     float *part = dw ? (float *)scratch_base(scratch) : nullptr;
     const bool vec = C % 8 == 0 && al16(x) && al16(w) && al16(dy) && (!dx || al16(dx));
     const int rc = with_dtype(xdt, [&](auto tx) {
@@ -1036,9 +1057,9 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
             const TW *ww = (const TW *)w;
             auto go = [&](auto vtag) {
                 constexpr int VEC = decltype(vtag)::value;
-                return with_row_cfg<VEC>(C, tune.rms_bwd_emin, [&](auto etag, int threads) {
+                return with_row_cfg<VEC>(C, tu->rms_bwd_emin, [&](auto etag, int threads) {
                     constexpr int E = decltype(etag)::value;
-                    if (tune.rms_bwd_prefetch)
+                    if (tu->rms_bwd_prefetch)
                         rmsnorm_bwd_k<TX, TW, VEC, E, true><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps);
                     else
                         rmsnorm_bwd_k<TX, TW, VEC, E, false><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps);
@@ -1163,17 +1184,19 @@ size_t mt_cu_cross_entropy_scratch_bytes(int n)
 }
 
 int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V, float dscale,
-                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch)
+                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch,
+                        const mt_cu_tuning *tune)
 {
-    if (n < 0 || V <= 0 || !scratch) return -1;
+    const mt_cu_tuning *tu = tuning_for(tune);
+    if (!tu || n < 0 || V <= 0 || !scratch) return -1;
     if (dlogits == (const void *)logits && dlogits && dt != MT_CU_F32) return -1;
     if (n == 0) return 0;
     double *row_loss = (double *)scratch_base(scratch);
     int *row_ok = (int *)((char *)row_loss + round256((size_t)n * sizeof(double)));
     const bool vec = V % 4 == 0 && al16(logits) && (!dlogits || al16(dlogits));
     const int nv = vec ? V / 4 : V;
-    const int threads = nv >= tune.ce_threads ? tune.ce_threads : (nv + 31) / 32 * 32;
-    const int CL = vec && tune.ce_cluster ? ce_cluster_size(V) : 0;
+    const int threads = nv >= tu->ce_threads ? tu->ce_threads : (nv + 31) / 32 * 32;
+    const int CL = vec && tu->ce_cluster ? ce_cluster_size(V) : 0;
     if (CL > 0) {
         const size_t slice = (size_t)((nv + CL - 1) / CL) * 16;
         if (cudaFuncSetAttribute(ce_cluster_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)slice) != cudaSuccess) {
@@ -1202,7 +1225,7 @@ int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targ
         ce_finish_k<<<1, 1024, 0, s>>>(row_loss, row_ok, n, loss_sum, count);
         return launched();
     }
-    const size_t smem = (size_t)tune.ce_smem; // only to limit the blocks per SM
+    const size_t smem = (size_t)tu->ce_smem; // only to limit the blocks per SM
     const int rc = with_dtype(dt, [&](auto td) {
         using TD = typename decltype(td)::type;
         auto go = [&](auto kern) {
@@ -1210,7 +1233,7 @@ int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targ
                                         cudaSuccess)
                 return (cudaGetLastError(), -1);
             kern<<<n, threads, smem, s>>>(logits, targets, V, dscale, ignore_index, (TD *)dlogits, row_loss, row_ok,
-                                          tune.ce_reverse);
+                                          tu->ce_reverse);
             return launched();
         };
         return vec ? go(ce_k<TD, 4>) : go(ce_k<TD, 1>);

@@ -46,6 +46,40 @@ typedef struct CUstream_st *mt_cu_stream; /* the same type as cudaStream_t */
 
 typedef enum mt_cu_dtype { MT_CU_BF16 = 0, MT_CU_F32 = 1 } mt_cu_dtype;
 
+/* ---- tuning (for benchmarks and tests) ---------------------------------------
+ * Variants of a few kernels, chosen per call: the launchers that have
+ * variants (mt_cu_rmsnorm, mt_cu_rmsnorm_bwd and its scratch size,
+ * mt_cu_cross_entropy) take a const mt_cu_tuning *, NULL for the defaults
+ * (what the library itself uses). A variant keeps results within the
+ * tolerances of tests/test_cuda_kernels.c but may change the bits of a
+ * reduction. Fill a struct with mt_cu_tuning_default (or
+ * MT_CU_TUNING_DEFAULT), then change it with mt_cu_tuning_set, which checks
+ * the value; a struct with a value it would refuse makes the launchers fail
+ * (-1) and the scratch sizes 0. The scratch of mt_cu_rmsnorm_bwd depends on
+ * RMS_BWD_CHUNKS: ask for its size with the tuning the calls will use. */
+typedef enum mt_cu_knob {
+    MT_CU_TUNE_DEFAULTS = 0,         /* every field back to its default (value ignored) */
+    MT_CU_TUNE_RMS_FWD_EMIN = 1,     /* RMSNorm forward: at least this many 8-wide accesses per thread (1, 2, 4; default 2) */
+    MT_CU_TUNE_RMS_BWD_EMIN = 2,     /* the same for the backward (default 1) */
+    MT_CU_TUNE_RMS_BWD_PREFETCH = 3, /* backward: dx loaded with x and dy (default 0) */
+    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,   /* backward: at most this many row chunks, i.e. dw partials (>= 1, default 512) */
+    MT_CU_TUNE_CE_THREADS = 5,       /* cross-entropy: threads per row (32..1024, multiples of 32; default 1024) */
+    MT_CU_TUNE_CE_SMEM = 6,          /* cross-entropy: shared memory bytes per block, to limit rows in flight */
+                                     /* (0..200 KiB, default 0) */
+    MT_CU_TUNE_CE_REVERSE = 7,       /* cross-entropy: the gradient pass runs back to front (default 1) */
+    MT_CU_TUNE_CE_CLUSTER = 8        /* cross-entropy: each row on a cluster of blocks, read once (default 0) */
+} mt_cu_knob;
+
+/* One field per knob; for the flags (prefetch, reverse, cluster) any nonzero value means 1. */
+typedef struct mt_cu_tuning {
+    int rms_fwd_emin, rms_bwd_emin, rms_bwd_prefetch, rms_bwd_chunks;
+    int ce_threads, ce_smem, ce_reverse, ce_cluster;
+} mt_cu_tuning;
+
+/* The defaults, in the order of the fields (bench/cuda_kernels -v on the
+ * H200; docs/cuda-kernels.md). */
+#define MT_CU_TUNING_DEFAULT {2, 1, 0, 512, 1024, 0, 1, 0}
+
 #if defined(MT_HAVE_CUDA) || defined(__CUDACC__)
 
 /* ---- helpers (synchronous; for tests, benchmarks and set-up) --------------- */
@@ -63,23 +97,11 @@ int mt_cu_sync(void);
 /* Bytes of one element. */
 size_t mt_cu_dtype_size(mt_cu_dtype dt);
 
-/* For benchmarks and tests: selects among variants of a kernel (results
- * stay within the tolerances of tests/test_cuda_kernels.c; a variant may
- * change the bits of a reduction). Process-wide; call it while no kernel is
- * being launched, and before asking for scratch sizes. 0, or -1 for an
- * unknown knob or value. MT_CU_TUNE_DEFAULTS restores every default. */
-typedef enum mt_cu_knob {
-    MT_CU_TUNE_DEFAULTS = 0,
-    MT_CU_TUNE_RMS_FWD_EMIN = 1,     /* RMSNorm forward: at least this many 8-wide accesses per thread (1, 2, 4; default 2) */
-    MT_CU_TUNE_RMS_BWD_EMIN = 2,     /* the same for the backward (default 1) */
-    MT_CU_TUNE_RMS_BWD_PREFETCH = 3, /* backward: dx loaded with x and dy (default 0) */
-    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,   /* backward: at most this many row chunks, i.e. dw partials (default 512) */
-    MT_CU_TUNE_CE_THREADS = 5,       /* cross-entropy: threads per row (32..1024, default 1024) */
-    MT_CU_TUNE_CE_SMEM = 6,          /* cross-entropy: bytes of shared memory per block, to limit rows in flight (0) */
-    MT_CU_TUNE_CE_REVERSE = 7,       /* cross-entropy: the gradient pass runs back to front (default 1) */
-    MT_CU_TUNE_CE_CLUSTER = 8        /* cross-entropy: each row on a cluster of blocks, read once (default 0) */
-} mt_cu_knob;
-int mt_cu_tune(mt_cu_knob knob, int value);
+/* *t = the defaults (MT_CU_TUNING_DEFAULT); t may be NULL (nothing done). */
+void mt_cu_tuning_default(mt_cu_tuning *t);
+/* Sets one knob of *t (MT_CU_TUNE_DEFAULTS: all of them): 0, or -1 (and *t
+ * unchanged) for an unknown knob or a value out of its range. */
+int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value);
 
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
@@ -91,9 +113,10 @@ int mt_cu_tune(mt_cu_knob knob, int value);
  * 0, 16-byte aligned pointers), else C <= 16384; -1 beyond. One block per
  * row, the row held in registers. */
 int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                  const void *w, int T, int C, float eps);
+                  const void *w, int T, int C, float eps, const mt_cu_tuning *tune);
 
-size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C);
+/* With the tuning of the calls that use the scratch (NULL: the defaults). */
+size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune);
 /* dx += d(loss)/dx (fp32, the residual gradient stream; may be NULL),
  * dw += d(loss)/dw (fp32, may be NULL: then scratch may be NULL), from
  * dy (T, C) fp32, x (T, C) in xdt, w (C) in dt, rstd (T) from the forward or
@@ -102,7 +125,8 @@ size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C);
  * default), adds into their dx, and sums their dw terms in ascending t into
  * scratch; a second kernel adds the chunks in order. */
 int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt, const void *x,
-                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch);
+                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch,
+                      const mt_cu_tuning *tune);
 
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
@@ -154,7 +178,8 @@ size_t mt_cu_cross_entropy_scratch_bytes(int n);
  * One block per row: an online max / sum of exponentials, then a second pass
  * (back to front) that writes the gradient. */
 int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V, float dscale,
-                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch);
+                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch,
+                        const mt_cu_tuning *tune);
 
 /* ---- elementwise --------------------------------------------------------------------- */
 
@@ -191,28 +216,27 @@ static inline int mt_cu_copy_h2d(void *d, const void *s, size_t n) { (void)d, (v
 static inline int mt_cu_copy_d2h(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return -1; }
 static inline int mt_cu_sync(void) { return -1; }
 static inline size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
-typedef enum mt_cu_knob {
-    MT_CU_TUNE_DEFAULTS = 0,
-    MT_CU_TUNE_RMS_FWD_EMIN = 1,
-    MT_CU_TUNE_RMS_BWD_EMIN = 2,
-    MT_CU_TUNE_RMS_BWD_PREFETCH = 3,
-    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,
-    MT_CU_TUNE_CE_THREADS = 5,
-    MT_CU_TUNE_CE_SMEM = 6,
-    MT_CU_TUNE_CE_REVERSE = 7,
-    MT_CU_TUNE_CE_CLUSTER = 8
-} mt_cu_knob;
-static inline int mt_cu_tune(mt_cu_knob knob, int value) { (void)knob, (void)value; return -1; }
+static inline void mt_cu_tuning_default(mt_cu_tuning *t)
+{
+    const mt_cu_tuning d = MT_CU_TUNING_DEFAULT;
+    if (t) *t = d;
+}
+static inline int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value)
+{ (void)t, (void)knob, (void)value; return -1; }
 static inline int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                                const void *w, int T, int C, float eps)
-{ (void)s, (void)dt, (void)y, (void)rstd, (void)xdt, (void)x, (void)w, (void)T, (void)C, (void)eps; return -1; }
-static inline size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C) { (void)T, (void)C; return 0; }
+                                const void *w, int T, int C, float eps, const mt_cu_tuning *tune)
+{
+    (void)s, (void)dt, (void)y, (void)rstd, (void)xdt, (void)x, (void)w, (void)T, (void)C, (void)eps, (void)tune;
+    return -1;
+}
+static inline size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune)
+{ (void)T, (void)C, (void)tune; return 0; }
 static inline int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt,
                                     const void *x, mt_cu_dtype dt, const void *w, const float *rstd, int T, int C,
-                                    float eps, void *scratch)
+                                    float eps, void *scratch, const mt_cu_tuning *tune)
 {
     (void)s, (void)dx, (void)dw, (void)dy, (void)xdt, (void)x, (void)dt, (void)w, (void)rstd, (void)T, (void)C;
-    (void)eps, (void)scratch;
+    (void)eps, (void)scratch, (void)tune;
     return -1;
 }
 static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
@@ -233,10 +257,10 @@ static inline int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t
 static inline size_t mt_cu_cross_entropy_scratch_bytes(int n) { (void)n; return 0; }
 static inline int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V,
                                       float dscale, int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum,
-                                      int *count, void *scratch)
+                                      int *count, void *scratch, const mt_cu_tuning *tune)
 {
     (void)s, (void)logits, (void)targets, (void)n, (void)V, (void)dscale, (void)ignore_index, (void)dt;
-    (void)dlogits, (void)loss_sum, (void)count, (void)scratch;
+    (void)dlogits, (void)loss_sum, (void)count, (void)scratch, (void)tune;
     return -1;
 }
 static inline int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n)

@@ -12,7 +12,8 @@
  * KC is a constant, so the tile sizes (chosen from the shape and the thread
  * count for load balance) never change a result.
  *
- * Micro-kernels, chosen at run time with __builtin_cpu_supports:
+ * Micro-kernels, chosen at run time with __builtin_cpu_supports (the best
+ * the CPU has; mt_cpu_gemm_isa takes a lower one as an argument):
  *   AVX-512F   12 x 32: 24 zmm accumulators, fused multiply-adds;
  *   AVX2+FMA    6 x 16: 12 ymm accumulators, fused multiply-adds;
  *   generic     4 x 8:  portable C (this file is built with -std=c11, under
@@ -110,9 +111,7 @@ __attribute__((target("avx512f"))) static void kernel_avx512(int kc, const float
 
 /* ---- kernel selection ------------------------------------------------------- */
 
-static mt_cpu_isa isa_cap = MT_CPU_ISA_AVX512;
-
-static mt_cpu_isa isa_best(void)
+mt_cpu_isa mt_cpu_isa_best(void)
 {
 #if MT_GEMM_X86
     __builtin_cpu_init();
@@ -120,18 +119,6 @@ static mt_cpu_isa isa_best(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MT_CPU_ISA_AVX2;
 #endif
     return MT_CPU_ISA_GENERIC;
-}
-
-static mt_cpu_isa isa_now(void)
-{
-    mt_cpu_isa best = isa_best();
-    return isa_cap < best ? isa_cap : best;
-}
-
-mt_cpu_isa mt_cpu_gemm_set_isa(mt_cpu_isa isa)
-{
-    isa_cap = isa;
-    return isa_now();
 }
 
 static gemm_kernel kernel_for(mt_cpu_isa isa)
@@ -305,12 +292,14 @@ static void gemm_tile(void *ctx, size_t task, int thread)
 
 size_t mt_cpu_gemm_ws_bytes(void) { return ws_floats_per_thread() * sizeof(float); }
 
-void mt_cpu_gemm(mt_pool *p, void *ws, int transA, int transB, int M, int N, int K, const float *A, size_t lda,
-                 const float *B, size_t ldb, float *C, size_t ldc, const float *bias, int accumulate)
+void mt_cpu_gemm_isa(mt_pool *p, void *ws, mt_cpu_isa isa, int transA, int transB, int M, int N, int K,
+                     const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc, const float *bias,
+                     int accumulate)
 {
     if (M <= 0 || N <= 0) return;
+    const mt_cpu_isa best = mt_cpu_isa_best();
     gemm_args g = {transA, transB, M, N, K < 0 ? 0 : K, A, B, lda, ldb, ldc, C, bias, accumulate,
-                   kernel_for(isa_now()), 0, 0, mt_cpu_ws_align(ws)};
+                   kernel_for(isa < best ? isa : best), 0, 0, mt_cpu_ws_align(ws)};
     const int mr = g.kern.mr, nr = g.kern.nr;
     const int mblocks = (M + mr - 1) / mr, nblocks = (N + nr - 1) / nr;
     /* Fewest tiles that fit MC_MAX x NC_MAX, then more while the threads
@@ -323,4 +312,10 @@ void mt_cpu_gemm(mt_pool *p, void *ws, int transA, int transB, int M, int N, int
         else g.nn++;
     }
     mt_pool_run(p, (size_t)g.nm * (size_t)g.nn, gemm_tile, &g);
+}
+
+void mt_cpu_gemm(mt_pool *p, void *ws, int transA, int transB, int M, int N, int K, const float *A, size_t lda,
+                 const float *B, size_t ldb, float *C, size_t ldc, const float *bias, int accumulate)
+{
+    mt_cpu_gemm_isa(p, ws, mt_cpu_isa_best(), transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, accumulate);
 }

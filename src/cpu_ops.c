@@ -165,11 +165,17 @@ VCLONES static void vec_dsoftmax(float *ds, const float *p, float di, float scal
 
 /* ---- linear layers --------------------------------------------------------- */
 
+void mt_cpu_matmul_isa(mt_pool *p, void *ws, mt_cpu_isa isa, float *y, const float *x, const float *W, const float *b,
+                       int T, int K, int N, int accumulate)
+{
+    /* y (T, N) = x (T, K) @ W^T, W stored (N, K) */
+    mt_cpu_gemm_isa(p, ws, isa, 0, 1, T, N, K, x, (size_t)K, W, (size_t)K, y, (size_t)N, b, accumulate);
+}
+
 void mt_cpu_matmul(mt_pool *p, void *ws, float *y, const float *x, const float *W, const float *b, int T, int K,
                    int N, int accumulate)
 {
-    /* y (T, N) = x (T, K) @ W^T, W stored (N, K) */
-    mt_cpu_gemm(p, ws, 0, 1, T, N, K, x, (size_t)K, W, (size_t)K, y, (size_t)N, b, accumulate);
+    mt_cpu_matmul_isa(p, ws, mt_cpu_isa_best(), y, x, W, b, T, K, N, accumulate);
 }
 
 typedef struct {
@@ -192,18 +198,24 @@ static void bias_bwd_task(void *ctx, size_t task, int thread)
     }
 }
 
-void mt_cpu_matmul_bwd(mt_pool *p, void *ws, float *dx, float *dW, float *db, const float *dy, const float *x,
-                       const float *W, int T, int K, int N, int dx_accumulate)
+void mt_cpu_matmul_bwd_isa(mt_pool *p, void *ws, mt_cpu_isa isa, float *dx, float *dW, float *db, const float *dy,
+                           const float *x, const float *W, int T, int K, int N, int dx_accumulate)
 {
     /* dx (T, K) = dy (T, N) @ W (N, K) */
-    if (dx) mt_cpu_gemm(p, ws, 0, 0, T, K, N, dy, (size_t)N, W, (size_t)K, dx, (size_t)K, NULL, dx_accumulate);
+    if (dx) mt_cpu_gemm_isa(p, ws, isa, 0, 0, T, K, N, dy, (size_t)N, W, (size_t)K, dx, (size_t)K, NULL, dx_accumulate);
     /* dW (N, K) += dy^T (N, T) @ x (T, K): the reduction over T in ascending t */
-    if (dW) mt_cpu_gemm(p, ws, 1, 0, N, K, T, dy, (size_t)N, x, (size_t)K, dW, (size_t)K, NULL, 1);
+    if (dW) mt_cpu_gemm_isa(p, ws, isa, 1, 0, N, K, T, dy, (size_t)N, x, (size_t)K, dW, (size_t)K, NULL, 1);
     if (db && N > 0) {
         bias_args a = {db, dy, T, N, n_tasks(p, (size_t)T * N, 1 << 16)};
         a.nt = a.nt < ((size_t)N + 15) / 16 ? a.nt : ((size_t)N + 15) / 16;
         mt_pool_run(p, a.nt, bias_bwd_task, &a);
     }
+}
+
+void mt_cpu_matmul_bwd(mt_pool *p, void *ws, float *dx, float *dW, float *db, const float *dy, const float *x,
+                       const float *W, int T, int K, int N, int dx_accumulate)
+{
+    mt_cpu_matmul_bwd_isa(p, ws, mt_cpu_isa_best(), dx, dW, db, dy, x, W, T, K, N, dx_accumulate);
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------- */

@@ -52,12 +52,15 @@ static inline float *mt_cpu_ws_align(void *ws) { return (float *)(((uintptr_t)ws
 void mt_cpu_gemm(mt_pool *p, void *ws, int transA, int transB, int M, int N, int K, const float *A, size_t lda,
                  const float *B, size_t ldb, float *C, size_t ldc, const float *bias, int accumulate);
 
-/* The GEMM micro-kernels; mt_cpu_gemm uses the best the CPU supports, or a
- * lower one after mt_cpu_gemm_set_isa (for tests and benchmarks: it changes
- * a process-wide setting, call it while no GEMM runs). Returns the level now
- * in use: min(isa, the best the CPU has). */
+/* The GEMM micro-kernels. mt_cpu_gemm, and every op below, uses the best the
+ * CPU supports (mt_cpu_isa_best). Tests and benchmarks pick a lower one per
+ * call with the *_isa forms of the GEMM and the linear layers, which run
+ * min(isa, mt_cpu_isa_best()): a kernel the CPU lacks is never run. */
 typedef enum mt_cpu_isa { MT_CPU_ISA_GENERIC = 0, MT_CPU_ISA_AVX2 = 1, MT_CPU_ISA_AVX512 = 2 } mt_cpu_isa;
-mt_cpu_isa mt_cpu_gemm_set_isa(mt_cpu_isa isa);
+mt_cpu_isa mt_cpu_isa_best(void);
+void mt_cpu_gemm_isa(mt_pool *p, void *ws, mt_cpu_isa isa, int transA, int transB, int M, int N, int K,
+                     const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc, const float *bias,
+                     int accumulate);
 
 /* ---- linear layers -------------------------------------------------------- */
 
@@ -65,12 +68,17 @@ mt_cpu_isa mt_cpu_gemm_set_isa(mt_cpu_isa isa);
  * y (T, N), x (T, K), W (N, K), b (N) or NULL */
 void mt_cpu_matmul(mt_pool *p, void *ws, float *y, const float *x, const float *W, const float *b, int T, int K,
                    int N, int accumulate);
+/* The same with the GEMM micro-kernel of min(isa, mt_cpu_isa_best()). */
+void mt_cpu_matmul_isa(mt_pool *p, void *ws, mt_cpu_isa isa, float *y, const float *x, const float *W, const float *b,
+                       int T, int K, int N, int accumulate);
 
 /* dx = (or += if dx_accumulate) dy @ W;  dW += dy^T @ x;  db += sum over t of dy.
  * dx (T, K), dW (N, K), db (N), dy (T, N), x (T, K), W (N, K). Any of dx, dW,
  * db may be NULL (then x or W may be NULL too where unused). */
 void mt_cpu_matmul_bwd(mt_pool *p, void *ws, float *dx, float *dW, float *db, const float *dy, const float *x,
                        const float *W, int T, int K, int N, int dx_accumulate);
+void mt_cpu_matmul_bwd_isa(mt_pool *p, void *ws, mt_cpu_isa isa, float *dx, float *dW, float *db, const float *dy,
+                           const float *x, const float *W, int T, int K, int N, int dx_accumulate);
 
 /* ---- RMSNorm ------------------------------------------------------------------ */
 

@@ -87,7 +87,7 @@ void mt_log(const mt_logger *lg, mt_log_level level, const char *fmt, ...)
 
 const char *mt_fmt_bytes(char *buf, size_t size, uint64_t bytes)
 {
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     double v = (double)bytes;
     int u = 0;
     while (v >= 1024.0 && u < 5) { v /= 1024.0; u++; }

@@ -285,7 +285,7 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
 {
     mt_st_write_req *r = calloc(MT_MAX(mt_tensor_count(m), (size_t)1), sizeof *r);
     if (!r) return NULL;
-    static const char *suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
+    static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
     size_t k = 0;
     for (int u = 0; u < m->layout.n_units; u++) {
         const mt_unit_desc *ud = &m->layout.units[u];
@@ -360,7 +360,7 @@ mt_status mt_model_save(mt_model *m, const char *dir)
 mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
                           int write_bf16, int dry_run)
 {
-    static const char *suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
+    static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
     const size_t n = mt_tensor_count(m) * (size_t)n_which;
     mt_st_read_req *req = calloc(MT_MAX(n, (size_t)1), sizeof *req);
     if (!req) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");

@@ -103,13 +103,15 @@ static void expect_same(const char *what, const float *a, const float *b, size_t
 /* ---- matmul ------------------------------------------------------------------------ */
 
 /* y = (acc ? y0 : 0) + b + x W^T against double, within Higham's bound for a
- * float sum of K products: |err| <= gamma_{K+2} * sum |terms|, gamma_n = n u / (1 - n u). */
-static void check_matmul_fwd(int T, int K, int N, int with_bias, int accumulate)
+ * float sum of K products: |err| <= gamma_{K+2} * sum |terms|, gamma_n = n u / (1 - n u).
+ * isa < 0: mt_cpu_matmul (the library's choice), else mt_cpu_matmul_isa. */
+static void check_matmul_fwd(int isa, int T, int K, int N, int with_bias, int accumulate)
 {
     float *x = rand_vec((size_t)T * K, 1.0f), *W = rand_vec((size_t)N * K, 1.0f), *b = rand_vec((size_t)N, 1.0f);
     float *y = rand_vec((size_t)T * N, 1.0f), *y0 = copy_vec(y, (size_t)T * N);
     void *ws = ws_alloc(1, 0);
-    mt_cpu_matmul(NULL, ws, y, x, W, with_bias ? b : NULL, T, K, N, accumulate);
+    if (isa < 0) mt_cpu_matmul(NULL, ws, y, x, W, with_bias ? b : NULL, T, K, N, accumulate);
+    else mt_cpu_matmul_isa(NULL, ws, (mt_cpu_isa)isa, y, x, W, with_bias ? b : NULL, T, K, N, accumulate);
     const double u = ldexp(1.0, -24), gamma = (K + 2) * u / (1 - (K + 2) * u);
     for (int t = 0; t < T; t++)
         for (int n = 0; n < N; n++) {
@@ -119,30 +121,31 @@ static void check_matmul_fwd(int T, int K, int N, int with_bias, int accumulate)
                 ref += (double)x[t * K + k] * W[n * K + k];
                 mag += fabs((double)x[t * K + k] * W[n * K + k]);
             }
-            cr_expect(fabs(y[t * N + n] - ref) <= gamma * mag, "%dx%dx%d bias %d acc %d: y[%d,%d] = %.8g, ref %.8g", T, K,
-                      N, with_bias, accumulate, t, n, y[t * N + n], ref);
+            cr_expect(fabs(y[t * N + n] - ref) <= gamma * mag,
+                      "isa %d %dx%dx%d bias %d acc %d: y[%d,%d] = %.8g, ref %.8g", isa, T, K, N, with_bias, accumulate,
+                      t, n, y[t * N + n], ref);
         }
     free(x); free(W); free(b); free(y); free(y0); free(ws);
 }
 
-static void matmul_fwd_shapes(void)
+static void matmul_fwd_shapes(int isa)
 {
-    check_matmul_fwd(5, 7, 3, 0, 0);
-    check_matmul_fwd(5, 7, 3, 1, 1);
-    check_matmul_fwd(1, 1, 1, 1, 0);
-    check_matmul_fwd(129, 65, 47, 1, 0);
-    check_matmul_fwd(129, 65, 47, 1, 1);
-    check_matmul_fwd(129, 65, 47, 0, 1);
-    check_matmul_fwd(37, 600, 70, 1, 1); /* K over several reduction chunks */
-    check_matmul_fwd(37, 600, 70, 0, 0);
-    check_matmul_fwd(400, 33, 300, 0, 0); /* several tiles both ways */
-    check_matmul_fwd(3, 0, 5, 1, 0);      /* K = 0: y = b */
+    check_matmul_fwd(isa, 5, 7, 3, 0, 0);
+    check_matmul_fwd(isa, 5, 7, 3, 1, 1);
+    check_matmul_fwd(isa, 1, 1, 1, 1, 0);
+    check_matmul_fwd(isa, 129, 65, 47, 1, 0);
+    check_matmul_fwd(isa, 129, 65, 47, 1, 1);
+    check_matmul_fwd(isa, 129, 65, 47, 0, 1);
+    check_matmul_fwd(isa, 37, 600, 70, 1, 1); /* K over several reduction chunks */
+    check_matmul_fwd(isa, 37, 600, 70, 0, 0);
+    check_matmul_fwd(isa, 400, 33, 300, 0, 0); /* several tiles both ways */
+    check_matmul_fwd(isa, 3, 0, 5, 1, 0);      /* K = 0: y = b */
 }
 
 Test(cpu_ops, matmul_forward)
 {
     seed(1);
-    matmul_fwd_shapes();
+    matmul_fwd_shapes(-1);
 }
 
 /* Every micro-kernel this CPU has (the generic one always). */
@@ -150,8 +153,8 @@ Test(cpu_ops, matmul_forward_every_isa)
 {
     seed(2);
     for (int isa = MT_CPU_ISA_GENERIC; isa <= MT_CPU_ISA_AVX512; isa++) {
-        if (mt_cpu_gemm_set_isa((mt_cpu_isa)isa) != (mt_cpu_isa)isa) continue;
-        matmul_fwd_shapes();
+        if (isa > (int)mt_cpu_isa_best()) continue;
+        matmul_fwd_shapes(isa);
     }
 }
 

@@ -166,7 +166,7 @@ static const mt_cu_dtype norm_dts[][2] = {{MT_CU_F32, MT_CU_F32}, {MT_CU_BF16, M
  * positive) and rstd within 32u + the 2 roundings of the fp32 mode. */
 static int bf16_mode(mt_cu_dtype xdt, mt_cu_dtype dt) { return xdt == MT_CU_BF16 || dt == MT_CU_BF16; }
 
-static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt)
+static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, const mt_cu_tuning *tu)
 {
     const float eps = 1e-5f;
     const size_t n = (size_t)T * C;
@@ -174,7 +174,7 @@ static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt)
     tensor y = t_rand(dt, n, 0.0f, 0.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
     float *yref = xmalloc(n * sizeof(float)), *rref = xmalloc((size_t)T * sizeof(float));
     mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps);
-    cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps) == 0);
+    cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps, tu) == 0);
     float *yg = t_fetch(&y), *rg = t_fetch(&r);
     /* rstd, fp32 mode: the mean of squares is summed in double on both sides
      * (in another order: a relative difference near 1e-16), then rounded and
@@ -199,19 +199,21 @@ Test(cuda_kernels, rmsnorm_forward)
 {
     NEED_GPU();
     seed(1);
-    const int emins[] = {2, 1, 4}; /* every register layout */
+    const int emins[] = {0, 1, 4}; /* every register layout: the default (NULL: 2), then the others */
+    mt_cu_tuning tu;
+    mt_cu_tuning_default(&tu);
     for (int ei = 0; ei < 3; ei++) {
-        cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_FWD_EMIN, emins[ei]) == 0);
+        if (emins[ei]) cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_RMS_FWD_EMIN, emins[ei]) == 0);
         for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
             for (size_t di = 0; di < 3; di++)
-                check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1]);
+                check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1],
+                                  emins[ei] ? &tu : NULL);
     }
-    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
 }
 
 /* One backward case: dx and dw accumulate onto random values. with_rstd 0
  * recomputes rstd on both sides. */
-static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd)
+static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd, const mt_cu_tuning *tu)
 {
     const float eps = 1e-6f;
     const size_t n = (size_t)T * C;
@@ -226,9 +228,9 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
     t_upload(&r); /* the CPU's rstd, so that the backward is tested alone */
     mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps);
 
-    void *scratch = dev_scratch(mt_cu_rmsnorm_bwd_scratch_bytes(T, C));
+    void *scratch = dev_scratch(mt_cu_rmsnorm_bwd_scratch_bytes(T, C, tu));
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
-                                eps, scratch) == 0);
+                                eps, scratch, tu) == 0);
     float *dxg = t_fetch(&dx), *dwg = t_fetch(&dw);
     double *mag = calloc((size_t)C, sizeof(double));
     cr_assert(mag);
@@ -271,7 +273,7 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
     cr_assert(mt_cu_copy_h2d(dx.dev, dx0, n * sizeof(float)) == 0);
     cr_assert(mt_cu_copy_h2d(dw.dev, dw0, (size_t)C * sizeof(float)) == 0);
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
-                                eps, scratch) == 0);
+                                eps, scratch, tu) == 0);
     float *dxg2 = t_fetch(&dx), *dwg2 = t_fetch(&dw);
     cr_assert(memcmp(dxg, dxg2, n * sizeof(float)) == 0, "%dx%d: dx differs between two runs", T, C);
     cr_assert(memcmp(dwg, dwg2, (size_t)C * sizeof(float)) == 0, "%dx%d: dw differs between two runs", T, C);
@@ -286,11 +288,11 @@ Test(cuda_kernels, rmsnorm_backward)
     seed(2);
     for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
         for (size_t di = 0; di < 3; di++)
-            check_rmsnorm_bwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1], 1);
+            check_rmsnorm_bwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1], 1, NULL);
     /* several rows per block (T > 2048), rstd recomputed */
-    check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1);
-    check_rmsnorm_bwd(2053, 104, MT_CU_F32, MT_CU_F32, 0);
-    check_rmsnorm_bwd(37, 4096, MT_CU_BF16, MT_CU_BF16, 0);
+    check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1, NULL);
+    check_rmsnorm_bwd(2053, 104, MT_CU_F32, MT_CU_F32, 0, NULL);
+    check_rmsnorm_bwd(37, 4096, MT_CU_BF16, MT_CU_BF16, 0, NULL);
 }
 
 Test(cuda_kernels, rmsnorm_backward_variants)
@@ -298,20 +300,58 @@ Test(cuda_kernels, rmsnorm_backward_variants)
     NEED_GPU();
     seed(12);
     const int chunks[] = {1024, 2048, 512, 1}, emins[] = {1, 2, 4};
+    mt_cu_tuning tu;
+    mt_cu_tuning_default(&tu);
     for (int ei = 0; ei < 3; ei++)
         for (int pf = 0; pf < 2; pf++)
             for (int ci = 0; ci < 4; ci++) {
-                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_EMIN, emins[ei]) == 0);
-                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_PREFETCH, pf) == 0);
-                cr_assert(mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, chunks[ci]) == 0);
-                check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1);
-                check_rmsnorm_bwd(37, 4096, MT_CU_F32, MT_CU_BF16, ci == 3);
-                check_rmsnorm_bwd(13, 4096, MT_CU_F32, MT_CU_F32, 1);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_RMS_BWD_EMIN, emins[ei]) == 0);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_RMS_BWD_PREFETCH, pf) == 0);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_RMS_BWD_CHUNKS, chunks[ci]) == 0);
+                check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1, &tu);
+                check_rmsnorm_bwd(37, 4096, MT_CU_F32, MT_CU_BF16, ci == 3, &tu);
+                check_rmsnorm_bwd(13, 4096, MT_CU_F32, MT_CU_F32, 1, &tu);
             }
-    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
-    cr_expect(mt_cu_tune(MT_CU_TUNE_RMS_BWD_CHUNKS, 0) == -1);
-    cr_expect(mt_cu_tune(MT_CU_TUNE_RMS_BWD_EMIN, 3) == -1);
-    cr_expect(mt_cu_tune((mt_cu_knob)99, 0) == -1);
+}
+
+/* The knobs' checks and the scratch size run on the host: no device needed. */
+Test(cuda_kernels, tuning)
+{
+#ifndef MT_HAVE_CUDA
+    cr_skip_test("built without CUDA");
+#else
+    const mt_cu_tuning d = MT_CU_TUNING_DEFAULT;
+    mt_cu_tuning t;
+    memset(&t, 0xff, sizeof t);
+    mt_cu_tuning_default(&t);
+    cr_assert(memcmp(&t, &d, sizeof t) == 0);
+    cr_expect(t.rms_fwd_emin == 2 && t.rms_bwd_emin == 1 && t.rms_bwd_prefetch == 0 && t.rms_bwd_chunks == 512 &&
+                  t.ce_threads == 1024 && t.ce_smem == 0 && t.ce_reverse == 1 && t.ce_cluster == 0,
+              "the documented defaults");
+    /* refused values leave the struct as it was */
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_RMS_BWD_CHUNKS, 0) == -1);
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_RMS_BWD_EMIN, 3) == -1);
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_RMS_FWD_EMIN, 8) == -1);
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_CE_THREADS, 48) == -1);
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_CE_THREADS, 2048) == -1);
+    cr_expect(mt_cu_tuning_set(&t, MT_CU_TUNE_CE_SMEM, -1) == -1);
+    cr_expect(mt_cu_tuning_set(&t, (mt_cu_knob)99, 0) == -1);
+    cr_expect(mt_cu_tuning_set(NULL, MT_CU_TUNE_CE_REVERSE, 0) == -1);
+    cr_expect(memcmp(&t, &d, sizeof t) == 0);
+    /* accepted ones change their field alone; flags become 0 or 1 */
+    cr_assert(mt_cu_tuning_set(&t, MT_CU_TUNE_CE_CLUSTER, 7) == 0);
+    cr_expect(t.ce_cluster == 1);
+    cr_assert(mt_cu_tuning_set(&t, MT_CU_TUNE_RMS_BWD_CHUNKS, 1) == 0);
+    cr_expect(t.rms_bwd_chunks == 1 && t.rms_fwd_emin == d.rms_fwd_emin && t.ce_threads == d.ce_threads);
+    /* the backward's scratch follows its tuning: one chunk, one row of partials */
+    cr_expect(mt_cu_rmsnorm_bwd_scratch_bytes(4096, 64, &t) < mt_cu_rmsnorm_bwd_scratch_bytes(4096, 64, NULL));
+    cr_expect(mt_cu_rmsnorm_bwd_scratch_bytes(4096, 64, &d) == mt_cu_rmsnorm_bwd_scratch_bytes(4096, 64, NULL));
+    cr_assert(mt_cu_tuning_set(&t, MT_CU_TUNE_DEFAULTS, 0) == 0);
+    cr_expect(memcmp(&t, &d, sizeof t) == 0);
+    /* a struct filled by hand with a refused value: no scratch size */
+    t.rms_bwd_chunks = 0;
+    cr_expect(mt_cu_rmsnorm_bwd_scratch_bytes(4096, 64, &t) == 0);
+#endif
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */
@@ -497,7 +537,7 @@ Test(cuda_kernels, embedding_tokens_out_of_range)
 
 enum { CE_SEPARATE, CE_IN_PLACE, CE_LOSS_ONLY };
 
-static void check_ce(int n, int V, mt_cu_dtype dt, int mode)
+static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning *tu)
 {
     const float dscale = 1.0f / 29.0f;
     const int ignore = -100;
@@ -529,7 +569,7 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode)
         dl.base = dl.dev = dev_scratch((size_t)n * V * mt_cu_dtype_size(dt));
         dst = dl.dev;
     }
-    cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, dcount, scratch) == 0);
+    cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, dcount, scratch, tu) == 0);
     double loss;
     int count;
     cr_assert(mt_cu_copy_d2h(&loss, dloss, sizeof loss) == 0 && mt_cu_copy_d2h(&count, dcount, sizeof count) == 0);
@@ -560,7 +600,7 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode)
     if (mode != CE_IN_PLACE) {
         const double zero = 0.0;
         cr_assert(mt_cu_copy_h2d(dloss, &zero, sizeof zero) == 0);
-        cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, NULL, scratch) == 0);
+        cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, NULL, scratch, tu) == 0);
         double loss2;
         cr_assert(mt_cu_copy_d2h(&loss2, dloss, sizeof loss2) == 0);
         cr_assert(loss0 + loss2 == loss, "n %d V %d: the loss differs between runs", n, V);
@@ -582,12 +622,12 @@ Test(cuda_kernels, cross_entropy)
     seed(7);
     const int Vs[] = {1000, 32000, 1001};
     for (int vi = 0; vi < 3; vi++) {
-        check_ce(37, Vs[vi], MT_CU_F32, CE_SEPARATE);
-        check_ce(37, Vs[vi], MT_CU_F32, CE_IN_PLACE);
-        check_ce(37, Vs[vi], MT_CU_BF16, CE_SEPARATE);
-        check_ce(37, Vs[vi], MT_CU_F32, CE_LOSS_ONLY);
+        check_ce(37, Vs[vi], MT_CU_F32, CE_SEPARATE, NULL);
+        check_ce(37, Vs[vi], MT_CU_F32, CE_IN_PLACE, NULL);
+        check_ce(37, Vs[vi], MT_CU_BF16, CE_SEPARATE, NULL);
+        check_ce(37, Vs[vi], MT_CU_F32, CE_LOSS_ONLY, NULL);
     }
-    check_ce(1, 3, MT_CU_F32, CE_SEPARATE);
+    check_ce(1, 3, MT_CU_F32, CE_SEPARATE, NULL);
 }
 
 Test(cuda_kernels, cross_entropy_variants)
@@ -595,23 +635,24 @@ Test(cuda_kernels, cross_entropy_variants)
     NEED_GPU();
     seed(13);
     const int threads[] = {512, 1024, 64};
+    mt_cu_tuning tu;
+    mt_cu_tuning_default(&tu);
     for (int cl = 0; cl < 2; cl++)
         for (int ti = 0; ti < 3; ti++)
             for (int rev = 0; rev < 2; rev++) {
-                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_CLUSTER, cl) == 0);
-                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_THREADS, threads[ti]) == 0);
-                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_REVERSE, rev) == 0);
-                cr_assert(mt_cu_tune(MT_CU_TUNE_CE_SMEM, rev && !cl ? 120 * 1024 : 0) == 0);
-                check_ce(37, 32000, MT_CU_BF16, CE_SEPARATE);
-                check_ce(37, 32000, MT_CU_F32, CE_IN_PLACE);
-                check_ce(37, 1000, MT_CU_F32, CE_LOSS_ONLY);
-                check_ce(37, 1001, MT_CU_F32, CE_SEPARATE);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_CLUSTER, cl) == 0);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_THREADS, threads[ti]) == 0);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_REVERSE, rev) == 0);
+                cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_SMEM, rev && !cl ? 120 * 1024 : 0) == 0);
+                check_ce(37, 32000, MT_CU_BF16, CE_SEPARATE, &tu);
+                check_ce(37, 32000, MT_CU_F32, CE_IN_PLACE, &tu);
+                check_ce(37, 1000, MT_CU_F32, CE_LOSS_ONLY, &tu);
+                check_ce(37, 1001, MT_CU_F32, CE_SEPARATE, &tu);
                 if (ti == 1 && rev == 1) { /* Qwen2's vocabulary: 8 blocks a row in the cluster variant */
-                    check_ce(5, 152064, MT_CU_BF16, CE_SEPARATE);
-                    check_ce(5, 152064, MT_CU_F32, CE_IN_PLACE);
+                    check_ce(5, 152064, MT_CU_BF16, CE_SEPARATE, &tu);
+                    check_ce(5, 152064, MT_CU_F32, CE_IN_PLACE, &tu);
                 }
             }
-    cr_assert(mt_cu_tune(MT_CU_TUNE_DEFAULTS, 0) == 0);
 }
 
 /* ---- elementwise ------------------------------------------------------------------ */
@@ -747,18 +788,33 @@ Test(cuda_kernels, bad_arguments)
 {
     NEED_GPU();
     char scratch_dummy;
-    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 40000, 1e-5f) == -1,
+    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 40000, 1e-5f, NULL) == -1,
               "rows longer than 32768");
-    cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f) == -1,
+    cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f, NULL) == -1,
               "unknown dtype");
     cr_expect(mt_cu_rope(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 7, 0) == -1, "odd head dim");
     cr_expect(mt_cu_rmsnorm_bwd(NULL, NULL, (float *)&scratch_dummy, NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, NULL, 4,
-                                64, 1e-5f, NULL) == -1,
+                                64, 1e-5f, NULL, NULL) == -1,
               "dw without scratch");
     float *lg = mt_cu_alloc(64 * sizeof(float));
     cr_assert(lg);
-    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy) == -1,
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy,
+                                  NULL) == -1,
               "bf16 gradients cannot overwrite fp32 logits");
+    /* a tuning filled by hand with values mt_cu_tuning_set refuses: nothing is launched */
+    mt_cu_tuning bad;
+    mt_cu_tuning_default(&bad);
+    bad.rms_fwd_emin = 3;
+    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, lg, NULL, MT_CU_F32, lg, lg, 1, 64, 1e-5f, &bad) == -1, "bad emin");
+    mt_cu_tuning_default(&bad);
+    bad.rms_bwd_chunks = 0;
+    cr_expect(mt_cu_rmsnorm_bwd(NULL, lg, NULL, lg, MT_CU_F32, lg, MT_CU_F32, lg, NULL, 1, 64, 1e-5f, NULL, &bad) == -1,
+              "no row chunks");
+    mt_cu_tuning_default(&bad);
+    bad.ce_threads = 2048;
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_F32, NULL, NULL, NULL, &scratch_dummy,
+                                  &bad) == -1,
+              "too many threads");
     mt_cu_free(lg);
     cr_expect(mt_cu_sync() == 0, "no error left behind");
 }
