@@ -4,7 +4,8 @@
  *
  *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
- *                    [--host-budget GIB] [--gpu-budget GIB] [--timeline] [--timeline-csv FILE]
+ *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
+ *                    [--timeline-csv FILE]
  *
  * --timeline records each step's timeline (mt_model_timeline) and reports,
  * for every step and for the median one, the fraction of the step during
@@ -78,7 +79,7 @@ int main(int argc, char **argv)
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
     double host_gib = 0, gpu_gib = 0;
-    int timeline = 0;
+    int timeline = 0, full_recompute = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -93,11 +94,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gpu-budget") && v) gpu_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--fp32")) fp32 = 1;
         else if (!strcmp(argv[i], "--timeline")) timeline = 1;
+        else if (!strcmp(argv[i], "--recompute") && v) full_recompute = !strcmp(argv[++i], "full");
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
         else {
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
-                            "[--timeline] [--timeline-csv FILE]\n");
+                            "[--recompute auto|full] [--timeline] [--timeline-csv FILE]\n");
             return 2;
         }
     }
@@ -117,6 +119,7 @@ int main(int argc, char **argv)
     p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
     p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
     p.timeline = (uint32_t)timeline;
+    p.recompute = full_recompute ? MT_RECOMPUTE_FULL : MT_RECOMPUTE_AUTO;
     mt_model *m;
     if (mt_model_create(&m, &c, &p) != MT_OK) {
         fprintf(stderr, "step: %s\n", mt_last_errmsg());

@@ -29,6 +29,7 @@ run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
 run cpu_step build/bench/cpu_step --threads 16
 run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-accum 2 --steps 3 --host-budget 110
 run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --timeline-csv "$OUT/step_7b_visits.csv"
+run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --recompute full --timeline
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
 rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
