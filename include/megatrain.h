@@ -20,6 +20,15 @@
  *   a caller built against a newer header may pass a larger one as long as
  *   the bytes this library does not know are zero (MT_ERR_STRUCT_SIZE
  *   otherwise).
+ * - mt_X_init(p) is defined here, inline, as mt_X_init_sized(p, sizeof *p):
+ *   the size is the caller's, fixed when the caller is compiled, so the
+ *   library never writes past a struct from an older header. The exported
+ *   mt_X_init_sized(p, size) writes exactly size bytes: the first size bytes
+ *   of the defaults (zeros past the fields this library knows) and
+ *   struct_size = size. A size below the struct's first release is written
+ *   all the same and refused with MT_ERR_STRUCT_SIZE by the call that reads
+ *   it; a size below 4 writes nothing. Bindings that cannot use the inline
+ *   functions call mt_X_init_sized with their own struct's size.
  * - Strings returned by the library are owned by it: mt_status_str() and
  *   mt_version_string() live forever, mt_model_errmsg() until the next call
  *   on the same handle or its destruction.
@@ -28,8 +37,8 @@
  *   MT_LOG_WARN and above when none is set).
  * - Thread safety: different models may be used from different threads at
  *   once; one model must not be used by two threads at the same time.
- *   mt_plan, mt_status_str, the *_init functions and the version functions
- *   are safe from any thread.
+ *   mt_plan, mt_status_str, the *_init and *_init_sized functions and the
+ *   version functions are safe from any thread.
  */
 #ifndef MEGATRAIN_H
 #define MEGATRAIN_H
@@ -127,7 +136,7 @@ typedef enum mt_rope_scaling {
 
 /* The shape of a model. Field names follow Hugging Face's config.json. */
 typedef struct mt_model_config {
-    uint32_t struct_size;          /* sizeof(mt_model_config), set by mt_model_config_init */
+    uint32_t struct_size;          /* the caller's sizeof(mt_model_config), set by mt_model_config_init */
     uint32_t arch;                 /* mt_arch */
     uint32_t vocab_size;
     uint32_t hidden_size;
@@ -155,7 +164,11 @@ typedef struct mt_model_config {
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,
  * intermediate 1408, max positions 2048), rms_norm_eps 1e-5, rope_theta 10000,
  * bf16, seed 1, initializer_range 0.02. */
-MT_API void mt_model_config_init(mt_model_config *cfg);
+MT_API void mt_model_config_init_sized(mt_model_config *cfg, uint32_t size);
+static inline void mt_model_config_init(mt_model_config *cfg)
+{
+    mt_model_config_init_sized(cfg, sizeof *cfg);
+}
 
 /* ---- where state lives and what runs it ---------------------------------- */
 
@@ -188,7 +201,7 @@ typedef enum mt_recompute {
 } mt_recompute;
 
 typedef struct mt_offload_policy {
-    uint32_t struct_size;        /* sizeof(mt_offload_policy), set by mt_offload_policy_init */
+    uint32_t struct_size;        /* the caller's sizeof(mt_offload_policy), set by mt_offload_policy_init */
     uint32_t backend;            /* mt_backend */
     int32_t device;              /* CUDA device index */
     uint32_t weight_slots;       /* GPU weight buffers, >= 2 (double buffering) */
@@ -212,7 +225,11 @@ typedef struct mt_offload_policy {
 /* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,
  * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN,
  * no timeline, recompute AUTO. */
-MT_API void mt_offload_policy_init(mt_offload_policy *pol);
+MT_API void mt_offload_policy_init_sized(mt_offload_policy *pol, uint32_t size);
+static inline void mt_offload_policy_init(mt_offload_policy *pol)
+{
+    mt_offload_policy_init_sized(pol, sizeof *pol);
+}
 
 /* ---- optimizer ------------------------------------------------------------ */
 
@@ -224,7 +241,7 @@ typedef enum mt_lr_schedule {
 
 /* AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW. */
 typedef struct mt_optim_config {
-    uint32_t struct_size;  /* sizeof(mt_optim_config), set by mt_optim_config_init */
+    uint32_t struct_size;  /* the caller's sizeof(mt_optim_config), set by mt_optim_config_init */
     uint32_t schedule;     /* mt_lr_schedule */
     float lr;              /* peak learning rate */
     float beta1;
@@ -240,7 +257,11 @@ typedef struct mt_optim_config {
 
 /* Defaults: cosine, lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1,
  * grad_clip 1.0, min_lr_ratio 0.1, warmup 0, total_steps 1000. */
-MT_API void mt_optim_config_init(mt_optim_config *opt);
+MT_API void mt_optim_config_init_sized(mt_optim_config *opt, uint32_t size);
+static inline void mt_optim_config_init(mt_optim_config *opt)
+{
+    mt_optim_config_init_sized(opt, sizeof *opt);
+}
 
 /* The learning rate of `step` (0-based) under `opt`; NaN for an invalid config. */
 MT_API float mt_lr_at(const mt_optim_config *opt, uint64_t step);
@@ -249,18 +270,22 @@ MT_API float mt_lr_at(const mt_optim_config *opt, uint64_t step);
 
 /* The shape of one optimizer step's batch. */
 typedef struct mt_batch_shape {
-    uint32_t struct_size;      /* sizeof(mt_batch_shape), set by mt_batch_shape_init */
+    uint32_t struct_size;      /* the caller's sizeof(mt_batch_shape), set by mt_batch_shape_init */
     uint32_t micro_batch_size; /* sequences per micro-batch */
     uint32_t seq_len;          /* tokens per sequence */
     uint32_t num_micro_batches;/* micro-batches per optimizer step (gradient accumulation) */
 } mt_batch_shape;
 
 /* Defaults: 1 sequence of 1024 tokens, 1 micro-batch. */
-MT_API void mt_batch_shape_init(mt_batch_shape *shape);
+MT_API void mt_batch_shape_init_sized(mt_batch_shape *shape, uint32_t size);
+static inline void mt_batch_shape_init(mt_batch_shape *shape)
+{
+    mt_batch_shape_init_sized(shape, sizeof *shape);
+}
 
 /* Bytes per tier that a model would use, computed without allocating. */
 typedef struct mt_memory_plan {
-    uint32_t struct_size;        /* set by the caller (mt_memory_plan_init) */
+    uint32_t struct_size;        /* the caller's size, set by mt_memory_plan_init */
     uint32_t backend;            /* mt_backend the plan was made for (CPU or CUDA) */
     uint64_t num_params;
     uint64_t host_pinned_bytes;  /* page-locked host memory */
@@ -282,7 +307,11 @@ typedef struct mt_memory_plan {
     uint64_t largest_unit_params;
 } mt_memory_plan;
 
-MT_API void mt_memory_plan_init(mt_memory_plan *plan);
+MT_API void mt_memory_plan_init_sized(mt_memory_plan *plan, uint32_t size);
+static inline void mt_memory_plan_init(mt_memory_plan *plan)
+{
+    mt_memory_plan_init_sized(plan, sizeof *plan);
+}
 
 /* Fills *out for cfg, pol and shape; pol NULL means the defaults, shape NULL
  * plans the model's persistent state alone (what mt_model_create needs).
@@ -325,7 +354,7 @@ MT_API mt_backend mt_model_backend(const mt_model *model);
 /* One optimizer step's tokens: num_micro_batches micro-batches of
  * micro_batch_size sequences of seq_len tokens, laid out in that order. */
 typedef struct mt_batch {
-    uint32_t struct_size;       /* sizeof(mt_batch), set by mt_batch_init */
+    uint32_t struct_size;       /* the caller's sizeof(mt_batch), set by mt_batch_init */
     uint32_t micro_batch_size;
     uint32_t seq_len;
     uint32_t num_micro_batches;
@@ -333,10 +362,14 @@ typedef struct mt_batch {
     const int32_t *targets;     /* same shape: the id to predict at each position, or MT_IGNORE_INDEX */
 } mt_batch;
 
-MT_API void mt_batch_init(mt_batch *batch);
+MT_API void mt_batch_init_sized(mt_batch *batch, uint32_t size);
+static inline void mt_batch_init(mt_batch *batch)
+{
+    mt_batch_init_sized(batch, sizeof *batch);
+}
 
 typedef struct mt_step_stats {
-    uint32_t struct_size;       /* set by the caller (mt_step_stats_init) */
+    uint32_t struct_size;       /* the caller's size, set by mt_step_stats_init */
     uint32_t reserved0;
     uint64_t step;              /* optimizer steps taken, this one included */
     double loss;                /* mean cross-entropy over the step's target tokens */
@@ -353,7 +386,11 @@ typedef struct mt_step_stats {
                                 /* the three add up to seconds */
 } mt_step_stats;
 
-MT_API void mt_step_stats_init(mt_step_stats *stats);
+MT_API void mt_step_stats_init_sized(mt_step_stats *stats, uint32_t size);
+static inline void mt_step_stats_init(mt_step_stats *stats)
+{
+    mt_step_stats_init_sized(stats, sizeof *stats);
+}
 
 /* One optimizer step: forward and backward over every micro-batch, exact
  * global-norm clipping, AdamW with the learning rate of the model's step
@@ -366,7 +403,7 @@ MT_API void mt_step_stats_init(mt_step_stats *stats);
 MT_API mt_status mt_step(mt_model *model, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats);
 
 typedef struct mt_eval_stats {
-    uint32_t struct_size;       /* set by the caller (mt_eval_stats_init) */
+    uint32_t struct_size;       /* the caller's size, set by mt_eval_stats_init */
     uint32_t reserved0;
     double loss;                /* mean cross-entropy over the target tokens */
     uint64_t tokens;
@@ -374,7 +411,11 @@ typedef struct mt_eval_stats {
     double seconds;
 } mt_eval_stats;
 
-MT_API void mt_eval_stats_init(mt_eval_stats *stats);
+MT_API void mt_eval_stats_init_sized(mt_eval_stats *stats, uint32_t size);
+static inline void mt_eval_stats_init(mt_eval_stats *stats)
+{
+    mt_eval_stats_init_sized(stats, sizeof *stats);
+}
 
 /* The loss of the model on batch, without changing anything. */
 MT_API mt_status mt_eval(mt_model *model, const mt_batch *batch, mt_eval_stats *stats);
@@ -407,7 +448,7 @@ typedef enum mt_wait {
 } mt_wait;
 
 typedef struct mt_timeline {
-    uint32_t struct_size;           /* sizeof(mt_timeline), set by mt_timeline_init */
+    uint32_t struct_size;           /* the caller's sizeof(mt_timeline), set by mt_timeline_init */
     uint32_t n_visits;              /* unit visits in the step */
     uint64_t step;                  /* the step recorded (mt_model_step_count after it) */
     double seconds;                 /* wall time of the step */
@@ -429,7 +470,11 @@ typedef struct mt_timeline_visit {
     double wait_seconds[MT_WAIT_COUNT]; /* the compute stream's idle time just before it, by cause */
 } mt_timeline_visit;
 
-MT_API void mt_timeline_init(mt_timeline *timeline);
+MT_API void mt_timeline_init_sized(mt_timeline *timeline, uint32_t size);
+static inline void mt_timeline_init(mt_timeline *timeline)
+{
+    mt_timeline_init_sized(timeline, sizeof *timeline);
+}
 
 /* The timeline of the model's last step: *out, and the first cap visits
  * into visits (may be NULL). MT_ERR_UNSUPPORTED unless the policy's
@@ -465,14 +510,18 @@ MT_API mt_status mt_model_save(mt_model *model, const char *dir);
 /* What a checkpoint carries besides the model and optimizer state: the
  * caller's position in its data and its random state, stored as given. */
 typedef struct mt_checkpoint_info {
-    uint32_t struct_size;      /* sizeof(mt_checkpoint_info), set by mt_checkpoint_info_init */
+    uint32_t struct_size;      /* the caller's sizeof(mt_checkpoint_info), set by mt_checkpoint_info_init */
     uint32_t reserved0;
     uint64_t step;             /* on load: the optimizer steps the model had taken (ignored on save) */
     uint64_t data_position;    /* the caller's, e.g. the next window of an mt_dataset */
     uint64_t rng_state[4];     /* the caller's */
 } mt_checkpoint_info;
 
-MT_API void mt_checkpoint_info_init(mt_checkpoint_info *info);
+MT_API void mt_checkpoint_info_init_sized(mt_checkpoint_info *info, uint32_t size);
+static inline void mt_checkpoint_info_init(mt_checkpoint_info *info)
+{
+    mt_checkpoint_info_init_sized(info, sizeof *info);
+}
 
 /* Saves everything a bit-identical resume needs into dir/step-NNNNNNNN/
  * (config.json, model.safetensors with the fp32 master weights, which
@@ -507,7 +556,7 @@ typedef enum mt_split {
 } mt_split;
 
 typedef struct mt_dataset_options {
-    uint32_t struct_size;      /* sizeof(mt_dataset_options), set by mt_dataset_options_init */
+    uint32_t struct_size;      /* the caller's sizeof(mt_dataset_options), set by mt_dataset_options_init */
     uint32_t format;           /* mt_token_format */
     uint32_t vocab_size;       /* token ids >= this are refused at open; 0: no check */
     uint32_t seq_len;          /* tokens per training sequence; a window holds seq_len + 1 tokens */
@@ -517,7 +566,11 @@ typedef struct mt_dataset_options {
 } mt_dataset_options;
 
 /* Defaults: AUTO format, no vocabulary check, seq_len 1024, 1% held out, seed 1. */
-MT_API void mt_dataset_options_init(mt_dataset_options *opt);
+MT_API void mt_dataset_options_init_sized(mt_dataset_options *opt, uint32_t size);
+static inline void mt_dataset_options_init(mt_dataset_options *opt)
+{
+    mt_dataset_options_init_sized(opt, sizeof *opt);
+}
 
 /* A memory-mapped token file cut into windows of seq_len + 1 tokens (stride
  * seq_len). Training windows are visited in a seeded random order that is

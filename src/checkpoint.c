@@ -32,12 +32,7 @@
 #define STATE_VERSION 1
 #define KEEP 2 /* checkpoints kept */
 
-void mt_checkpoint_info_init(mt_checkpoint_info *info)
-{
-    if (!info) return;
-    memset(info, 0, sizeof *info);
-    info->struct_size = sizeof *info;
-}
+void mt_checkpoint_info_init_sized(mt_checkpoint_info *info, uint32_t size) { mt_struct_init(info, size, NULL, 0); }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {

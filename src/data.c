@@ -46,16 +46,16 @@ struct mt_dataset {
 
 /* ---- options ------------------------------------------------------------ */
 
-void mt_dataset_options_init(mt_dataset_options *o)
+void mt_dataset_options_init_sized(mt_dataset_options *p, uint32_t size)
 {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->struct_size = sizeof *o;
-    o->format = MT_TOKENS_AUTO;
-    o->vocab_size = 0;
-    o->seq_len = 1024;
-    o->heldout_fraction = 0.01f;
-    o->seed = 1;
+    mt_dataset_options o;
+    memset(&o, 0, sizeof o);
+    o.format = MT_TOKENS_AUTO;
+    o.vocab_size = 0;
+    o.seq_len = 1024;
+    o.heldout_fraction = 0.01f;
+    o.seed = 1;
+    mt_struct_init(p, size, &o, sizeof o);
 }
 
 static mt_status dataset_import(mt_err err, mt_dataset_options *o, const mt_dataset_options *src)

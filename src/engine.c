@@ -385,12 +385,7 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, ui
 
 uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }
 
-void mt_timeline_init(mt_timeline *t)
-{
-    if (!t) return;
-    memset(t, 0, sizeof *t);
-    t->struct_size = sizeof *t;
-}
+void mt_timeline_init_sized(mt_timeline *t, uint32_t size) { mt_struct_init(t, size, NULL, 0); }
 
 mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap)
 {
@@ -413,23 +408,8 @@ mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *vi
     return mt_copy_out(err, out, &tl, sizeof tl, sizeof tl, "mt_timeline");
 }
 
-void mt_batch_init(mt_batch *b)
-{
-    if (!b) return;
-    memset(b, 0, sizeof *b);
-    b->struct_size = sizeof *b;
-}
+void mt_batch_init_sized(mt_batch *b, uint32_t size) { mt_struct_init(b, size, NULL, 0); }
 
-void mt_step_stats_init(mt_step_stats *s)
-{
-    if (!s) return;
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
-}
+void mt_step_stats_init_sized(mt_step_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }
 
-void mt_eval_stats_init(mt_eval_stats *s)
-{
-    if (!s) return;
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
-}
+void mt_eval_stats_init_sized(mt_eval_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }

@@ -50,6 +50,12 @@ mt_status mt_copy_in(mt_err err, void *dst, size_t dst_size, const void *src, si
  * size in its first field; fields the caller does not know are dropped. */
 mt_status mt_copy_out(mt_err err, void *dst, const void *src, size_t src_size, size_t min_size, const char *what);
 
+/* The body of every mt_X_init_sized: writes exactly `size` bytes at p (a
+ * caller's struct of that size): the first `size` bytes of `defaults` (the
+ * library's struct, `known` bytes; NULL: all zeros), zeros past them, and
+ * struct_size = size. NULL p or a size below 4 writes nothing. */
+void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known);
+
 /* Validated copies of the public option structs. */
 mt_status mt_config_import(mt_err err, mt_model_config *dst, const mt_model_config *src);
 mt_status mt_policy_import(mt_err err, mt_offload_policy *dst, const mt_offload_policy *src);

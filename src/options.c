@@ -53,77 +53,98 @@ mt_status mt_copy_out(mt_err err, void *dst, const void *src, size_t src_size, s
 
 /* ---- defaults ---------------------------------------------------------- */
 
-void mt_model_config_init(mt_model_config *c)
+/* A caller's size ends at a field: no public struct has tail padding (reserved
+ * fields fill it), so a field appended later never lands in padding that an
+ * older caller's size covers. */
+#define NO_TAIL_PADDING(T, last) \
+    _Static_assert(sizeof(T) == offsetof(T, last) + sizeof(((T *)0)->last), #T " has tail padding")
+NO_TAIL_PADDING(mt_model_config, reserved0);
+NO_TAIL_PADDING(mt_offload_policy, reserved1);
+NO_TAIL_PADDING(mt_optim_config, reserved0);
+NO_TAIL_PADDING(mt_batch_shape, num_micro_batches);
+NO_TAIL_PADDING(mt_memory_plan, largest_unit_params);
+NO_TAIL_PADDING(mt_batch, targets);
+NO_TAIL_PADDING(mt_step_stats, optimizer_seconds);
+NO_TAIL_PADDING(mt_eval_stats, seconds);
+NO_TAIL_PADDING(mt_timeline, d2h_bytes);
+NO_TAIL_PADDING(mt_checkpoint_info, rng_state);
+NO_TAIL_PADDING(mt_dataset_options, seed);
+
+void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known)
 {
-    if (!c) return;
-    memset(c, 0, sizeof *c);
-    c->struct_size = sizeof *c;
-    c->arch = MT_ARCH_LLAMA;
-    c->vocab_size = 32000;
-    c->hidden_size = 512;
-    c->intermediate_size = 1408;
-    c->num_hidden_layers = 8;
-    c->num_attention_heads = 8;
-    c->num_key_value_heads = 8;
-    c->max_position_embeddings = 2048;
-    c->rms_norm_eps = 1e-5f;
-    c->rope_theta = 10000.0f;
-    c->rope_scaling = MT_ROPE_SCALING_NONE;
-    c->rope_factor = 8.0f;
-    c->rope_low_freq_factor = 1.0f;
-    c->rope_high_freq_factor = 4.0f;
-    c->rope_original_max_position = 8192;
-    c->precision = MT_PRECISION_BF16;
-    c->seed = 1;
-    c->initializer_range = 0.02f;
+    if (!p || size < sizeof size) return;
+    memset(p, 0, size);
+    if (defaults) memcpy(p, defaults, MT_MIN((size_t)size, known));
+    memcpy(p, &size, sizeof size);
 }
 
-void mt_offload_policy_init(mt_offload_policy *p)
+void mt_model_config_init_sized(mt_model_config *p, uint32_t size)
 {
-    if (!p) return;
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->backend = MT_BACKEND_AUTO;
-    p->weight_slots = 2;
-    p->numa_node = -1;
-    p->activations = MT_PLACE_AUTO;
-    p->pin_host = MT_PIN_AUTO;
-    p->log_level = MT_LOG_WARN;
+    mt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = MT_ARCH_LLAMA;
+    c.vocab_size = 32000;
+    c.hidden_size = 512;
+    c.intermediate_size = 1408;
+    c.num_hidden_layers = 8;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 2048;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.rope_scaling = MT_ROPE_SCALING_NONE;
+    c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.0f;
+    c.rope_high_freq_factor = 4.0f;
+    c.rope_original_max_position = 8192;
+    c.precision = MT_PRECISION_BF16;
+    c.seed = 1;
+    c.initializer_range = 0.02f;
+    mt_struct_init(p, size, &c, sizeof c);
 }
 
-void mt_optim_config_init(mt_optim_config *o)
+void mt_offload_policy_init_sized(mt_offload_policy *p, uint32_t size)
 {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->struct_size = sizeof *o;
-    o->schedule = MT_LR_COSINE;
-    o->lr = 3e-4f;
-    o->beta1 = 0.9f;
-    o->beta2 = 0.95f;
-    o->eps = 1e-8f;
-    o->weight_decay = 0.1f;
-    o->grad_clip = 1.0f;
-    o->min_lr_ratio = 0.1f;
-    o->warmup_steps = 0;
-    o->total_steps = 1000;
+    mt_offload_policy d;
+    memset(&d, 0, sizeof d);
+    d.backend = MT_BACKEND_AUTO;
+    d.weight_slots = 2;
+    d.numa_node = -1;
+    d.activations = MT_PLACE_AUTO;
+    d.pin_host = MT_PIN_AUTO;
+    d.log_level = MT_LOG_WARN;
+    d.recompute = MT_RECOMPUTE_AUTO;
+    mt_struct_init(p, size, &d, sizeof d);
 }
 
-void mt_batch_shape_init(mt_batch_shape *s)
+void mt_optim_config_init_sized(mt_optim_config *p, uint32_t size)
 {
-    if (!s) return;
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
-    s->micro_batch_size = 1;
-    s->seq_len = 1024;
-    s->num_micro_batches = 1;
+    mt_optim_config o;
+    memset(&o, 0, sizeof o);
+    o.schedule = MT_LR_COSINE;
+    o.lr = 3e-4f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.1f;
+    o.grad_clip = 1.0f;
+    o.min_lr_ratio = 0.1f;
+    o.warmup_steps = 0;
+    o.total_steps = 1000;
+    mt_struct_init(p, size, &o, sizeof o);
 }
 
-void mt_memory_plan_init(mt_memory_plan *p)
+void mt_batch_shape_init_sized(mt_batch_shape *p, uint32_t size)
 {
-    if (!p) return;
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
+    mt_batch_shape s;
+    memset(&s, 0, sizeof s);
+    s.micro_batch_size = 1;
+    s.seq_len = 1024;
+    s.num_micro_batches = 1;
+    mt_struct_init(p, size, &s, sizeof s);
 }
+
+void mt_memory_plan_init_sized(mt_memory_plan *p, uint32_t size) { mt_struct_init(p, size, NULL, 0); }
 
 /* ---- validation ---------------------------------------------------------- */
 

@@ -249,6 +249,227 @@ Test(api, policy_of_the_first_size_is_accepted)
     mt_model_destroy(m);
 }
 
+/* ---- the *_init functions ---------------------------------------------------- */
+
+#define CANARY 0xA5
+
+/* A caller's struct at the start of a buffer whose other bytes are the
+ * caller's neighbours: the library must not touch them. */
+typedef union {
+    mt_offload_policy pol;
+    mt_step_stats stats;
+    uint64_t align;
+    unsigned char bytes[512];
+} init_buf;
+
+static void canary_fill(init_buf *b) { memset(b->bytes, CANARY, sizeof b->bytes); }
+
+/* struct_size is `size` and no byte past the caller's `size` bytes changed. */
+static void assert_written_exactly(const init_buf *b, uint32_t size)
+{
+    uint32_t got;
+    memcpy(&got, b->bytes, sizeof got);
+    cr_assert_eq(got, size, "struct_size %u, the caller's size is %u", got, size);
+    for (size_t i = size; i < sizeof b->bytes; i++)
+        cr_assert_eq(b->bytes[i], CANARY, "byte %zu past the caller's %u-byte struct was written", i, size);
+}
+
+/* The inline mt_X_init is mt_X_init_sized with the caller's sizeof; every
+ * byte is written (two different fillings end equal). */
+#define ASSERT_INIT_IS_SIZED(T)                                                                               \
+    do {                                                                                                      \
+        union { T s; unsigned char b[sizeof(T)]; } x, y;                                                     \
+        memset(&x, 0x5A, sizeof x);                                                                           \
+        memset(&y, 0xC3, sizeof y);                                                                           \
+        T##_init(&x.s);                                                                                       \
+        T##_init_sized(&y.s, (uint32_t)sizeof y.s);                                                           \
+        cr_assert_eq(memcmp(x.b, y.b, sizeof x.b), 0, #T "_init and " #T "_init_sized differ");              \
+        cr_assert_eq(x.s.struct_size, sizeof(T), #T);                                                         \
+    } while (0)
+
+Test(api, init_is_init_sized_with_the_callers_size)
+{
+    ASSERT_INIT_IS_SIZED(mt_model_config);
+    ASSERT_INIT_IS_SIZED(mt_offload_policy);
+    ASSERT_INIT_IS_SIZED(mt_optim_config);
+    ASSERT_INIT_IS_SIZED(mt_batch_shape);
+    ASSERT_INIT_IS_SIZED(mt_memory_plan);
+    ASSERT_INIT_IS_SIZED(mt_batch);
+    ASSERT_INIT_IS_SIZED(mt_step_stats);
+    ASSERT_INIT_IS_SIZED(mt_eval_stats);
+    ASSERT_INIT_IS_SIZED(mt_timeline);
+    ASSERT_INIT_IS_SIZED(mt_checkpoint_info);
+    ASSERT_INIT_IS_SIZED(mt_dataset_options);
+}
+
+/* For sizes smaller than, equal to and larger than the library's: exactly
+ * `size` bytes written, the defaults' first bytes, zeros past them. */
+#define ASSERT_INIT_SIZED_WRITES_EXACTLY(T)                                                                   \
+    do {                                                                                                      \
+        T full;                                                                                               \
+        T##_init(&full);                                                                                      \
+        const uint32_t sizes[] = {4, 8, (uint32_t)sizeof(T) / 2 / 4 * 4, (uint32_t)sizeof(T),                 \
+                                  (uint32_t)sizeof(T) + 8, (uint32_t)sizeof(T) + 40};                         \
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {                                         \
+            const uint32_t size = sizes[k];                                                                   \
+            init_buf b;                                                                                       \
+            canary_fill(&b);                                                                                  \
+            T##_init_sized((T *)b.bytes, size);                                                               \
+            assert_written_exactly(&b, size);                                                                 \
+            const size_t known = size < sizeof(T) ? size : sizeof(T);                                         \
+            cr_assert_eq(memcmp(b.bytes + 4, (const unsigned char *)&full + 4, known - 4), 0,                 \
+                         #T ": the first %u bytes are not the defaults'", size);                              \
+            for (size_t i = known; i < size; i++)                                                             \
+                cr_assert_eq(b.bytes[i], 0, #T ": byte %zu of a %u-byte struct is not zero", i, size);        \
+        }                                                                                                     \
+        init_buf b;                                                                                           \
+        canary_fill(&b);                                                                                      \
+        for (uint32_t size = 0; size < 4; size++) {                                                           \
+            T##_init_sized((T *)b.bytes, size);                                                               \
+            for (size_t i = 0; i < sizeof b.bytes; i++)                                                       \
+                cr_assert_eq(b.bytes[i], CANARY, #T ": a %u-byte size wrote byte %zu", size, i);              \
+        }                                                                                                     \
+        T##_init_sized(NULL, (uint32_t)sizeof(T));                                                            \
+    } while (0)
+
+Test(api, init_sized_writes_exactly_the_callers_size)
+{
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_model_config);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_offload_policy);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_optim_config);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_batch_shape);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_memory_plan);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_batch);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_step_stats);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_eval_stats);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_timeline);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_checkpoint_info);
+    ASSERT_INIT_SIZED_WRITES_EXACTLY(mt_dataset_options);
+}
+
+/* A caller built against the first mt_offload_policy (it ended at
+ * abort_user_data) initialises its struct through the newer library: the
+ * library writes none of the caller's neighbouring bytes, and never reads
+ * them as recompute or reserved1. */
+Test(api, policy_init_of_the_first_size)
+{
+    const uint32_t first = (uint32_t)offsetof(mt_offload_policy, recompute);
+    init_buf b;
+    canary_fill(&b);
+    mt_offload_policy_init_sized(&b.pol, first);
+    assert_written_exactly(&b, first);
+    cr_assert_eq(b.pol.backend, MT_BACKEND_AUTO);
+    cr_assert_eq(b.pol.device, 0);
+    cr_assert_eq(b.pol.weight_slots, 2);
+    cr_assert_eq(b.pol.gpu_budget_bytes, 0);
+    cr_assert_eq(b.pol.host_budget_bytes, 0);
+    cr_assert_eq(b.pol.numa_node, -1);
+    cr_assert_eq(b.pol.optimizer_threads, 0);
+    cr_assert_eq(b.pol.activations, MT_PLACE_AUTO);
+    cr_assert_eq(b.pol.pin_host, MT_PIN_AUTO);
+    cr_assert_null(b.pol.log_callback);
+    cr_assert_eq(b.pol.log_level, MT_LOG_WARN);
+    cr_assert_eq(b.pol.timeline, 0);
+    cr_assert_null(b.pol.abort_callback);
+    cr_assert_null(b.pol.abort_user_data);
+    b.pol.backend = MT_BACKEND_CPU;
+    b.pol.log_level = MT_LOG_ERROR;
+    mt_model_config c = tiny_config();
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &b.pol), MT_OK, "%s", mt_last_errmsg());
+    mt_model_destroy(m);
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan(&plan, &c, &b.pol, NULL), MT_OK, "%s", mt_last_errmsg());
+    assert_written_exactly(&b, first);
+}
+
+/* A caller built against a newer header: the tail this library does not
+ * know is zeroed, which it accepts. */
+Test(api, policy_init_of_a_newer_callers_size)
+{
+    const uint32_t newer = (uint32_t)sizeof(mt_offload_policy) + 24;
+    init_buf b;
+    canary_fill(&b);
+    mt_offload_policy_init_sized(&b.pol, newer);
+    assert_written_exactly(&b, newer);
+    for (size_t i = sizeof(mt_offload_policy); i < newer; i++) cr_assert_eq(b.bytes[i], 0, "tail byte %zu", i);
+    cr_assert_eq(b.pol.weight_slots, 2);
+    cr_assert_eq(b.pol.recompute, MT_RECOMPUTE_AUTO);
+    b.pol.backend = MT_BACKEND_CPU;
+    b.pol.log_level = MT_LOG_ERROR;
+    mt_model_config c = tiny_config();
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &b.pol), MT_OK, "%s", mt_last_errmsg());
+    mt_model_destroy(m);
+}
+
+/* A size below the first release is written and then refused, with the
+ * size in the message. */
+Test(api, policy_init_of_a_size_below_the_first_release)
+{
+    init_buf b;
+    canary_fill(&b);
+    mt_offload_policy_init_sized(&b.pol, 8);
+    assert_written_exactly(&b, 8);
+    mt_model_config c = tiny_config();
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &b.pol), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_last_errmsg(), "mt_offload_policy.struct_size is 8"), "message: %s", mt_last_errmsg());
+    cr_assert_null(m);
+}
+
+/* The output struct mt_step_stats (its first release is its size today):
+ * mt_step writes up to the caller's size and keeps its struct_size. */
+Test(api, step_stats_init_sized)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+    enum { S = 8 };
+    int32_t tok[S], tg[S];
+    for (int i = 0; i < S; i++) tok[i] = (i * 7 + 3) % 64;
+    for (int i = 0; i < S; i++) tg[i] = tok[(i + 1) % S];
+    mt_batch batch;
+    mt_batch_init(&batch);
+    batch.micro_batch_size = 1;
+    batch.seq_len = S;
+    batch.num_micro_batches = 1;
+    batch.tokens = tok;
+    batch.targets = tg;
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+
+    const uint32_t first = (uint32_t)sizeof(mt_step_stats);
+    init_buf b;
+    canary_fill(&b);
+    mt_step_stats_init_sized(&b.stats, first);
+    assert_written_exactly(&b, first);
+    for (size_t i = 4; i < first; i++) cr_assert_eq(b.bytes[i], 0, "byte %zu", i);
+    cr_assert_eq(mt_step(m, &batch, &o, &b.stats), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert_eq(b.stats.step, 1);
+    cr_assert_eq(b.stats.tokens, S);
+    assert_written_exactly(&b, first);
+
+    const uint32_t newer = first + 16;
+    canary_fill(&b);
+    mt_step_stats_init_sized(&b.stats, newer);
+    assert_written_exactly(&b, newer);
+    cr_assert_eq(mt_step(m, &batch, &o, &b.stats), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert_eq(b.stats.step, 2);
+    assert_written_exactly(&b, newer);
+    for (size_t i = first; i < newer; i++) cr_assert_eq(b.bytes[i], 0, "tail byte %zu", i);
+
+    canary_fill(&b);
+    mt_step_stats_init_sized(&b.stats, 8);
+    cr_assert_eq(mt_step(m, &batch, &o, &b.stats), MT_ERR_STRUCT_SIZE);
+    cr_assert(strstr(mt_model_errmsg(m), "mt_step_stats.struct_size is 8"), "message: %s", mt_model_errmsg(m));
+    cr_assert_eq(mt_model_step_count(m), 2, "a refused step changes nothing");
+    assert_written_exactly(&b, 8);
+    mt_model_destroy(m);
+}
+
 /* ---- budgets -------------------------------------------------------------------- */
 
 static unsigned long vm_size_kb(void)
