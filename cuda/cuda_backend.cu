@@ -24,10 +24,12 @@
 // Checkpoints L-1 and L are still on the device when the backward starts and
 // never travel.
 //
-// Attention outputs (and their log-sum-exps) of every layer and micro-batch
-// are kept on the device when they fit, beside device checkpoints: the
-// backward's recompute then skips the attention forward, ~8% of a Llama-2-7B
-// step at 4096 tokens a sequence. The policy's recompute FULL turns it off.
+// Beside device checkpoints, some of each layer's activations for every
+// micro-batch are kept on the device when they fit (policy recompute AUTO),
+// so that the backward's recompute does less: level KEEP_ATTN keeps the
+// attention output and its log-sum-exp (the recompute skips the attention
+// forward), level KEEP_H also the residual after attention (it skips the
+// output projection too). The largest level that fits the budget is taken.
 //
 // Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
 // KV = Hkv*D, F MLP width, V vocabulary, L layers.
@@ -48,6 +50,7 @@ extern "C" { // the library's own (C) headers
 #include <time.h>
 
 #define MAX_SLOTS 16
+enum { KEEP_NONE, KEEP_ATTN, KEEP_H };
 #define LOGITS_CHUNK_BYTES (256u << 20) // the head's fp32 logits per chunk
 
 struct cu_be {
@@ -70,9 +73,10 @@ struct cu_be {
     void *stage[2]; // bf16 gradients on their way to the host
     void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host two rows (2, n_micro, T, C)
     int ck_host;    // checkpoints 0 .. L-2 live in pinned host memory (ck_pinned)
-    int keep_attn;  // attention outputs kept for the backward (att_keep, lse_keep)
+    int keep;       // KEEP_*: activations kept for the backward
     void *att_keep; // (L, n_micro, T, Q)
     float *lse_keep;// (L, n_micro, T, H)
+    void *h_keep;   // (L, n_micro, T, C)
     void *ck_pinned;// (L-1, n_micro, T, C) on the host
     cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
@@ -285,18 +289,24 @@ static void *ck_at(cu_be *b, int idx, int mb)
 
 static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size_t)idx * ck_row_bytes(b); }
 
-// Where layer unit's attention output and log-sum-exp for micro-batch mb go:
-// kept for the backward, or the one layer's buffers.
-static void *att_of(cu_be *b, int unit, int mb)
-{
-    if (!b->keep_attn) return b->att;
-    return (char *)b->att_keep + ((size_t)(unit - 1) * b->shape.n_micro + mb) * b->T * b->Q * b->es;
-}
+// Where layer unit's activations for micro-batch mb live: kept for the
+// backward, or the one layer's buffers.
+typedef struct layer_acts {
+    void *att;  // attention output (T, Q)
+    float *lse; // its log-sum-exp (T, H)
+    void *h;    // the residual after attention (T, C)
+} layer_acts;
 
-static float *lse_of(cu_be *b, int unit, int mb)
+static layer_acts acts_of(cu_be *b, int unit, int mb)
 {
-    if (!b->keep_attn) return b->lse;
-    return b->lse_keep + ((size_t)(unit - 1) * b->shape.n_micro + mb) * b->T * b->H;
+    const size_t i = (size_t)(unit - 1) * b->shape.n_micro + mb, T = (size_t)b->T;
+    layer_acts a = {b->att, b->lse, b->h};
+    if (b->keep >= KEEP_ATTN) {
+        a.att = (char *)b->att_keep + i * T * b->Q * b->es;
+        a.lse = b->lse_keep + i * T * b->H;
+    }
+    if (b->keep >= KEEP_H) a.h = (char *)b->h_keep + i * T * b->C * b->es;
+    return a;
 }
 
 // ---- set-up ------------------------------------------------------------------------------
@@ -311,7 +321,7 @@ static void free_device(cu_be *b)
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
     b->ck_host = 0;
-    b->keep_attn = 0;
+    b->keep = KEEP_NONE;
     memset(&b->shape, 0, sizeof b->shape);
 }
 
@@ -385,8 +395,10 @@ static void layout_buffers(cu_be *b, carver *c)
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
     b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
-    b->att_keep = b->keep_attn ? carve(c, (size_t)b->L * M * T * Q * es) : NULL;
-    b->lse_keep = b->keep_attn ? (float *)carve(c, (size_t)b->L * M * T * (size_t)b->H * 4) : NULL;
+    const size_t LM = (size_t)b->L * M;
+    b->att_keep = b->keep >= KEEP_ATTN ? carve(c, LM * T * Q * es) : NULL;
+    b->lse_keep = b->keep >= KEEP_ATTN ? (float *)carve(c, LM * T * (size_t)b->H * 4) : NULL;
+    b->h_keep = b->keep >= KEEP_H ? carve(c, LM * T * C * es) : NULL;
     b->tokens = (int32_t *)carve(c, M * T * 4);
     b->targets = (int32_t *)carve(c, M * T * 4);
     b->pos = (int32_t *)carve(c, T * 4);
@@ -470,7 +482,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
     carver c = {NULL, 0};
     b->ck_host = 0;
-    b->keep_attn = 0;
+    b->keep = KEEP_NONE;
     layout_buffers(b, &c);
     const uint32_t place = b->m->pol.activations;
     if (s->want_grad && b->L >= 2 &&
@@ -479,16 +491,18 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         c.off = 0;
         layout_buffers(b, &c);
     }
-    // kept attention outputs where they fit, leaving the device a margin when no budget was set
-    const size_t base = c.off;
+    // the most kept activations that fit, leaving the device a margin when no budget was set
     if (s->want_grad && !b->ck_host && b->m->pol.recompute == MT_RECOMPUTE_AUTO) {
-        b->keep_attn = 1;
-        c.off = 0;
-        layout_buffers(b, &c);
         const size_t margin = b->m->pol.gpu_budget_bytes ? 0 : (size_t)512 << 20;
-        if (c.off + 256 > budget || c.off + 256 + margin > free_b) {
-            b->keep_attn = 0;
-            c.off = base;
+        for (int k = KEEP_H; k > KEEP_NONE; k--) {
+            carver t = {NULL, 0};
+            b->keep = k;
+            layout_buffers(b, &t);
+            if (t.off + 256 <= budget && t.off + 256 + margin <= free_b) {
+                c.off = t.off;
+                break;
+            }
+            b->keep = KEEP_NONE;
         }
     }
     const size_t need = c.off + 256;
@@ -544,7 +558,9 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     b->gbuf = 0;
     mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s",
            mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len,
-           b->keep_attn ? ", attention outputs kept for the backward" : "",
+           b->keep == KEEP_H   ? ", attention outputs and residuals kept for the backward"
+           : b->keep == KEEP_ATTN ? ", attention outputs kept for the backward"
+                                  : "",
            ck_host ? ", activation checkpoints in pinned host memory: " : "",
            ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "");
     return MT_OK;
@@ -646,13 +662,13 @@ static void bind_f32(float **w, float *block, const mt_unit_desc *u)
 
 // ---- a decoder layer ---------------------------------------------------------------------------
 
-// x (T, C) -> out (T, C), keeping in b what the backward needs; the
-// attention output and log-sum-exp go to att and lse. The backward's
-// recompute passes out NULL: the down projection (a quarter of the layer's
-// GEMM FLOPs in a Llama) only makes the output, never read there; and
-// with run_attn 0 it finds att and lse kept from the forward.
-static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, void *att, float *lse, int run_attn)
+// x (T, C) -> out (T, C), keeping in b and in *a what the backward needs.
+// The backward's recompute passes out NULL: the down projection (a quarter
+// of the layer's GEMM FLOPs in a Llama) only makes the output, never read
+// there; and it skips what the forward kept (b->keep).
+static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, const layer_acts *a)
 {
+    const int recompute = out == NULL;
     const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
     const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
     const size_t es = b->es;
@@ -662,28 +678,29 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, vo
     linear(b, b->v, at, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, KV, 0.0f);
     OK(b, mt_cu_rope(b->comp, b->dt, b->q, b->pos, b->inv_freq, T, b->H, b->D, 0), "rope");
     OK(b, mt_cu_rope(b->comp, b->dt, b->k, b->pos, b->inv_freq, T, b->Hkv, b->D, 0), "rope");
-    if (run_attn) {
-        int rc = mt_cuattn_forward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, att, lse, b->q,
-                                   b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H, b->Hkv, b->D, scale);
+    if (!recompute || b->keep < KEEP_ATTN) {
+        int rc = mt_cuattn_forward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, a->att, a->lse,
+                                   b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H, b->Hkv, b->D, scale);
         if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
     }
     // h = x + att Wo^T, out = h + silu(xn2 Wg^T) * (xn2 Wu^T) Wd^T: the residual adds inside the GEMMs
-    CU(b, cudaMemcpyAsync(b->h, x, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
-    linear(b, b->h, at, att, w[MT_T_O], NULL, T, Q, C, 1.0f);
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, b->h, w[MT_T_MLP_NORM], T, C, eps, NULL),
+    if (!recompute || b->keep < KEEP_H) {
+        CU(b, cudaMemcpyAsync(a->h, x, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
+        linear(b, a->h, at, a->att, w[MT_T_O], NULL, T, Q, C, 1.0f);
+    }
+    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, a->h, w[MT_T_MLP_NORM], T, C, eps, NULL),
        "rmsnorm");
     linear(b, b->g, at, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0.0f);
     linear(b, b->u, at, b->xn2, w[MT_T_UP], NULL, T, C, F, 0.0f);
     OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)T * F), "swiglu");
     if (!out) return;
-    CU(b, cudaMemcpyAsync(out, b->h, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
+    CU(b, cudaMemcpyAsync(out, a->h, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
     linear(b, out, at, b->a, w[MT_T_DOWN], NULL, T, F, C, 1.0f);
 }
 
 // After layer_forward(x): dy (T, C) fp32 holds the output gradient and gets
 // the input gradient; weight gradients add into gw.
-static void layer_backward(cu_be *b, void *const *w, float *const *gw, const void *x, float *dy, const void *att,
-                           const float *lse)
+static void layer_backward(cu_be *b, void *const *w, float *const *gw, const void *x, float *dy, const layer_acts *a)
 {
     const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
     const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
@@ -697,15 +714,15 @@ static void layer_backward(cu_be *b, void *const *w, float *const *gw, const voi
     linear_dx(b, b->dxn, MT_GEMM_F32, b->du, w[MT_T_UP], T, C, F, 1.0f);
     linear_dw(b, gw[MT_T_GATE], b->dg, b->xn2, T, C, F);
     linear_dw(b, gw[MT_T_UP], b->du, b->xn2, T, C, F);
-    OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_MLP_NORM], b->dxn, b->dt, b->h, b->dt, w[MT_T_MLP_NORM], b->rstd2, T,
+    OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_MLP_NORM], b->dxn, b->dt, a->h, b->dt, w[MT_T_MLP_NORM], b->rstd2, T,
                             C, eps, rs, NULL),
        "rmsnorm backward");
     // h = x + att Wo^T
     OK(b, mt_cu_convert(b->comp, b->dt, b->dy_act, MT_CU_F32, dy, (size_t)T * C), "convert");
     linear_dx(b, b->datt, at, b->dy_act, w[MT_T_O], T, Q, C, 0.0f);
-    linear_dw(b, gw[MT_T_O], b->dy_act, att, T, Q, C);
+    linear_dw(b, gw[MT_T_O], b->dy_act, a->att, T, Q, C);
     int rc = mt_cuattn_backward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, b->dq, b->dk, b->dv,
-                                b->datt, att, lse, b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H,
+                                b->datt, a->att, a->lse, b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H,
                                 b->Hkv, b->D, scale, b->attn_ws, b->attn_ws_bytes);
     if (rc && !b->failed)
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
@@ -733,12 +750,14 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     void *w[MT_T_ROLE_COUNT];
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     const int r = unit % 2;
-    if (unit == 0)
+    if (unit == 0) {
         OK(b, mt_cu_embedding(b->comp, b->dt, ck_at(b, 0, mb), b->tokens + (size_t)mb * b->T, b->dt, w[MT_T_EMBED],
                               b->T, b->C, b->V),
            "embedding");
-    else
-        layer_forward(b, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), att_of(b, unit, mb), lse_of(b, unit, mb), 1);
+    } else {
+        const layer_acts a = acts_of(b, unit, mb);
+        layer_forward(b, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
+    }
     if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->L - 2) { // to the host, behind the next unit
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->ck_row_done[r], 0));
@@ -767,10 +786,9 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
     bind(w, b->slots[slot], unit_desc(b, unit), b->es);
     bind_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
     const void *x = ck_at(b, unit - 1, mb);
-    void *att = att_of(b, unit, mb);
-    float *lse = lse_of(b, unit, mb);
-    layer_forward(b, w, x, NULL, att, lse, !b->keep_attn);
-    layer_backward(b, w, gw, x, dy, att, lse);
+    const layer_acts a = acts_of(b, unit, mb);
+    layer_forward(b, w, x, NULL, &a);
+    layer_backward(b, w, gw, x, dy, &a);
 }
 
 // ---- the head ------------------------------------------------------------------------------
