@@ -2,7 +2,7 @@
  * TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq * tokens) / time
  * (the recompute not counted), median over the timed steps after one warm-up.
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE]
@@ -62,6 +62,7 @@ static int preset(mt_model_config *c, const char *name)
         {"1.5b", 32000, 2048, 5632, 32, 32, 4, 0},      /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
         {"7b", 32000, 4096, 11008, 32, 32, 32, 0},      /* Llama-2-7B */
         {"qwen7b", 152064, 3584, 18944, 28, 28, 4, 1},  /* Qwen2.5-7B */
+        {"8b", 128256, 4096, 14336, 32, 32, 8, 0},      /* Llama-3-8B: 8.03 B, 112 GB of state */
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (!strcmp(name, p[i].name)) {
@@ -79,12 +80,13 @@ int main(int argc, char **argv)
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
     double host_gib = 0, gpu_gib = 0;
-    int timeline = 0, full_recompute = 0;
+    int timeline = 0, full_recompute = 0, layers = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
         else if (!strcmp(argv[i], "--preset") && v) pre = argv[++i];
+        else if (!strcmp(argv[i], "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seq-len") && v) S = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--micro-batch") && v) B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--grad-accum") && v) M = atoi(argv[++i]);
@@ -97,7 +99,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--recompute") && v) full_recompute = !strcmp(argv[++i], "full");
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b] [--seq-len N] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE]\n");
             return 2;
@@ -105,10 +107,11 @@ int main(int argc, char **argv)
     }
     mt_model_config c;
     mt_model_config_init(&c);
-    if (preset(&c, pre) || steps < 1 || S < 2 || B < 1 || M < 1) {
+    if (preset(&c, pre) || steps < 1 || S < 2 || B < 1 || M < 1 || layers < 0) {
         fprintf(stderr, "step: bad arguments\n");
         return 2;
     }
+    if (layers) c.num_hidden_layers = (uint32_t)layers; /* the preset's layer shape, fewer of them (profiling) */
     c.max_position_embeddings = (uint32_t)S;
     c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
     mt_offload_policy p;

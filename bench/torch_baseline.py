@@ -88,6 +88,7 @@ PRESETS = {
     "1.5b": ("llama", 32000, 2048, 5632, 32, 32, 4),
     "7b": ("llama", 32000, 4096, 11008, 32, 32, 32),  # Llama-2-7B
     "qwen7b": ("qwen2", 152064, 3584, 18944, 28, 28, 4),  # Qwen2.5-7B: q/k/v bias
+    "8b": ("llama", 128256, 4096, 14336, 32, 32, 8),  # Llama-3-8B
 }
 SYSTEMS = {"gpu": "pytorch-gpu", "fsdp2": "pytorch-fsdp2-cpuoffload"}
 GIB = 1 << 30
