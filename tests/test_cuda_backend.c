@@ -31,18 +31,30 @@ static mt_model_config cfg_of(int precision, int bias, int tied, int head_dim)
     return c;
 }
 
-static mt_model *make(const mt_model_config *c, int backend, int slots)
+/* The model, or the test skipped where there is no CUDA device. */
+static mt_model *make_with(const mt_model_config *c, const mt_offload_policy *p)
+{
+    mt_model *m = NULL;
+    mt_status st = mt_model_create(&m, c, p);
+    if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+static mt_offload_policy quiet_policy(int backend)
 {
     mt_offload_policy p;
     mt_offload_policy_init(&p);
     p.backend = (uint32_t)backend;
-    p.weight_slots = (uint32_t)slots;
     p.log_level = MT_LOG_ERROR;
-    mt_model *m = NULL;
-    mt_status st = mt_model_create(&m, c, &p);
-    if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
-    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
-    return m;
+    return p;
+}
+
+static mt_model *make(const mt_model_config *c, int backend, int slots)
+{
+    mt_offload_policy p = quiet_policy(backend);
+    p.weight_slots = (uint32_t)slots;
+    return make_with(c, &p);
 }
 
 static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed)
@@ -225,14 +237,9 @@ Test(cuda_backend, host_checkpoints_are_bit_identical)
     c.num_hidden_layers = 5; /* checkpoints 0..3 travel, 4 and 5 stay */
     mt_model *m[2];
     for (int i = 0; i < 2; i++) {
-        mt_offload_policy p;
-        mt_offload_policy_init(&p);
-        p.backend = MT_BACKEND_CUDA;
+        mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
         p.activations = i ? MT_PLACE_HOST : MT_PLACE_DEVICE;
-        p.log_level = MT_LOG_ERROR;
-        mt_status st = mt_model_create(&m[i], &c, &p);
-        if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
-        cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+        m[i] = make_with(&c, &p);
         train(m[i], 3);
     }
     cr_assert(tiles_equal(m[0], m[1]), "host and device checkpoints give the same bits");
@@ -253,16 +260,10 @@ static void timeline_of(int place)
     mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
     c.num_hidden_layers = 4;
     const int L = 4;
-    mt_offload_policy p;
-    mt_offload_policy_init(&p);
-    p.backend = MT_BACKEND_CUDA;
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
     p.activations = (uint32_t)place;
     p.timeline = 1;
-    p.log_level = MT_LOG_ERROR;
-    mt_model *m;
-    mt_status st = mt_model_create(&m, &c, &p);
-    if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
-    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    mt_model *m = make_with(&c, &p);
     enum { B = 2, S = 64, MB = 2, N = B * S * MB };
     int32_t tok[N], tg[N];
     mt_optim_config o;
@@ -338,16 +339,12 @@ Test(cuda_backend, kept_attention_is_bit_identical)
     c.num_hidden_layers = 3;
     mt_model *m[2];
     for (int i = 0; i < 2; i++) {
-        mt_offload_policy p;
-        mt_offload_policy_init(&p);
-        p.backend = MT_BACKEND_CUDA;
+        mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
         p.recompute = i ? MT_RECOMPUTE_FULL : MT_RECOMPUTE_AUTO;
         p.log_level = MT_LOG_INFO;
         p.log_callback = note_kept;
         p.log_user_data = &kept[i];
-        mt_status st = mt_model_create(&m[i], &c, &p);
-        if (st == MT_ERR_NO_DEVICE) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
-        cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+        m[i] = make_with(&c, &p);
         train(m[i], 3);
     }
     cr_assert(kept[0] == 2 && !kept[1], "AUTO keeps attention outputs and residuals (%d), FULL nothing (%d)", kept[0],
