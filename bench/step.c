@@ -1,9 +1,10 @@
 /* Whole optimizer steps on a model shape, any backend: tokens/s and model
  * TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq * tokens) / time
- * (the recompute not counted), median over the timed steps after one warm-up.
+ * (the recompute not counted), median over the timed steps after the warm-up
+ * steps (1 unless --warmup says otherwise; 0 for runs whose one step takes minutes).
  *
  *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N]
- *                    [--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K]
+ *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE]
  *
@@ -80,7 +81,7 @@ int main(int argc, char **argv)
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
     double host_gib = 0, gpu_gib = 0;
-    int timeline = 0, full_recompute = 0, layers = 0;
+    int timeline = 0, full_recompute = 0, layers = 0, warmup = 1;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -91,6 +92,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--micro-batch") && v) B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--grad-accum") && v) M = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--slots") && v) slots = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-budget") && v) host_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--gpu-budget") && v) gpu_gib = atof(argv[++i]);
@@ -100,14 +102,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
         else {
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N] "
-                            "[--micro-batch N] [--grad-accum N] [--steps N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
+                            "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE]\n");
             return 2;
         }
     }
     mt_model_config c;
     mt_model_config_init(&c);
-    if (preset(&c, pre) || steps < 1 || S < 2 || B < 1 || M < 1 || layers < 0) {
+    if (preset(&c, pre) || steps < 1 || warmup < 0 || S < 2 || B < 1 || M < 1 || layers < 0) {
         fprintf(stderr, "step: bad arguments\n");
         return 2;
     }
@@ -145,17 +147,17 @@ int main(int argc, char **argv)
     mt_optim_config o;
     mt_optim_config_init(&o);
     o.lr = 1e-5f;
-    for (int s = 0; s <= steps; s++) {
+    for (int s = 1 - warmup; s <= steps; s++) {
         mt_step_stats st;
         mt_step_stats_init(&st);
         if (mt_step(m, &b, &o, &st) != MT_OK) {
             fprintf(stderr, "step: %s\n", mt_model_errmsg(m));
             return 1;
         }
-        if (s) t[s - 1] = st.seconds, fwd += st.forward_seconds, bwd += st.backward_seconds, opt += st.optimizer_seconds;
+        if (s > 0) t[s - 1] = st.seconds, fwd += st.forward_seconds, bwd += st.backward_seconds, opt += st.optimizer_seconds;
         printf("step %d: %.3f s (forward %.3f, backward %.3f, optimizer %.3f), loss %.4f\n", s, st.seconds,
                st.forward_seconds, st.backward_seconds, st.optimizer_seconds, st.loss);
-        if (timeline && s) {
+        if (timeline && s > 0) {
             mt_timeline_init(&tls[s - 1]);
             if (mt_model_timeline(m, &tls[s - 1], vis + (size_t)(s - 1) * n_visits, n_visits) != MT_OK) {
                 fprintf(stderr, "step: %s\n", mt_model_errmsg(m));
