@@ -65,8 +65,17 @@ CLI := bin/megatrain
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
 .PHONY: all test memcheck check demo setup install uninstall clean check-exports
 
+# Objects compiled for one CUDA setting are stale for the other (the CPU-only
+# stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
+# rebuilds them.
+CONFIG_STAMP := build/config-cuda$(CUDA).stamp
+$(CONFIG_STAMP):
+	@mkdir -p build
+	@rm -f build/config-cuda*.stamp
+	@touch $@
+
 # -- library ------------------------------------------------------------
-build/src/%.o: src/%.c Makefile
+build/src/%.o: src/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
 
@@ -92,18 +101,18 @@ $(PCFILE): pkgconfig/megatrain.pc.in include/megatrain.h Makefile
 	$(PC_SED) $< > $@
 
 # -- tests, benchmarks, CLI (linked statically so tests reach internals) ---
-build/tests/%.o: tests/%.c Makefile
+build/tests/%.o: tests/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(TEST_BIN): $(TEST_SRC:tests/%.c=build/tests/%.o) $(STLIB)
 	$(CC) -pthread -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
 
-build/bench/%: bench/%.c $(STLIB)
+build/bench/%: bench/%.c $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
 
-build/tools/%.o: tools/megatrain/%.c Makefile
+build/tools/%.o: tools/megatrain/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
