@@ -111,14 +111,9 @@ extern "C" void mt_gemm_destroy(mt_gemm *g)
 
 static cudaDataType_t cuda_type(int t) { return t == MT_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
-#define MAX_CANDIDATES 16
-
-// The product with the algorithm cached for its shape (candidate < 0; the
-// heuristic's first choice on first use), or with the heuristic's
-// candidate-th choice, uncached (*n_found: how many it offered).
-static int run(mt_gemm *g, void *stream, int candidate, int *n_found, int transA, int transB, int M, int N, int K,
-               int ab_type, const void *A, const void *B, int c_type, void *C, float beta, const void *bias, char *why,
-               size_t why_len)
+extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int M, int N, int K, int ab_type,
+                           const void *A, const void *B, int c_type, void *C, float beta, const void *bias, char *why,
+                           size_t why_len)
 {
     // column-major view: D^T[N,M] = opB'[N,K] * opA'[K,M]
     const cublasOperation_t ta = transB ? CUBLAS_OP_T : CUBLAS_OP_N; // first operand: B
@@ -146,32 +141,24 @@ static int run(mt_gemm *g, void *stream, int candidate, int *n_found, int transA
     {
         const int key[9] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL};
         cublasLtMatmulAlgo_t *algo = NULL;
-        for (int i = 0; candidate < 0 && i < g->n_cached && !algo; i++)
+        for (int i = 0; i < g->n_cached && !algo; i++)
             if (!memcmp(g->cache[i].key, key, sizeof key)) algo = &g->cache[i].algo;
-        cublasLtMatmulHeuristicResult_t res[MAX_CANDIDATES];
+        cublasLtMatmulHeuristicResult_t res;
         if (!algo) {
             size_t ws = WORKSPACE_BYTES;
             int found = 0;
-            const int want = candidate < 0 ? 1 : MAX_CANDIDATES;
             if (g->pref_create(&pref) ||
                 g->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
-                g->heuristic(g->handle, desc, la, lb, lc, lc, pref, want, res, &found) || found == 0) {
+                g->heuristic(g->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) || found == 0) {
                 say(why, why_len, "%s%s", "cuBLASLt has no algorithm for this product", "");
                 goto out;
             }
-            if (n_found) *n_found = found;
-            if (candidate >= found) {
-                say(why, why_len, "%s%s", "cuBLASLt offered fewer candidates", "");
-                goto out;
-            }
-            if (candidate >= 0) {
-                algo = &res[candidate].algo;
-            } else if (g->n_cached < CACHE) {
+            if (g->n_cached < CACHE) {
                 memcpy(g->cache[g->n_cached].key, key, sizeof key);
-                g->cache[g->n_cached].algo = res[0].algo;
+                g->cache[g->n_cached].algo = res.algo;
                 algo = &g->cache[g->n_cached++].algo;
             } else {
-                algo = &res[0].algo;
+                algo = &res.algo;
             }
         }
         cublasStatus_t s = g->matmul(g->handle, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, algo, g->workspace,
@@ -191,23 +178,4 @@ out:
     if (la) g->layout_destroy(la);
     if (desc) g->desc_destroy(desc);
     return rc;
-}
-
-extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int M, int N, int K, int ab_type,
-                           const void *A, const void *B, int c_type, void *C, float beta, const void *bias, char *why,
-                           size_t why_len)
-{
-    return run(g, stream, -1, NULL, transA, transB, M, N, K, ab_type, A, B, c_type, C, beta, bias, why, why_len);
-}
-
-extern "C" int mt_gemm_run_candidate(mt_gemm *g, void *stream, int candidate, int *n_found, int transA, int transB,
-                                     int M, int N, int K, int ab_type, const void *A, const void *B, int c_type,
-                                     void *C, float beta, const void *bias, char *why, size_t why_len)
-{
-    if (candidate < 0 || candidate >= MAX_CANDIDATES) {
-        say(why, why_len, "%s%s", "candidate out of range", "");
-        return -1;
-    }
-    return run(g, stream, candidate, n_found, transA, transB, M, N, K, ab_type, A, B, c_type, C, beta, bias, why,
-               why_len);
 }

@@ -30,13 +30,6 @@ size_t mt_gemm_device_bytes(void);
 int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int M, int N, int K, int ab_type, const void *A,
                 const void *B, int c_type, void *C, float beta, const void *bias, char *why, size_t why_len);
 
-/* For benchmarks: the same product with cuBLASLt's candidate-th heuristic
- * choice (0 is what mt_gemm_run uses for the shape), not cached; *n_found
- * (may be NULL) receives how many candidates it offered (at most 16). */
-int mt_gemm_run_candidate(mt_gemm *g, void *stream, int candidate, int *n_found, int transA, int transB, int M, int N,
-                          int K, int ab_type, const void *A, const void *B, int c_type, void *C, float beta,
-                          const void *bias, char *why, size_t why_len);
-
 #ifdef __cplusplus
 }
 #endif
