@@ -25,6 +25,7 @@ run gpu_tests build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
 run tests build/tests/mt_tests --jobs 8
 run demo bin/megatrain train --out "$OUT/demo-model"
 run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/megatrain train --steps 3 --log-every 1 --out $OUT/san && compute-sanitizer --tool racecheck bin/megatrain train --steps 2 --log-every 1 --out $OUT/san"
+run profile_layer tools/profile-layer.sh
 run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
 run cpu_step build/bench/cpu_step --threads 16
 run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-accum 2 --steps 3 --host-budget 110
@@ -40,3 +41,4 @@ grep -h 'held-out\|trained in\|backend' "$OUT/demo.log" 2>/dev/null
 grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY' "$OUT/sanitizer.log" | head
 grep -h -A5 'Gparam' "$OUT/adamw.log" | head -8
 grep -h 'tokens/s\|median step' "$OUT"/cpu_step.log "$OUT"/step_*.log 2>/dev/null
+grep -h 'kernels, .* ms in all' "$OUT"/profile_layer.log 2>/dev/null
