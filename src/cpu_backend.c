@@ -7,7 +7,6 @@
  * KV = Hkv*D, F MLP width, V vocabulary. */
 #include "backend.h"
 #include "adamw.h"
-#include "bf16.h"
 #include "cpu_ops.h"
 #include "model.h"
 
@@ -135,28 +134,15 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
     if (targets) memcpy(b->targets + (size_t)mb * b->T, targets, (size_t)b->T * sizeof *targets);
 }
 
-/* Copies n weights of a tile block (bf16, or fp32 in fp32 mode) into a slot. */
-typedef struct copy_job { float *dst; const uint16_t *bf16; const float *f32; size_t n; } copy_job;
-
-#define COPY_CHUNK 65536
-
-static void copy_task(void *ctx, size_t task, int thread)
-{
-    (void)thread;
-    const copy_job *j = ctx;
-    size_t lo = task * COPY_CHUNK, hi = MT_MIN(lo + COPY_CHUNK, j->n);
-    if (j->bf16)
-        for (size_t i = lo; i < hi; i++) j->dst[i] = mt_bf16_to_f32(j->bf16[i]);
-    else
-        memcpy(j->dst + lo, j->f32 + lo, (hi - lo) * sizeof(float));
-}
-
+/* A unit's weights into a slot in fp32: from the tile's bf16 block, or in
+ * fp32 mode from the master. */
 static void copy_unit(cpu_be *b, float *dst, int unit)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
-    copy_job j = {dst, mt_tile_weights_bf16(t, u), mt_tile_master(t, u), u->padded};
-    mt_pool_run(b->m->pool, (j.n + COPY_CHUNK - 1) / COPY_CHUNK, copy_task, &j);
+    const uint16_t *w = mt_tile_weights_bf16(t, u);
+    if (w) mt_cpu_convert(b->m->pool, dst, 0, w, 1, u->padded);
+    else mt_cpu_convert(b->m->pool, dst, 0, mt_tile_master(t, u), 0, u->padded);
 }
 
 static void cpu_load_weights(mt_be *be, int slot, int unit)
@@ -316,19 +302,6 @@ static void cpu_begin_grads(mt_be *be, int unit)
     if (unit == b->L + 1 && b->tied_acc) memset(b->tied_acc, 0, unit_desc(b, 0)->padded * sizeof(float));
 }
 
-typedef struct send_job { const float *src; uint16_t *bf16; float *f32; size_t n; } send_job;
-
-static void send_task(void *ctx, size_t task, int thread)
-{
-    (void)thread;
-    const send_job *j = ctx;
-    size_t lo = task * COPY_CHUNK, hi = MT_MIN(lo + COPY_CHUNK, j->n);
-    if (j->bf16)
-        for (size_t i = lo; i < hi; i++) j->bf16[i] = mt_f32_to_bf16(j->src[i]);
-    else
-        memcpy(j->f32 + lo, j->src + lo, (hi - lo) * sizeof(float));
-}
-
 static void cpu_send_grads(mt_be *be, int unit)
 {
     cpu_be *b = (cpu_be *)be;
@@ -337,8 +310,9 @@ static void cpu_send_grads(mt_be *be, int unit)
     const float *src = unit == 0 && b->tied_acc ? b->tied_acc : b->acc;
     b->sumsq += mt_sumsq_f32(b->m->pool, src, u->padded);
     /* bf16 mode: into the weight block, which this step no longer reads */
-    send_job j = {src, mt_tile_weights_bf16(t, u), mt_tile_grad_f32(t, u), u->padded};
-    mt_pool_run(b->m->pool, (j.n + COPY_CHUNK - 1) / COPY_CHUNK, send_task, &j);
+    uint16_t *w = mt_tile_weights_bf16(t, u);
+    if (w) mt_cpu_convert(b->m->pool, w, 1, src, 0, u->padded);
+    else mt_cpu_convert(b->m->pool, mt_tile_grad_f32(t, u), 0, src, 0, u->padded);
 }
 
 static mt_status cpu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err)

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "cpu_ops.h"
 
 #define ATT_BQ 48 /* query rows per attention block (a multiple of every GEMM MR) */
@@ -678,4 +679,38 @@ void mt_cpu_add(mt_pool *p, float *y, const float *a, const float *b, size_t n)
 {
     add_args args = {y, a, b, n, n_tasks(p, n, 1 << 15)};
     mt_pool_run(p, args.nt, add_task, &args);
+}
+
+/* ---- precision changes ------------------------------------------------------------- */
+
+typedef struct {
+    void *y;
+    const void *x;
+    int y_bf16, x_bf16;
+    size_t n, nt;
+} convert_args;
+
+static void convert_task(void *ctx, size_t task, int thread)
+{
+    const convert_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
+    if (a->x_bf16 && !a->y_bf16) {
+        const uint16_t *x = a->x;
+        float *y = a->y;
+        for (size_t i = lo; i < hi; i++) y[i] = mt_bf16_to_f32(x[i]);
+    } else if (!a->x_bf16 && a->y_bf16) {
+        const float *x = a->x;
+        uint16_t *y = a->y;
+        for (size_t i = lo; i < hi; i++) y[i] = mt_f32_to_bf16(x[i]);
+    } else {
+        const size_t es = a->x_bf16 ? 2 : 4;
+        memcpy((char *)a->y + lo * es, (const char *)a->x + lo * es, (hi - lo) * es);
+    }
+}
+
+void mt_cpu_convert(mt_pool *p, void *y, int y_bf16, const void *x, int x_bf16, size_t n)
+{
+    convert_args args = {y, x, y_bf16 != 0, x_bf16 != 0, n, n_tasks(p, n, 1 << 16)};
+    mt_pool_run(p, args.nt, convert_task, &args);
 }

@@ -159,4 +159,8 @@ double mt_cpu_cross_entropy(mt_pool *p, float *logits, const int32_t *targets, i
 /* y = a + b (y may alias a or b).  y, a, b (n) */
 void mt_cpu_add(mt_pool *p, float *y, const float *a, const float *b, size_t n);
 
+/* y = x with a change of precision: each of y and x is bf16 (uint16_t) when
+ * its flag is set, else fp32; fp32 to bf16 rounds to nearest even.  y, x (n) */
+void mt_cpu_convert(mt_pool *p, void *y, int y_bf16, const void *x, int x_bf16, size_t n);
+
 #endif

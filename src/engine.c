@@ -12,7 +12,7 @@
  * whatever the number of micro-batches. */
 #include "adamw.h"
 #include "backend.h"
-#include "bf16.h"
+#include "cpu_ops.h"
 #include "engine.h"
 #include "plan.h"
 #include "sysinfo.h"
@@ -205,23 +205,13 @@ static void stage_tokens(mt_model *m, const mt_batch *b)
 
 /* After a failed step in bf16 mode the weight blocks hold gradients: put
  * the weights back from the master copy. */
-typedef struct restore_job { const float *master; uint16_t *w; size_t n; } restore_job;
-
-static void restore_task(void *ctx, size_t task, int thread)
-{
-    (void)thread;
-    const restore_job *j = ctx;
-    size_t lo = task * 65536, hi = MT_MIN(lo + 65536, j->n);
-    for (size_t i = lo; i < hi; i++) j->w[i] = mt_f32_to_bf16(j->master[i]);
-}
-
 static void restore_weights(mt_model *m)
 {
     for (int ui = 0; ui < m->layout.n_units; ui++) {
         const mt_unit_desc *u = &m->layout.units[ui];
         const mt_tile *tl = &m->tiles.tile[ui];
-        restore_job j = {mt_tile_master(tl, u), mt_tile_weights_bf16(tl, u), u->padded};
-        if (j.w) mt_pool_run(m->pool, (j.n + 65535) / 65536, restore_task, &j);
+        uint16_t *w = mt_tile_weights_bf16(tl, u);
+        if (w) mt_cpu_convert(m->pool, w, 1, mt_tile_master(tl, u), 0, u->padded);
     }
 }
 
