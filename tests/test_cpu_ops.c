@@ -22,6 +22,7 @@
 
 #include "bf16.h"
 #include "cpu_ops.h"
+#include "rng.h"
 
 #define FD_H 1e-2
 #define FD_TOL 1e-3
@@ -29,17 +30,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_state;
-
-static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
-
-static uint64_t next_u64(void) /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static float uniform(void) { return (float)((double)(next_u64() >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f; }
 

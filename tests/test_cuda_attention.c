@@ -40,20 +40,10 @@
 
 #ifdef MT_HAVE_CUDA
 #include "../cuda/attention.h"
+#include "rng.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_state;
-
-static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
-
-static uint64_t next_u64(void) /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static double uniform01(void) { return ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0; }
 

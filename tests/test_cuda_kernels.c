@@ -28,6 +28,7 @@
 #include "adamw.h"
 #include "bf16.h"
 #include "cpu_ops.h"
+#include "rng.h"
 
 #define U24 5.9604644775390625e-08 /* 2^-24 */
 #define BF16_TOL 3.90625e-03       /* 2^-8 */
@@ -39,17 +40,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_state;
-
-static void seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
-
-static uint64_t next_u64(void) /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* uniform in [lo, hi) */
 static float uni(float lo, float hi)
