@@ -41,6 +41,7 @@ extern "C" { // the library's own (C) headers
 #include "backend.h"
 #include "cpu_ops.h" // mt_rope_inv_freq: the same frequencies as the CPU backend
 #include "model.h"
+#include "plan.h" // the MLP's pieces and the head's chunks, by the plan's rules
 }
 
 #include <cuda_runtime.h>
@@ -51,7 +52,6 @@ extern "C" { // the library's own (C) headers
 
 #define MAX_SLOTS 16
 enum { KEEP_NONE, KEEP_ATTN, KEEP_H };
-#define LOGITS_CHUNK_BYTES (256u << 20) // the head's fp32 logits per chunk
 
 struct cu_be {
     mt_be base;
@@ -61,6 +61,7 @@ struct cu_be {
     mt_cu_dtype dt;
     size_t es; // bytes per activation element
     int chunk; // head tokens per chunk
+    int FT;    // MLP tokens per piece: T, or fewer when T * F elements would not fit MT_MLP_PIECE_BYTES
     mt_gemm *gemm;
     cudaStream_t h2d, comp, d2h;
     cudaEvent_t slot_loaded[MAX_SLOTS], slot_free[MAX_SLOTS], grad_ready[2], grad_sent[2];
@@ -411,9 +412,10 @@ static void layout_buffers(cu_be *b, carver *c)
     b->lse = (float *)carve(c, T * (size_t)b->H * 4);
     b->h = carve(c, T * C * es);
     b->xn2 = carve(c, T * C * es);
-    b->g = carve(c, T * F * es);
-    b->u = carve(c, T * F * es);
-    b->a = carve(c, T * F * es);
+    const size_t FT = (size_t)b->FT;
+    b->g = carve(c, FT * F * es);
+    b->u = carve(c, FT * F * es);
+    b->a = carve(c, FT * F * es);
     b->scratch_out = carve(c, T * C * es);
     b->rstd1 = (float *)carve(c, T * 4);
     b->rstd2 = (float *)carve(c, T * 4);
@@ -432,9 +434,9 @@ static void layout_buffers(cu_be *b, carver *c)
         }
         b->dx = (float *)carve(c, M * T * C * 4);
         b->dy_act = carve(c, T * C * es);
-        b->da = carve(c, T * F * es);
-        b->dg = carve(c, T * F * es);
-        b->du = carve(c, T * F * es);
+        b->da = carve(c, FT * F * es);
+        b->dg = carve(c, FT * F * es);
+        b->du = carve(c, FT * F * es);
         b->datt = carve(c, T * Q * es);
         b->dq = carve(c, T * Q * es);
         b->dk = carve(c, T * KV * es);
@@ -448,6 +450,15 @@ static void layout_buffers(cu_be *b, carver *c)
         red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(b->T, b->Q));
     }
     b->red_scratch = carve(c, red);
+}
+
+// Tokens per MLP piece (plan.h): a 262144-token micro-batch of the
+// Llama-2-7B shape would otherwise need six 5.4 GiB buffers, and T * F
+// elements past 2^31.
+static int mlp_piece_tokens(const cu_be *b)
+{
+    if (b->m->mlp_piece_tokens) return MT_MIN(b->T, (int)b->m->mlp_piece_tokens);
+    return (int)mt_plan_mlp_piece_tokens((uint64_t)b->T, (uint64_t)b->F, b->es);
 }
 
 static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
@@ -468,7 +479,8 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     b->F = (int)cfg->intermediate_size;
     b->V = (int)cfg->vocab_size;
     b->L = (int)cfg->num_hidden_layers;
-    b->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)b->T, LOGITS_CHUNK_BYTES / ((size_t)b->V * 4)));
+    b->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)b->T, MT_LOGITS_CHUNK_BYTES / ((size_t)b->V * 4)));
+    b->FT = mlp_piece_tokens(b);
     if (b->D != 32 && b->D != 64 && b->D != 128)
         return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend's attention supports head_dim 32, 64 and 128, not %d",
                        b->D);
@@ -662,10 +674,23 @@ static void bind_f32(float **w, float *block, const mt_unit_desc *u)
 
 // ---- a decoder layer ---------------------------------------------------------------------------
 
+// g, u and a = silu(g) * u for the n tokens from t0 of xn2: one MLP piece.
+static void mlp_up(cu_be *b, void *const *w, int t0, int n)
+{
+    const int C = b->C, F = b->F, at = act_gemm_type(b);
+    const void *xn = (const char *)b->xn2 + (size_t)t0 * C * b->es;
+    linear(b, b->g, at, xn, w[MT_T_GATE], NULL, n, C, F, 0.0f);
+    linear(b, b->u, at, xn, w[MT_T_UP], NULL, n, C, F, 0.0f);
+    OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)n * F), "swiglu");
+}
+
 // x (T, C) -> out (T, C), keeping in b and in *a what the backward needs.
-// The backward's recompute passes out NULL: the down projection (a quarter
-// of the layer's GEMM FLOPs in a Llama) only makes the output, never read
-// there; and it skips what the forward kept (b->keep).
+// The MLP runs in pieces of b->FT tokens (one piece below 2 GiB buffers).
+// The backward's recompute passes out NULL: it stops at the MLP's input,
+// since layer_backward recomputes each MLP piece just before its backward,
+// without the down projection (a quarter of the layer's GEMM FLOPs in a
+// Llama), which only makes the output; and it skips what the forward kept
+// (b->keep).
 static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, const layer_acts *a)
 {
     const int recompute = out == NULL;
@@ -690,12 +715,13 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, co
     }
     OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, a->h, w[MT_T_MLP_NORM], T, C, eps, NULL),
        "rmsnorm");
-    linear(b, b->g, at, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0.0f);
-    linear(b, b->u, at, b->xn2, w[MT_T_UP], NULL, T, C, F, 0.0f);
-    OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)T * F), "swiglu");
-    if (!out) return;
+    if (!out) return; // the backward recomputes the MLP piece by piece
     CU(b, cudaMemcpyAsync(out, a->h, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
-    linear(b, out, at, b->a, w[MT_T_DOWN], NULL, T, F, C, 1.0f);
+    for (int t0 = 0; t0 < T; t0 += b->FT) {
+        const int n = MT_MIN(b->FT, T - t0);
+        mlp_up(b, w, t0, n);
+        linear(b, (char *)out + (size_t)t0 * C * es, at, b->a, w[MT_T_DOWN], NULL, n, F, C, 1.0f);
+    }
 }
 
 // After layer_forward(x): dy (T, C) fp32 holds the output gradient and gets
@@ -705,15 +731,22 @@ static void layer_backward(cu_be *b, void *const *w, float *const *gw, const voi
     const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
     const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
     void *rs = b->red_scratch;
-    // out = h + a Wd^T
+    // out = h + a Wd^T, piece by piece: the MLP's forward again, then its backward
     OK(b, mt_cu_convert(b->comp, b->dt, b->dy_act, MT_CU_F32, dy, (size_t)T * C), "convert");
-    linear_dx(b, b->da, at, b->dy_act, w[MT_T_DOWN], T, F, C, 0.0f);
-    linear_dw(b, gw[MT_T_DOWN], b->dy_act, b->a, T, F, C);
-    OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, b->dg, b->du, b->da, b->g, b->u, (size_t)T * F), "swiglu backward");
-    linear_dx(b, b->dxn, MT_GEMM_F32, b->dg, w[MT_T_GATE], T, C, F, 0.0f);
-    linear_dx(b, b->dxn, MT_GEMM_F32, b->du, w[MT_T_UP], T, C, F, 1.0f);
-    linear_dw(b, gw[MT_T_GATE], b->dg, b->xn2, T, C, F);
-    linear_dw(b, gw[MT_T_UP], b->du, b->xn2, T, C, F);
+    for (int t0 = 0; t0 < T; t0 += b->FT) {
+        const int n = MT_MIN(b->FT, T - t0);
+        const void *dyp = (const char *)b->dy_act + (size_t)t0 * C * b->es;
+        const void *xn = (const char *)b->xn2 + (size_t)t0 * C * b->es;
+        float *dxn = b->dxn + (size_t)t0 * C;
+        mlp_up(b, w, t0, n);
+        linear_dx(b, b->da, at, dyp, w[MT_T_DOWN], n, F, C, 0.0f);
+        linear_dw(b, gw[MT_T_DOWN], dyp, b->a, n, F, C);
+        OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, b->dg, b->du, b->da, b->g, b->u, (size_t)n * F), "swiglu backward");
+        linear_dx(b, dxn, MT_GEMM_F32, b->dg, w[MT_T_GATE], n, C, F, 0.0f);
+        linear_dx(b, dxn, MT_GEMM_F32, b->du, w[MT_T_UP], n, C, F, 1.0f);
+        linear_dw(b, gw[MT_T_GATE], b->dg, xn, n, C, F);
+        linear_dw(b, gw[MT_T_UP], b->du, xn, n, C, F);
+    }
     OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_MLP_NORM], b->dxn, b->dt, a->h, b->dt, w[MT_T_MLP_NORM], b->rstd2, T,
                             C, eps, rs, NULL),
        "rmsnorm backward");

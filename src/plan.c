@@ -36,22 +36,44 @@ uint64_t mt_plan_checkpoint_bytes(const mt_model_config *c, uint64_t T)
     return ((uint64_t)c->num_hidden_layers + 1) * T * c->hidden_size * act_bytes(c);
 }
 
-uint64_t mt_plan_layer_work_bytes(const mt_model_config *c, uint64_t T)
+uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es)
 {
-    const uint64_t C = c->hidden_size, F = c->intermediate_size;
-    const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
+    const uint64_t row = F * es;
+    if (T * row <= MT_MLP_PIECE_BYTES) return T;
+    for (uint64_t pieces = (T * row + MT_MLP_PIECE_BYTES - 1) / MT_MLP_PIECE_BYTES;; pieces++) {
+        const uint64_t ft = MT_MIN(T, ((T + pieces - 1) / pieces + 127) / 128 * 128);
+        if (ft * row <= MT_MLP_PIECE_BYTES || ft <= 128) return ft;
+    }
+}
+
+uint64_t mt_plan_layer_work_bytes(const mt_model_config *c, uint64_t T, uint32_t n_micro, mt_backend backend)
+{
+    const uint64_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
+    const uint64_t q = H * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
+    if (backend == MT_BACKEND_CUDA) {
+        /* cuda_backend.cu, layout_buffers(): in activation precision the
+         * normed inputs, residual, output scratch and output gradient (5C),
+         * q and the attention output and their gradients (4q), k, v and
+         * theirs (4kv), and one MLP piece's gate, up, activation and their
+         * gradients (6F); in fp32 the log-sum-exp and the attention
+         * backward's workspace (2H), two norm scales, the normed inputs'
+         * gradient (C) and the residual stream's gradient of every
+         * micro-batch (n_micro C). */
+        const uint64_t es = act_bytes(c), FT = mt_plan_mlp_piece_tokens(T, F, es);
+        return es * (T * (5 * C + 4 * q + 4 * kv) + 6 * FT * F) + 4 * T * (2 * H + 2 + C + (uint64_t)n_micro * C);
+    }
     /* Saved while one layer's forward is recomputed and differentiated:
      * normed inputs (2C), q k v (q + 2kv), attention output (q), residual (C),
      * gate, up, activation (3F); their gradients need about as much again,
      * with one live at a time per branch (C + q + 2kv + 2F). Kept in fp32. */
     uint64_t saved = 3 * C + 2 * q + 2 * kv + 3 * F;
     uint64_t grads = 2 * C + q + 2 * kv + 2 * F;
-    uint64_t lse = (uint64_t)c->num_attention_heads; /* per token */
+    uint64_t lse = H; /* per token */
     return T * (saved + grads + lse) * 4;
 }
 
-/* Logits are computed in chunks of this many tokens, so the head never holds
- * a T x V tensor. */
+/* The CPU backend computes the logits in chunks of this many tokens, so the
+ * head never holds a T x V tensor. */
 #define HEAD_CHUNK_TOKENS 1024
 
 mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *cfg, const mt_offload_policy *pol,
@@ -74,10 +96,15 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *
     if (shape) {
         const uint64_t T = (uint64_t)shape->micro_batch_size * shape->seq_len;
         checkpoints = mt_plan_checkpoint_bytes(cfg, T) * shape->num_micro_batches;
+        /* a logits chunk in fp32, and on the GPU its gradient in activation precision */
+        const uint64_t chunk = backend == MT_BACKEND_CUDA
+                                   ? MT_MIN(T, MT_MAX(1, MT_LOGITS_CHUNK_BYTES / ((uint64_t)cfg->vocab_size * 4)))
+                                   : MT_MIN(T, HEAD_CHUNK_TOKENS);
         workspace = (uint64_t)pol->weight_slots * lo->largest_unit_padded * slot_elem /* weight slots */
                   + 2 * lo->largest_unit_padded * 4                                  /* fp32 gradient accumulators */
-                  + mt_plan_layer_work_bytes(cfg, T)
-                  + (uint64_t)MT_MIN(T, HEAD_CHUNK_TOKENS) * cfg->vocab_size * 4;    /* a logits chunk */
+                  + (backend == MT_BACKEND_CUDA && slot_elem == 2 ? 2 * lo->largest_unit_padded * 2 : 0) /* bf16 staging */
+                  + mt_plan_layer_work_bytes(cfg, T, shape->num_micro_batches, backend)
+                  + chunk * cfg->vocab_size * (backend == MT_BACKEND_CUDA ? 4 + slot_elem : 4);
     }
     p->activation_bytes = checkpoints;
     p->workspace_bytes = workspace;

@@ -196,6 +196,71 @@ Test(tiler, plan_accounting)
     cr_assert_eq(pf.grad_bytes, pf.master_bytes);
 }
 
+/* The CUDA backend's MLP pieces: one piece while the (tokens, F) buffers fit
+ * the 2 GiB cap, else equal pieces of a multiple of 128 tokens, each within
+ * the cap, no more of them than pieces of the widest aligned size, covering T. */
+Test(tiler, mlp_pieces_cover_the_tokens_within_the_cap)
+{
+    const uint64_t Ts[] = {1, 4096, 16384, 97000, 131072, 262144, 1048576, 1u << 24};
+    const uint64_t Fs[] = {200, 11008, 14336, 18944};
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
+        for (size_t j = 0; j < sizeof Fs / sizeof *Fs; j++)
+            for (uint64_t es = 2; es <= 4; es += 2) {
+                const uint64_t T = Ts[i], row = Fs[j] * es, ft = mt_plan_mlp_piece_tokens(T, Fs[j], es);
+                cr_assert(ft >= 1 && ft <= T, "T %llu F %llu: piece %llu", (unsigned long long)T,
+                          (unsigned long long)Fs[j], (unsigned long long)ft);
+                if (T * row <= MT_MLP_PIECE_BYTES) {
+                    cr_assert_eq(ft, T, "fits whole: one piece");
+                    continue;
+                }
+                /* the most pieces: as many as the largest aligned piece within the cap needs */
+                const uint64_t widest = MT_MLP_PIECE_BYTES / row / 128 * 128;
+                const uint64_t pieces = (T + ft - 1) / ft, most = (T + widest - 1) / widest;
+                cr_assert(ft % 128 == 0 && ft * row <= MT_MLP_PIECE_BYTES, "T %llu F %llu es %llu: piece %llu",
+                          (unsigned long long)T, (unsigned long long)Fs[j], (unsigned long long)es,
+                          (unsigned long long)ft);
+                cr_assert(pieces <= most, "T %llu: %llu pieces where %llu would do", (unsigned long long)T,
+                          (unsigned long long)pieces, (unsigned long long)most);
+            }
+}
+
+/* The plan of the CUDA backend counts its buffers as the backend lays them
+ * out: a 262144-token sequence of the Llama-2-7B shape (the MLP in three
+ * pieces) keeps its checkpoints on a 139 GiB GPU, so the host holds the
+ * tiles alone, within 118 GiB. Counting the whole MLP at once in fp32, as
+ * the CPU backend does, would send the checkpoints to the host (62 GiB more
+ * pinned) and fail the host budget. */
+Test(tiler, cuda_plan_of_a_long_sequence)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.vocab_size = 32000, c.hidden_size = 4096, c.intermediate_size = 11008, c.num_hidden_layers = 32;
+    c.num_attention_heads = 32, c.num_key_value_heads = 32, c.max_position_embeddings = 262144;
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.gpu_budget_bytes = (uint64_t)139 << 30;
+    p.host_budget_bytes = (uint64_t)118 << 30;
+    mt_model_config rc;
+    mt_offload_policy rp;
+    char msg[MT_ERRMSG_MAX] = "";
+    mt_err err = {msg};
+    cr_assert_eq(mt_config_import(err, &rc, &c), MT_OK, "%s", msg);
+    cr_assert_eq(mt_policy_import(err, &rp, &p), MT_OK, "%s", msg);
+    mt_layout lo;
+    cr_assert_eq(mt_layout_build(&lo, &rc), 0);
+    mt_batch_shape s;
+    mt_batch_shape_init(&s);
+    s.micro_batch_size = 1, s.seq_len = 262144, s.num_micro_batches = 1;
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan_compute(err, &plan, &rc, &rp, &s, MT_BACKEND_CUDA, &lo), MT_OK, "%s", msg);
+    cr_assert_eq(plan.activations, MT_PLACE_DEVICE);
+    cr_assert_eq(plan.host_pinned_bytes, lo.tile_bytes, "the host holds the tiles only");
+    cr_assert_eq(plan.activation_bytes, (uint64_t)33 * 262144 * 4096 * 2, "33 checkpoints of 2 GiB");
+    cr_assert_leq(plan.gpu_bytes, p.gpu_budget_bytes);
+    mt_layout_free(&lo);
+}
+
 /* ---- thread pool ------------------------------------------------------------ */
 
 typedef struct { int *hits; int threads_seen[8]; } pool_ctx;
