@@ -65,14 +65,10 @@ static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_mi
     }
     int li = 0;
     for (int i = 0; i < n; i++) {
-        int slot = -1;
+        int slot = -1, ahead = -1; /* the visit whose load this one starts, K-1 ahead */
         if (v[i].needs_weights) {
             slot = li % K;
-            if (li + K - 1 < n_loads) {
-                const int u = v[loads[li + K - 1]].unit;
-                await_unit(m, t, u); /* the previous step's update of u */
-                be->ops->load_weights(be, (li + K - 1) % K, u);
-            }
+            if (li + K - 1 < n_loads) ahead = loads[li + K - 1];
             li++;
         }
         const int u = v[i].unit;
@@ -104,6 +100,13 @@ static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_mi
             break;
         }
         be->ops->end_visit(be, slot);
+        /* Only now wait for the optimizer to finish the unit ahead (the
+         * previous step's update), so the GPU has this visit queued while the
+         * host waits; the load goes into the slot the last visit freed. */
+        if (ahead >= 0) {
+            await_unit(m, t, v[ahead].unit);
+            be->ops->load_weights(be, (li + K - 2) % K, v[ahead].unit);
+        }
     }
 }
 
