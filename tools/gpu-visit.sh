@@ -6,6 +6,7 @@
 # .devdeps/ along (see ../shared/scripts/device-deps.sh), run from the root.
 #   tools/gpu-visit.sh                 everything
 #   tools/gpu-visit.sh gpu_tests step_7b   only the parts named
+#   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -16,7 +17,7 @@ run() { # name, command...
   local name=$1; shift
   [ "$want" = "  " ] || [[ "$want" == *" $name "* ]] || return 0
   local t0=$(date +%s.%N)
-  timeout 300 "$@" > "$OUT/$name.log" 2>&1
+  timeout "${RUN_TIMEOUT:-300}" "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s.%N)
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
@@ -32,6 +33,8 @@ run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-a
 run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --timeline-csv "$OUT/step_7b_visits.csv"
 run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --recompute full --timeline
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
+run step_8b build/bench/step --preset 8b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 121 --timeline
+run long_7b build/bench/step --preset 7b --seq-len 262144 --micro-batch 1 --grad-accum 1 --steps 1 --warmup 0 --host-budget 118 --timeline
 rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
