@@ -24,12 +24,14 @@
 // Checkpoints L-1 and L are still on the device when the backward starts and
 // never travel.
 //
-// Beside device checkpoints, some of each layer's activations for every
+// Beside device checkpoints, some of the layers' activations for every
 // micro-batch are kept on the device when they fit (policy recompute AUTO),
-// so that the backward's recompute does less: level KEEP_ATTN keeps the
-// attention output and its log-sum-exp (the recompute skips the attention
-// forward), level KEEP_H also the residual after attention (it skips the
-// output projection too). The largest level that fits the budget is taken.
+// so that the backward's recompute does less: the attention output and its
+// log-sum-exp of the first keep_att layers (their recompute skips the
+// attention forward), and once every layer has those, the residual after
+// attention of the first keep_h layers (their recompute skips the output
+// projection too). Attention goes first: per byte it saves the most, and
+// more the longer the sequence. As many layers as fit the budget are kept.
 //
 // Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
 // KV = Hkv*D, F MLP width, V vocabulary, L layers.
@@ -51,7 +53,6 @@ extern "C" { // the library's own (C) headers
 #include <time.h>
 
 #define MAX_SLOTS 16
-enum { KEEP_NONE, KEEP_ATTN, KEEP_H };
 
 struct cu_be {
     mt_be base;
@@ -74,10 +75,11 @@ struct cu_be {
     void *stage[2]; // bf16 gradients on their way to the host
     void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host two rows (2, n_micro, T, C)
     int ck_host;    // checkpoints 0 .. L-2 live in pinned host memory (ck_pinned)
-    int keep;       // KEEP_*: activations kept for the backward
-    void *att_keep; // (L, n_micro, T, Q)
-    float *lse_keep;// (L, n_micro, T, H)
-    void *h_keep;   // (L, n_micro, T, C)
+    int keep_att;   // layers 1 .. keep_att keep their attention outputs for the backward
+    int keep_h;     // layers 1 .. keep_h keep their residuals after attention
+    void *att_keep; // (keep_att, n_micro, T, Q)
+    float *lse_keep;// (keep_att, n_micro, T, H)
+    void *h_keep;   // (keep_h, n_micro, T, C)
     void *ck_pinned;// (L-1, n_micro, T, C) on the host
     cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
@@ -293,20 +295,23 @@ static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size
 // Where layer unit's activations for micro-batch mb live: kept for the
 // backward, or the one layer's buffers.
 typedef struct layer_acts {
-    void *att;  // attention output (T, Q)
-    float *lse; // its log-sum-exp (T, H)
-    void *h;    // the residual after attention (T, C)
+    void *att;    // attention output (T, Q)
+    float *lse;   // its log-sum-exp (T, H)
+    void *h;      // the residual after attention (T, C)
+    int att_kept; // att and lse hold the forward's values in the backward
+    int h_kept;   // h does
 } layer_acts;
 
 static layer_acts acts_of(cu_be *b, int unit, int mb)
 {
-    const size_t i = (size_t)(unit - 1) * b->shape.n_micro + mb, T = (size_t)b->T;
-    layer_acts a = {b->att, b->lse, b->h};
-    if (b->keep >= KEEP_ATTN) {
+    const int l = unit - 1;
+    const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->T;
+    layer_acts a = {b->att, b->lse, b->h, l < b->keep_att, l < b->keep_h};
+    if (a.att_kept) {
         a.att = (char *)b->att_keep + i * T * b->Q * b->es;
         a.lse = b->lse_keep + i * T * b->H;
     }
-    if (b->keep >= KEEP_H) a.h = (char *)b->h_keep + i * T * b->C * b->es;
+    if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->C * b->es;
     return a;
 }
 
@@ -322,7 +327,7 @@ static void free_device(cu_be *b)
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
     b->ck_host = 0;
-    b->keep = KEEP_NONE;
+    b->keep_att = b->keep_h = 0;
     memset(&b->shape, 0, sizeof b->shape);
 }
 
@@ -396,10 +401,10 @@ static void layout_buffers(cu_be *b, carver *c)
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
     b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
-    const size_t LM = (size_t)b->L * M;
-    b->att_keep = b->keep >= KEEP_ATTN ? carve(c, LM * T * Q * es) : NULL;
-    b->lse_keep = b->keep >= KEEP_ATTN ? (float *)carve(c, LM * T * (size_t)b->H * 4) : NULL;
-    b->h_keep = b->keep >= KEEP_H ? carve(c, LM * T * C * es) : NULL;
+    const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M;
+    b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
+    b->lse_keep = AM ? (float *)carve(c, AM * T * (size_t)b->H * 4) : NULL;
+    b->h_keep = HM ? carve(c, HM * T * C * es) : NULL;
     b->tokens = (int32_t *)carve(c, M * T * 4);
     b->targets = (int32_t *)carve(c, M * T * 4);
     b->pos = (int32_t *)carve(c, T * 4);
@@ -461,6 +466,29 @@ static int mlp_piece_tokens(const cu_be *b)
     return (int)mt_plan_mlp_piece_tokens((uint64_t)b->T, (uint64_t)b->F, b->es);
 }
 
+// The arena's bytes with att layers keeping their attention outputs and h
+// their residuals (leaves b->keep_* so).
+static size_t arena_bytes(cu_be *b, int att, int h)
+{
+    carver t = {NULL, 0};
+    b->keep_att = att, b->keep_h = h;
+    layout_buffers(b, &t);
+    return t.off + 256;
+}
+
+// The most layers, up to cap, that keep their attention outputs (residuals:
+// with every layer's attention kept) within room bytes.
+static int most_kept(cu_be *b, size_t room, int cap, int residuals)
+{
+    const int att0 = residuals ? b->L : 0;
+    const size_t base = arena_bytes(b, att0, 0);
+    const size_t one = (residuals ? arena_bytes(b, att0, 1) : arena_bytes(b, 1, 0)) - base;
+    if (room <= base || one == 0) return 0;
+    int n = (int)MT_MIN((size_t)cap, (room - base) / one); // alignment can add a few bytes: check
+    while (n > 0 && arena_bytes(b, residuals ? att0 : n, residuals ? n : 0) > room) n--;
+    return n;
+}
+
 static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 {
     cu_be *b = (cu_be *)be;
@@ -494,7 +522,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
     carver c = {NULL, 0};
     b->ck_host = 0;
-    b->keep = KEEP_NONE;
+    b->keep_att = b->keep_h = 0;
     layout_buffers(b, &c);
     const uint32_t place = b->m->pol.activations;
     if (s->want_grad && b->L >= 2 &&
@@ -506,16 +534,12 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     // the most kept activations that fit, leaving the device a margin when no budget was set
     if (s->want_grad && !b->ck_host && b->m->pol.recompute == MT_RECOMPUTE_AUTO) {
         const size_t margin = b->m->pol.gpu_budget_bytes ? 0 : (size_t)512 << 20;
-        for (int k = KEEP_H; k > KEEP_NONE; k--) {
-            carver t = {NULL, 0};
-            b->keep = k;
-            layout_buffers(b, &t);
-            if (t.off + 256 <= budget && t.off + 256 + margin <= free_b) {
-                c.off = t.off;
-                break;
-            }
-            b->keep = KEEP_NONE;
-        }
+        const size_t room = MT_MIN((size_t)budget, free_b > margin ? free_b - margin : 0);
+        const int cap = b->m->keep_layers_cap ? MT_MIN(b->L, (int)b->m->keep_layers_cap) : b->L;
+        const int att = most_kept(b, room, cap, 0);
+        const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
+        b->keep_att = att, b->keep_h = h;
+        c.off = arena_bytes(b, att, h) - 256;
     }
     const size_t need = c.off + 256;
     char b1[32], b2[32];
@@ -533,13 +557,15 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     b->arena_bytes = need;
     c.off = 0;
     layout_buffers(b, &c);
-    if (cudaMallocHost((void **)&b->h_tokens, (size_t)s->n_micro * b->T * 2 * sizeof(int32_t)) != cudaSuccess) {
+    if (cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->T * 2 * sizeof(int32_t), cudaHostAllocPortable) !=
+        cudaSuccess) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the tokens");
     }
     const int ck_host = b->ck_host; // free_device() below would clear it
-    if (ck_host && cudaMallocHost(&b->ck_pinned, (size_t)(b->L - 1) * ck_row_bytes(b)) != cudaSuccess) {
+    if (ck_host &&
+        cudaHostAlloc(&b->ck_pinned, (size_t)(b->L - 1) * ck_row_bytes(b), cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate %s of pinned host memory for the activation checkpoints",
@@ -568,11 +594,12 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     b->failed = 0;
     b->gbuf = 0;
+    char kept[128] = "";
+    if (b->keep_att)
+        snprintf(kept, sizeof kept, ", kept for the backward: attention outputs of %d of %d layers, residuals of %d",
+                 b->keep_att, b->L, b->keep_h);
     mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s",
-           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len,
-           b->keep == KEEP_H   ? ", attention outputs and residuals kept for the backward"
-           : b->keep == KEEP_ATTN ? ", attention outputs kept for the backward"
-                                  : "",
+           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept,
            ck_host ? ", activation checkpoints in pinned host memory: " : "",
            ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "");
     return MT_OK;
@@ -690,7 +717,7 @@ static void mlp_up(cu_be *b, void *const *w, int t0, int n)
 // since layer_backward recomputes each MLP piece just before its backward,
 // without the down projection (a quarter of the layer's GEMM FLOPs in a
 // Llama), which only makes the output; and it skips what the forward kept
-// (b->keep).
+// (a->att_kept, a->h_kept).
 static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, const layer_acts *a)
 {
     const int recompute = out == NULL;
@@ -703,13 +730,13 @@ static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, co
     linear(b, b->v, at, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, KV, 0.0f);
     OK(b, mt_cu_rope(b->comp, b->dt, b->q, b->pos, b->inv_freq, T, b->H, b->D, 0), "rope");
     OK(b, mt_cu_rope(b->comp, b->dt, b->k, b->pos, b->inv_freq, T, b->Hkv, b->D, 0), "rope");
-    if (!recompute || b->keep < KEEP_ATTN) {
+    if (!recompute || !a->att_kept) {
         int rc = mt_cuattn_forward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, a->att, a->lse,
                                    b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H, b->Hkv, b->D, scale);
         if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
     }
     // h = x + att Wo^T, out = h + silu(xn2 Wg^T) * (xn2 Wu^T) Wd^T: the residual adds inside the GEMMs
-    if (!recompute || b->keep < KEEP_H) {
+    if (!recompute || !a->h_kept) {
         CU(b, cudaMemcpyAsync(a->h, x, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
         linear(b, a->h, at, a->att, w[MT_T_O], NULL, T, Q, C, 1.0f);
     }

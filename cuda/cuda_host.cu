@@ -26,7 +26,8 @@ extern "C" int mt_cuda_device_count(char *why, size_t why_len)
 
 extern "C" int mt_cuda_host_register(void *p, size_t n, char *why, size_t why_len)
 {
-    cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
+    // portable: pinned for every device's context, not only the current one
+    cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
         say(why, why_len, "cudaHostRegister", e);
         cudaGetLastError();
@@ -57,6 +58,35 @@ extern "C" int mt_cuda_device_numa_node(int device)
     if (fscanf(f, "%d", &node) != 1) node = -1;
     fclose(f);
     return node;
+}
+
+extern "C" int mt_cuda_use_device(int device)
+{
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (prev != device && cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return prev;
+}
+
+extern "C" void mt_cuda_restore_device(int prev)
+{
+    if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
+}
+
+extern "C" int mt_cuda_current_device(void)
+{
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return d;
 }
 
 extern "C" int mt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)

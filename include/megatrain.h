@@ -39,6 +39,10 @@
  *   once; one model must not be used by two threads at the same time.
  *   mt_plan, mt_status_str, the *_init and *_init_sized functions and the
  *   version functions are safe from any thread.
+ * - CUDA: a model works on its policy's device from whichever thread calls
+ *   it; each call leaves the calling thread's current CUDA device as it
+ *   found it, so the library and the caller's own CUDA work do not disturb
+ *   each other. Its pinned host memory is portable (usable by every device).
  */
 #ifndef MEGATRAIN_H
 #define MEGATRAIN_H
@@ -195,7 +199,7 @@ typedef enum mt_pinning {
 
 /* What the backward recomputes from each layer's input checkpoint. */
 typedef enum mt_recompute {
-    MT_RECOMPUTE_AUTO = 0, /* keep each layer's attention output on the GPU when it fits, recompute the rest */
+    MT_RECOMPUTE_AUTO = 0, /* keep the attention outputs (then the residuals) of as many layers as fit the GPU */
     MT_RECOMPUTE_FULL = 1, /* recompute the whole layer: the least GPU memory */
     MT_RECOMPUTE_MAX_ENUM = 0x7FFFFFFF
 } mt_recompute;

@@ -23,6 +23,14 @@ int mt_cuda_device_numa_node(int device);
 int mt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
 /* "NVIDIA H200 (sm_90, 139.8 GiB)" style description; 0 on success. */
 int mt_cuda_device_name(int device, char *buf, size_t len);
+/* Makes device the calling thread's current device and returns the one that
+ * was current, for mt_cuda_restore_device; -1 (nothing changed) without
+ * CUDA or when the switch fails. The library works on the policy's device
+ * between the two and leaves the caller's thread as it found it. */
+int mt_cuda_use_device(int device);
+void mt_cuda_restore_device(int prev);
+/* The calling thread's current device; -1 without CUDA. */
+int mt_cuda_current_device(void);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,9 @@ int mt_cuda_host_register(void *p, size_t n, char *why, size_t why_len)
 }
 
 void mt_cuda_host_unregister(void *p) { (void)p; }
+int mt_cuda_use_device(int device) { (void)device; return -1; }
+void mt_cuda_restore_device(int prev) { (void)prev; }
+int mt_cuda_current_device(void) { return -1; }
 int mt_cuda_device_numa_node(int device) { (void)device; return -1; }
 
 int mt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)

@@ -13,6 +13,7 @@
 #include "adamw.h"
 #include "backend.h"
 #include "cpu_ops.h"
+#include "cuda_host.h"
 #include "engine.h"
 #include "plan.h"
 #include "sysinfo.h"
@@ -256,7 +257,7 @@ mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, do
     return MT_OK;
 }
 
-mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
+static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_err err = mt_model_err(m);
@@ -322,7 +323,7 @@ mt_status mt_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *
     return MT_OK;
 }
 
-mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
+static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_optimizer_drain(m);
@@ -351,7 +352,7 @@ mt_status mt_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
     return mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_eval_stats");
 }
 
-mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_optimizer_drain(m);
@@ -374,6 +375,38 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, ui
     run_visits(m, NULL, v, n, 1, 0.0f, out);
     double loss_sum, sumsq;
     return m->be->ops->sync(m->be, &loss_sum, &sumsq, err);
+}
+
+/* The entry points that reach the backend make the policy's device current
+ * on the caller's thread for the call and leave the caller's own current
+ * device as they found it (cuda_host.h). */
+mt_status mt_step(mt_model *m, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = step(m, batch, opt, stats);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+mt_status mt_eval(mt_model *m, const mt_batch *batch, mt_eval_stats *stats)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = eval(m, batch, stats);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = logits(m, tokens, n_seq, seq_len, out);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+int mt_engine_enter(const mt_model *m)
+{
+    return m && m->backend == MT_BACKEND_CUDA ? mt_cuda_use_device(m->pol.device) : -1;
 }
 
 uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }

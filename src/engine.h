@@ -1,4 +1,4 @@
-/* The scheduler's internals that tests reach. */
+/* The scheduler's internals that tests and the model reach. */
 #ifndef MT_ENGINE_H
 #define MT_ENGINE_H
 
@@ -10,5 +10,9 @@
  * receives the time the head started. */
 mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
                           double *t_head);
+
+/* Makes the model's CUDA device current on the calling thread; returns the
+ * device that was, for mt_cuda_restore_device (-1 on the CPU backend). */
+int mt_engine_enter(const mt_model *m);
 
 #endif

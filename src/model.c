@@ -2,6 +2,7 @@
 #include "model.h"
 #include "bf16.h"
 #include "cuda_host.h"
+#include "engine.h"
 #include "plan.h"
 #include "rng.h"
 #include "sysinfo.h"
@@ -125,7 +126,11 @@ void mt_model_destroy(mt_model *m)
     if (!m) return;
     mt_optimizer_fini(m);
     mt_trace_free(&m->trace);
-    if (m->be) m->be->ops->destroy(m->be);
+    if (m->be) {
+        const int prev = mt_engine_enter(m);
+        m->be->ops->destroy(m->be);
+        mt_cuda_restore_device(prev);
+    }
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);
     mt_layout_free(&m->layout);

@@ -29,6 +29,7 @@ struct mt_model {
     double trace_after;    /* and after it */
     int trace_valid;       /* the last step left a whole FULL trace */
     uint32_t mlp_piece_tokens; /* tests: the CUDA backend's MLP tokens per piece (0: its own choice) */
+    uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }

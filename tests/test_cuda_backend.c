@@ -2,9 +2,11 @@
  * These tests need a GPU; on a machine without one each says so and skips. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_host.h"
 #include "engine.h"
 
 
@@ -320,38 +322,64 @@ static void timeline_of(int place)
 Test(cuda_backend, timeline_accounts_for_the_step) { timeline_of(MT_PLACE_DEVICE); }
 Test(cuda_backend, timeline_with_host_checkpoints) { timeline_of(MT_PLACE_HOST); }
 
+/* What the backend's log says it kept: layers with attention outputs, of
+ * how many, and layers with residuals; all -1 until it says. */
+typedef struct kept_note {
+    int att, layers, h;
+} kept_note;
+
 static void note_kept(mt_log_level level, const char *text, void *user)
 {
     (void)level;
-    if (strstr(text, "attention outputs and residuals kept")) *(int *)user = 2;
-    else if (strstr(text, "attention outputs kept")) *(int *)user = 1;
+    kept_note *k = user;
+    const char *p = strstr(text, "CUDA backend: ");
+    if (!p) return;
+    const char *q = strstr(p, "attention outputs of ");
+    if (!q || sscanf(q, "attention outputs of %d of %d layers, residuals of %d", &k->att, &k->layers, &k->h) != 3)
+        k->att = k->h = 0;
+}
+
+/* Trains a 3-layer model with the given recompute policy and cap on the
+ * layers that keep activations (0: none), noting what the backend kept. */
+static mt_model *train_kept(int recompute, uint32_t cap, kept_note *k)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
+    c.num_hidden_layers = 3;
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+    p.recompute = (uint32_t)recompute;
+    p.log_level = MT_LOG_INFO;
+    p.log_callback = note_kept;
+    p.log_user_data = k;
+    *k = (kept_note){-1, -1, -1};
+    mt_model *m = make_with(&c, &p);
+    m->keep_layers_cap = cap;
+    train(m, 3);
+    return m;
 }
 
 /* Activations kept from the forward (recompute AUTO, where they fit: on this
- * small model the attention outputs and the residuals after attention) give
- * the bits a full recompute gives: the backward reads what the recompute
- * would have computed again, by the same kernels. The backend's log says
- * what it kept. */
+ * small model the attention outputs and the residuals after attention of
+ * every layer; with a cap of 2 of the 3 layers, the attention outputs of
+ * layers 1 and 2 alone, since residuals come only once every layer has its
+ * attention) give the bits a full recompute gives: the backward reads what
+ * the recompute would have computed again, by the same kernels. The
+ * backend's log says what it kept. */
 Test(cuda_backend, kept_attention_is_bit_identical)
 {
-    int kept[2] = {0, 0};
-    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
-    c.num_hidden_layers = 3;
-    mt_model *m[2];
-    for (int i = 0; i < 2; i++) {
-        mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
-        p.recompute = i ? MT_RECOMPUTE_FULL : MT_RECOMPUTE_AUTO;
-        p.log_level = MT_LOG_INFO;
-        p.log_callback = note_kept;
-        p.log_user_data = &kept[i];
-        m[i] = make_with(&c, &p);
-        train(m[i], 3);
-    }
-    cr_assert(kept[0] == 2 && !kept[1], "AUTO keeps attention outputs and residuals (%d), FULL nothing (%d)", kept[0],
-              kept[1]);
-    cr_assert(tiles_equal(m[0], m[1]), "kept attention and full recompute give the same bits");
-    mt_model_destroy(m[0]);
-    mt_model_destroy(m[1]);
+    kept_note all, some, none;
+    mt_model *a = train_kept(MT_RECOMPUTE_AUTO, 0, &all);
+    mt_model *s = train_kept(MT_RECOMPUTE_AUTO, 2, &some);
+    mt_model *f = train_kept(MT_RECOMPUTE_FULL, 0, &none);
+    cr_assert(all.att == 3 && all.layers == 3 && all.h == 3, "AUTO keeps every layer's attention (%d of %d) and "
+              "residual (%d)", all.att, all.layers, all.h);
+    cr_assert(some.att == 2 && some.h == 0, "a cap of 2 keeps 2 layers' attention (%d), no residuals (%d)", some.att,
+              some.h);
+    cr_assert(none.att == 0 && none.h == 0, "FULL keeps nothing (%d, %d)", none.att, none.h);
+    cr_assert(tiles_equal(a, f), "kept attention and residuals give the bits of a full recompute");
+    cr_assert(tiles_equal(s, f), "attention kept for some layers gives the bits of a full recompute");
+    mt_model_destroy(a);
+    mt_model_destroy(s);
+    mt_model_destroy(f);
 }
 
 /* The MLP in pieces of tokens (what a 262144-token micro-batch of a 7B model
@@ -388,4 +416,39 @@ Test(cuda_backend, mlp_in_pieces_matches_whole)
     free(gp), free(gw);
     mt_model_destroy(whole);
     mt_model_destroy(pieces);
+}
+
+/* The library works on the policy's device and leaves the calling thread's
+ * current device as it found it: a caller whose own work is on device 1
+ * trains a model on device 0 and one on device 1 and finds device 1 current
+ * after every call, and the two models (same GPUs) end with the same bits.
+ * Needs two devices: with one, every device is the caller's. */
+Test(cuda_backend, callers_current_device_is_kept)
+{
+    char why[256] = "";
+    if (mt_cuda_device_count(why, sizeof why) < 2) cr_skip_test("needs two CUDA devices %s", why);
+    const int prev = mt_cuda_use_device(1);
+    cr_assert_eq(mt_cuda_current_device(), 1);
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
+    mt_model *m[2];
+    for (int d = 0; d < 2; d++) {
+        mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+        p.device = d;
+        m[d] = make_with(&c, &p);
+        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_create on device %d", d);
+        train(m[d], 2);
+        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_step on device %d", d);
+        enum { S = 16 };
+        int32_t tok[S], tg[S];
+        fill(tok, tg, S, 5);
+        float lg[V];
+        cr_assert_eq(mt_model_logits(m[d], tok, 1, S, lg), MT_OK, "%s", mt_model_errmsg(m[d]));
+        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_logits on device %d", d);
+    }
+    cr_assert(tiles_equal(m[0], m[1]), "devices 0 and 1 give the same bits");
+    for (int d = 0; d < 2; d++) {
+        mt_model_destroy(m[d]);
+        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_destroy of device %d's model", d);
+    }
+    mt_cuda_restore_device(prev);
 }
