@@ -33,6 +33,9 @@
 // projection too). Attention goes first: per byte it saves the most, and
 // more the longer the sequence. As many layers as fit the budget are kept.
 //
+// Device: every call runs with the policy's device current, which the
+// library's entry points see to (mt_engine_enter); create checks it.
+//
 // Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
 // KV = Hkv*D, F MLP width, V vocabulary, L layers.
 #include "attention.h"
@@ -352,7 +355,6 @@ static void destroy_trace_events(cu_be *b)
 static void cu_destroy(mt_be *be)
 {
     cu_be *b = (cu_be *)be;
-    cudaSetDevice(b->m->pol.device);
     if (b->comp) cudaStreamSynchronize(b->comp);
     if (b->h2d) cudaStreamSynchronize(b->h2d);
     if (b->d2h) cudaStreamSynchronize(b->d2h);
@@ -493,7 +495,6 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 {
     cu_be *b = (cu_be *)be;
     const mt_model_config *cfg = &b->m->cfg;
-    cudaSetDevice(b->m->pol.device);
     cudaDeviceSynchronize(); // not on the hot path: a new batch shape
     free_device(b);
     b->shape = *s;
