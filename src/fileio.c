@@ -68,17 +68,25 @@ mt_status mt_read_small_file(mt_err err, const char *path, char **out, size_t *l
     return MT_OK;
 }
 
-/* A JSON error position as "line L, column C" of text. */
-static void json_where(char *out, size_t size, const char *text, size_t len)
+cJSON *mt_json_parse(const char *text, size_t len, size_t *where)
 {
-    const char *p = cJSON_GetErrorPtr();
-    if (!p || p < text || p > text + len) {
-        snprintf(out, size, "unknown position");
-        return;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+    if (j) { /* the value parsed: what follows it must be whitespace */
+        while (off < len && (text[off] == ' ' || text[off] == '\t' || text[off] == '\n' || text[off] == '\r')) off++;
+        if (off == len) return j;
+        cJSON_Delete(j);
     }
+    *where = off;
+    return NULL;
+}
+
+void mt_json_where(char *out, size_t size, const char *text, size_t off)
+{
     int line = 1, col = 1;
-    for (const char *q = text; q < p; q++) {
-        if (*q == '\n') line++, col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') line++, col = 1;
         else col++;
     }
     snprintf(out, size, "line %d, column %d", line, col);
@@ -87,13 +95,13 @@ static void json_where(char *out, size_t size, const char *text, size_t len)
 mt_status mt_parse_json_file(mt_err err, const char *path, cJSON **out)
 {
     char *text = NULL;
-    size_t len = 0;
+    size_t len = 0, off;
     mt_status st = mt_read_small_file(err, path, &text, &len);
     if (st) return st;
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    cJSON *j = mt_json_parse(text, len, &off);
     if (!j) {
         char where[64];
-        json_where(where, sizeof where, text, len);
+        mt_json_where(where, sizeof where, text, off);
         free(text);
         return mt_fail(err, MT_ERR_FORMAT, "%s is not valid JSON (error near %s)", path, where);
     }

@@ -11,6 +11,13 @@
 void mt_path_join(char *out, size_t size, const char *dir, const char *name);
 /* A whole small (<= 64 MiB) regular file, NUL-terminated; free() it. */
 mt_status mt_read_small_file(mt_err err, const char *path, char **out, size_t *len);
+/* len bytes of text as one JSON value and nothing after it but whitespace;
+ * NULL when they are not, with *where the offset of the first byte that is
+ * wrong. Unlike cJSON_Parse, trailing bytes are an error and the position
+ * is the call's own (cJSON_GetErrorPtr is one pointer for the process). */
+cJSON *mt_json_parse(const char *text, size_t len, size_t *where);
+/* "line L, column C" of byte off of text. */
+void mt_json_where(char *out, size_t size, const char *text, size_t off);
 /* A file holding one JSON object; cJSON_Delete() it. */
 mt_status mt_parse_json_file(mt_err err, const char *path, cJSON **out);
 /* mkdir -p. */

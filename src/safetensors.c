@@ -75,8 +75,11 @@ static mt_status st_open_file(mt_err err, mt_st_set *s, int fi)
                        (unsigned long long)hlen, f->size);
     const uint64_t data_bytes = f->size - 8 - hlen;
     const unsigned char *data = p + 8 + hlen;
-    cJSON *j = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
-    if (!j) return mt_fail(err, MT_ERR_FORMAT, "%s: the safetensors header is not valid JSON", f->path);
+    size_t bad;
+    cJSON *j = mt_json_parse((const char *)p + 8, (size_t)hlen, &bad);
+    if (!j)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: the safetensors header is not valid JSON (error at byte %zu of %llu)",
+                       f->path, bad, (unsigned long long)hlen);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return mt_fail(err, MT_ERR_FORMAT, "%s: the safetensors header is not a JSON object", f->path);
@@ -155,7 +158,7 @@ static int cmp_tensor(const void *a, const void *b)
 mt_st_tensor *mt_st_find(mt_st_set *s, const char *name)
 {
     mt_st_tensor key = {.name = (char *)name};
-    return bsearch(&key, s->t, s->n, sizeof *s->t, cmp_tensor);
+    return s->n ? bsearch(&key, s->t, s->n, sizeof *s->t, cmp_tensor) : NULL; /* s->t is NULL when empty */
 }
 
 mt_status mt_st_add_file(mt_err err, mt_st_set *s, const char *dir, const char *name)
@@ -209,7 +212,7 @@ mt_status mt_st_open_dir(mt_err err, mt_st_set *s, const char *dir)
     if (!st && s->n_files == 0) st = mt_fail(err, MT_ERR_FORMAT, "%s lists no shards", index);
     if (!st) {
         /* every name of the map must be in the shard it names */
-        qsort(s->t, s->n, sizeof *s->t, cmp_tensor);
+        if (s->n) qsort(s->t, s->n, sizeof *s->t, cmp_tensor);
         cJSON_ArrayForEach(e, wm)
         {
             mt_st_tensor *t = mt_st_find(s, e->string);
@@ -260,7 +263,7 @@ void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd)
 }
 mt_status mt_st_index(mt_err err, mt_st_set *s)
 {
-    qsort(s->t, s->n, sizeof *s->t, cmp_tensor);
+    if (s->n) qsort(s->t, s->n, sizeof *s->t, cmp_tensor); /* s->t is NULL when empty */
     for (size_t i = 1; i < s->n; i++)
         if (!strcmp(s->t[i].name, s->t[i - 1].name))
             return mt_fail(err, MT_ERR_FORMAT, "tensor %s appears in both %s and %s", s->t[i].name,

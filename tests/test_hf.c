@@ -452,6 +452,8 @@ Test(hf, config_refusals)
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS "}\n}\n", MT_ERR_FORMAT,
+                          "not valid JSON (error near line 2, column 1)");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":32}", MT_ERR_FORMAT,
                           "vocab_size");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"num_key_value_heads\":3}",
@@ -848,6 +850,25 @@ Test(hf, load_refusals_leave_model_unchanged)
     cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
     cr_assert(strstr(mt_model_errmsg(m), "JSON"), "%s", mt_model_errmsg(m));
     assert_unchanged(m, &s, "bad json header");
+
+    /* a header whose JSON object is followed by more than padding (found by the safetensors fuzz target:
+     * the parser stopped at the object's end and took the rest for padding) */
+    const char trailing[] = "{\"__metadata__\":{}}}} ";
+    unsigned char tr[8 + sizeof trailing - 1] = {sizeof trailing - 1};
+    memcpy(tr + 8, trailing, sizeof trailing - 1);
+    write_file(p, tr, sizeof tr);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "not valid JSON (error at byte 19 of 22)"), "%s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "trailing bytes after the header");
+
+    /* a valid file with no tensors at all (with space padding, which the format allows) */
+    const char empty[] = "{\"__metadata__\":{\"format\":\"pt\"}}     ";
+    unsigned char em[8 + sizeof empty - 1] = {sizeof empty - 1};
+    memcpy(em + 8, empty, sizeof empty - 1);
+    write_file(p, em, sizeof em);
+    cr_assert_eq(mt_model_load(m, dir), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(m), "lacks tensor model.embed_tokens.weight"), "%s", mt_model_errmsg(m));
+    assert_unchanged(m, &s, "no tensors");
 
     /* no weights at all */
     unlink(p);
