@@ -63,7 +63,7 @@ TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck check demo setup install uninstall clean check-exports
+.PHONY: all test memcheck check demo setup install uninstall clean check-exports fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
 # stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
@@ -121,6 +121,37 @@ $(CLI): $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.o) $(SHLIB)
 	@mkdir -p bin
 	$(CC) -pthread -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lm
 
+# -- fuzz targets (tests/fuzz, docs/fuzzing.md) ---------------------------
+# Each tests/fuzz/fuzz_NAME.c is a libFuzzer entry point for one file reader.
+# build/fuzz/replay_NAME runs it on files with the ordinary compiler (the
+# committed corpus, in `make check`); build/fuzz/NAME is the libFuzzer build
+# (clang, AddressSanitizer and UndefinedBehaviorSanitizer, CPU-only library).
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_REPLAY := $(FUZZ_NAMES:%=build/fuzz/replay_%)
+FUZZ_HDR := $(wildcard tests/fuzz/*.h)
+FUZZ_CC ?= clang
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_LIB_CFLAGS := -std=c11 -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY -g -O1 $(FUZZ_SAN)
+FUZZ_LIB_OBJ := $(SRC:src/%.c=build/fuzz/lib/%.o)
+FUZZ_SECONDS ?= 60
+FUZZ_FIXTURE_CONFIGS := $(sort $(wildcard tests/fixtures/*/model/config.json))
+
+build/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_HDR) $(STLIB) $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $< tests/fuzz/replay.c $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+build/fuzz/seeds: tests/fuzz/seeds.c $(FUZZ_HDR) $(STLIB) $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+build/fuzz/lib/%.o: src/%.c Makefile
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_LIB_CFLAGS) -fsanitize=fuzzer-no-link $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
+
+.SECONDARY: $(FUZZ_LIB_OBJ)
+build/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) $(FUZZ_LIB_CFLAGS) -Itests/fuzz -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJ) $(LDLIBS_PRIV)
+
 # -- running --------------------------------------------------------------
 # Criterion runs each test in its own process. JOBS=1 for GPU suites.
 JOBS ?= 2
@@ -134,20 +165,42 @@ test: $(TEST_BIN)
 # leave no summary and are not counted). "Possibly lost" blocks are shown
 # but do not count: Criterion's own runner leaves some when a test skips.
 # Two jobs, for the two cores of the CI machine: CI took 11 minutes, not 19.
+# The fuzz corpus replays run under it too.
 VALGRIND := valgrind --leak-check=full --show-leak-kinds=definite,indirect,possible \
   --errors-for-leak-kinds=definite,indirect --suppressions=tests/valgrind.supp --trace-children=yes \
   --log-file=build/memcheck/%p.log
-memcheck: $(TEST_BIN)
+memcheck: $(TEST_BIN) $(FUZZ_REPLAY)
 	@rm -rf build/memcheck && mkdir -p build/memcheck
 	MT_MEMCHECK=1 $(VALGRIND) $(TEST_BIN) --jobs 2 $(TEST_ARGS)
+	@for t in $(FUZZ_NAMES); do $(VALGRIND) build/fuzz/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
 	@bad=$$(grep -l 'ERROR SUMMARY: [1-9]' build/memcheck/*.log); \
 	if [ -n "$$bad" ]; then for f in $$bad; do cat $$f; done; echo "memcheck: valgrind found errors (logs above)"; exit 1; fi; \
 	echo "memcheck: $$(grep -l 'ERROR SUMMARY' build/memcheck/*.log | wc -l) processes, no leaks or memory errors"
+
+# The committed fuzz corpus (seeds and the inputs that once failed) through
+# every target: each input must give a clean result or a clear error.
+fuzz-replay: $(FUZZ_REPLAY)
+	@for t in $(FUZZ_NAMES); do build/fuzz/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
+
+# libFuzzer on each target for FUZZ_SECONDS, from the committed corpus; new
+# inputs go to build/fuzz/corpus/NAME, failures to build/fuzz/crashes/NAME-*.
+fuzz: $(FUZZ_NAMES:%=build/fuzz/%)
+	@for t in $(FUZZ_NAMES); do \
+	  mkdir -p build/fuzz/corpus/$$t build/fuzz/crashes; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  build/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz/crashes/$$t- build/fuzz/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
+
+# Writes the seed inputs anew (after a change of the tiny model or a format).
+fuzz-seeds: build/fuzz/seeds
+	build/fuzz/seeds tests/fuzz/corpus $(FUZZ_FIXTURE_CONFIGS)
 
 check: setup
 	$(MAKE) all
 	$(MAKE) test
 	$(MAKE) check-exports
+	$(MAKE) fuzz-replay
 	tests/cli.sh
 	tools/install-check.sh
 
