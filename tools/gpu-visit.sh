@@ -35,6 +35,8 @@ run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --g
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
 run step_8b build/bench/step --preset 8b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 121 --timeline
 run compare_1b_131k bench/compare.sh --systems megatrain,gpu,fsdp2 --cases 1b:4096:4:8 --out "$OUT/compare"
+# the 131072-token 7B rows of the table on the day of the rest (their last runs were on 11-29)
+run compare_131k bench/compare.sh --systems megatrain,gpu --cases 7b:4096:4:8,qwen7b:4096:4:8 --steps 2 --budget "$((${RUN_TIMEOUT:-300} - 10))" --out "$OUT/compare"
 run long_7b build/bench/step --preset 7b --seq-len 262144 --micro-batch 1 --grad-accum 1 --steps 1 --warmup 0 --host-budget 118 --timeline
 rm -rf "$OUT/demo-model" "$OUT/san"
 echo "== summary =="
