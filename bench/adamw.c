@@ -12,7 +12,10 @@
  * transparent huge pages and first touched by the pool threads that update
  * them (mt_adamw_share), the threads pinned to the first CPUs the process may
  * use. Each step also times the sum of squares of the grads that the global
- * norm needs ("norm ms"). */
+ * norm needs ("norm ms"), and a pass that reads and writes the same bytes as
+ * the update, each thread its own share, with no arithmetic to speak of
+ * ("floor ms"): the memory system's time for AdamW's traffic on this machine,
+ * against which "x floor" puts the kernel. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <sched.h>
@@ -84,6 +87,72 @@ static void touch_task(void *ctxp, size_t task, int thread)
     for (int i = 0; i < c->n_threads; i++) {
         int part = (thread + i) % c->n_threads;
         if (!atomic_exchange(&c->taken[part], 1)) touch_share(c, part);
+    }
+}
+
+/* ---- the floor: AdamW's loads and stores without its arithmetic ------------- */
+
+typedef struct {
+    touch_ctx *c;
+    float one, zero; /* 1 and 0, not known to the compiler: the loads and stores stay */
+    atomic_int taken[MAX_THREADS];
+} floor_ctx;
+
+/* 16 floats or 32 bf16 values: vectors of whatever width the compiler has,
+ * so that the floor is not held back by scalar code the kernels do not run. */
+typedef float vf __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(64)));
+
+static inline void rmw_f(float *p, vf one, vf add)
+{
+    vf x;
+    memcpy(&x, p, sizeof x);
+    x = x * one + add;
+    memcpy(p, &x, sizeof x);
+}
+
+static void floor_share(floor_ctx *f, int part)
+{
+    touch_ctx *c = f->c;
+    size_t lo, hi;
+    mt_adamw_share(c->n, c->n_threads, part, &lo, &hi);
+    const vf one = (vf){0} + f->one, zero = (vf){0} + f->zero;
+    const vh flip = (vh){0} + (uint16_t)f->zero;
+    size_t i = lo;
+    for (; i + 32 <= hi; i += 32) { /* 32 parameters: two vectors of each fp32 array, one of bf16 */
+        vf g0 = zero, g1 = zero;
+        if (c->g32) { /* fp32 gradients: read, not written */
+            memcpy(&g0, c->g32 + i, sizeof g0);
+            memcpy(&g1, c->g32 + i + 16, sizeof g1);
+            g0 *= zero, g1 *= zero;
+        }
+        rmw_f(c->master + i, one, g0);
+        rmw_f(c->master + i + 16, one, g1);
+        rmw_f(c->m + i, one, zero);
+        rmw_f(c->m + i + 16, one, zero);
+        rmw_f(c->v + i, one, zero);
+        rmw_f(c->v + i + 16, one, zero);
+        vh w; /* bf16 gradients (or nothing) read, the new weights written over them */
+        memcpy(&w, c->w + i, sizeof w);
+        w ^= flip;
+        memcpy(c->w + i, &w, sizeof w);
+    }
+    for (; i < hi; i++) {
+        c->master[i] = c->master[i] * f->one + (c->g32 ? c->g32[i] * f->zero : 0.0f);
+        c->m[i] *= f->one;
+        c->v[i] *= f->one;
+        c->w[i] ^= (uint16_t)f->zero;
+    }
+}
+
+/* The same shares as the update (mt_adamw_apply): each thread its own first. */
+static void floor_task(void *ctxp, size_t task, int thread)
+{
+    floor_ctx *f = ctxp;
+    (void)task;
+    for (int i = 0; i < f->c->n_threads; i++) {
+        int part = (thread + i) % f->c->n_threads;
+        if (!atomic_exchange(&f->taken[part], 1)) floor_share(f, part);
     }
 }
 
@@ -208,9 +277,12 @@ int main(int argc, char **argv)
     else
         printf("bytes moved/param = 4*3 read + 4*3 written (master, m, v) + 4 read (grad) + 2 written (w) = 30\n");
     printf("median of %d steps after 1 warm-up; GB/s = bytes moved * params / time\n", iters);
-    printf("%8s %10s %10s %8s %9s\n", "threads", "ms/step", "Gparam/s", "GB/s", "norm ms");
+    printf("%8s %10s %10s %8s %9s %9s %8s\n", "threads", "ms/step", "Gparam/s", "GB/s", "norm ms", "floor ms",
+           "x floor");
 
-    double *ms = malloc(2 * (size_t)iters * sizeof *ms), *norm_ms = ms + iters;
+    static volatile float one = 1.0f, zero = 0.0f;
+    static floor_ctx fc; /* its flags are 4 KiB */
+    double *ms = malloc(3 * (size_t)iters * sizeof *ms), *norm_ms = ms + iters, *floor_ms = ms + 2 * (size_t)iters;
     if (!ms) return 1;
     for (int r = 0; r < n_runs; r++) {
         int t = runs[r], huge_ok = 1;
@@ -245,17 +317,22 @@ int main(int argc, char **argv)
             h.grad_scale = sq > 1.0 ? (float)(1.0 / sqrt(sq)) : 1.0f; /* clip the global norm to 1 */
             mt_adamw_apply(pool, k, &h, &seg, 1);
             double t2 = now();
+            fc.c = &tc, fc.one = one, fc.zero = zero;
+            for (int i = 0; i < t; i++) atomic_store(&fc.taken[i], 0);
+            mt_pool_run(pool, (size_t)t, floor_task, &fc);
+            double t3 = now();
             if (it >= 0) {
                 ms[it] = 1e3 * (t2 - t1);
                 norm_ms[it] = 1e3 * (t1 - t0);
+                floor_ms[it] = 1e3 * (t3 - t2);
             }
         }
         mt_pool_destroy(pool);
         for (int i = 0; i < (grad_bf16 ? 4 : 5); i++) munmap(reg[i].raw, reg[i].len);
 
-        double med = median(ms, iters), gps = (double)n / (med * 1e-3) * 1e-9;
-        printf("%8d %10.2f %10.3f %8.1f %9.2f%s\n", t, med, gps, gps * moved_b, median(norm_ms, iters),
-               huge_ok ? "" : "  (no huge pages)");
+        double med = median(ms, iters), gps = (double)n / (med * 1e-3) * 1e-9, fl = median(floor_ms, iters);
+        printf("%8d %10.2f %10.3f %8.1f %9.2f %9.2f %8.2f%s\n", t, med, gps, gps * moved_b, median(norm_ms, iters), fl,
+               med / fl, huge_ok ? "" : "  (no huge pages)");
         fflush(stdout);
     }
     free(ms);
