@@ -82,7 +82,8 @@ cJSON *mt_json_parse(const char *text, size_t len, size_t *where)
     return NULL;
 }
 
-void mt_json_where(char *out, size_t size, const char *text, size_t off)
+/* "line L, column C" of byte off of text. */
+static void json_where(char *out, size_t size, const char *text, size_t off)
 {
     int line = 1, col = 1;
     for (size_t i = 0; i < off; i++) {
@@ -101,7 +102,7 @@ mt_status mt_parse_json_file(mt_err err, const char *path, cJSON **out)
     cJSON *j = mt_json_parse(text, len, &off);
     if (!j) {
         char where[64];
-        mt_json_where(where, sizeof where, text, off);
+        json_where(where, sizeof where, text, off);
         free(text);
         return mt_fail(err, MT_ERR_FORMAT, "%s is not valid JSON (error near %s)", path, where);
     }

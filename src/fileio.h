@@ -16,8 +16,6 @@ mt_status mt_read_small_file(mt_err err, const char *path, char **out, size_t *l
  * wrong. Unlike cJSON_Parse, trailing bytes are an error and the position
  * is the call's own (cJSON_GetErrorPtr is one pointer for the process). */
 cJSON *mt_json_parse(const char *text, size_t len, size_t *where);
-/* "line L, column C" of byte off of text. */
-void mt_json_where(char *out, size_t size, const char *text, size_t off);
 /* A file holding one JSON object; cJSON_Delete() it. */
 mt_status mt_parse_json_file(mt_err err, const char *path, cJSON **out);
 /* mkdir -p. */
