@@ -146,7 +146,7 @@ build/fuzz/seeds: tests/fuzz/seeds.c $(FUZZ_HDR) $(STLIB) $(CONFIG_STAMP)
 
 build/fuzz/lib/%.o: src/%.c Makefile
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(FUZZ_LIB_CFLAGS) -fsanitize=fuzzer-no-link $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_LIB_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
 
 .SECONDARY: $(FUZZ_LIB_OBJ)
 build/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(FUZZ_LIB_OBJ)
@@ -234,4 +234,4 @@ uninstall:
 clean:
 	rm -rf build lib bin $(PCFILE)
 
--include $(OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TEST_SRC:tests/%.c=build/tests/%.d) $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.d)
+-include $(OBJ:.o=.d) $(CU_OBJ:.o=.d) $(wildcard build/fuzz/lib/*.d) $(TEST_SRC:tests/%.c=build/tests/%.d) $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.d)
