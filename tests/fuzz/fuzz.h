@@ -1,5 +1,6 @@
 /* Shared by the fuzz targets (libFuzzer entry points, one per file): a
- * scratch folder for the process and a helper that writes the input there.
+ * scratch folder for the process and helpers that write the input there and
+ * read files back.
  * Each target feeds bytes to a reader of the library the way a file on disk
  * would and checks the contract of every reader: a clean success or an error
  * with a message, never a crash, a leak or an out-of-bounds access (the
@@ -62,6 +63,26 @@ static inline void fuzz_write(const char *dir, const char *name, const void *dat
         perror(path);
         abort();
     }
+}
+
+/* The bytes of dir/name (and a NUL after them), for resetting a file between
+ * inputs. */
+static inline unsigned char *fuzz_read(const char *dir, const char *name, size_t *n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat sb;
+    FILE *f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &sb) != 0) {
+        perror(path);
+        abort();
+    }
+    *n = (size_t)sb.st_size;
+    unsigned char *p = malloc(*n + 1);
+    if (!p || fread(p, 1, *n, f) != *n) abort();
+    fclose(f);
+    p[*n] = '\0';
+    return p;
 }
 
 /* A failing call must say why. */

@@ -1,7 +1,7 @@
 /* A tiny model for the targets that load into one (a 2-layer GQA Llama with
  * q/k/v biases on the CPU backend, small enough that its files make short
- * inputs), and a copy of its tiles to check that a
- * load that fails leaves the model as it was. */
+ * inputs), and a copy of its tiles to check that a load that fails leaves
+ * the model as it was. */
 #ifndef MT_FUZZ_MODEL_H
 #define MT_FUZZ_MODEL_H
 
@@ -62,26 +62,6 @@ static inline void fuzz_snapshot_check(const fuzz_snapshot *s, const mt_model *m
         fprintf(stderr, "%s failed but changed the step count\n", what);
         abort();
     }
-}
-
-/* The bytes of dir/name (and a NUL after them), for resetting a file between
- * inputs. */
-static inline unsigned char *fuzz_read(const char *dir, const char *name, size_t *n)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    struct stat sb;
-    FILE *f = fopen(path, "rb");
-    if (!f || fstat(fileno(f), &sb) != 0) {
-        perror(path);
-        abort();
-    }
-    *n = (size_t)sb.st_size;
-    unsigned char *p = malloc(*n + 1);
-    if (!p || fread(p, 1, *n, f) != *n) abort();
-    fclose(f);
-    p[*n] = '\0';
-    return p;
 }
 
 #endif

@@ -1,7 +1,7 @@
 /* model.safetensors of a Hugging Face folder as mt_model_load reads it into
  * a model: the input is the file; a load that fails must leave every byte of
- * the model's tiles as it was. Seeds: the model's own save (make fuzz writes
- * one into the corpus). */
+ * the model's tiles as it was. Seeds: the model's own save (make fuzz-seeds
+ * writes it into the corpus). */
 #include "fuzz_model.h"
 
 static mt_model *model;
