@@ -63,7 +63,7 @@ extern "C" {
 /* ---- version ------------------------------------------------------------ */
 
 #define MT_VERSION_MAJOR 0
-#define MT_VERSION_MINOR 1
+#define MT_VERSION_MINOR 2
 #define MT_VERSION_PATCH 0
 #define MT_VERSION_NUMBER (MT_VERSION_MAJOR * 10000 + MT_VERSION_MINOR * 100 + MT_VERSION_PATCH)
 
@@ -114,7 +114,11 @@ typedef enum mt_log_level {
  * only during the call. Called from the thread that called into the library. */
 typedef void (*mt_log_fn)(mt_log_level level, const char *text, void *user_data);
 
-/* Polled during long work; return non-zero to stop it with MT_ERR_ABORTED. */
+/* Polled by mt_step, mt_eval and mt_model_logits before each micro-batch of
+ * each unit visit (so at least once per layer), on the calling thread;
+ * return non-zero to stop the call with MT_ERR_ABORTED. The GPU work already
+ * issued finishes first (at most one unit's work for one micro-batch), and
+ * the model is left exactly as before the call. */
 typedef int (*mt_abort_fn)(void *user_data);
 
 /* ---- model configuration ------------------------------------------------- */
@@ -400,7 +404,8 @@ static inline void mt_step_stats_init(mt_step_stats *stats)
  * global-norm clipping, AdamW with the learning rate of the model's step
  * counter under opt's schedule. stats may be NULL. On failure the model's
  * weights, optimizer state and step counter are as before the call;
- * MT_ERR_NONFINITE when the loss or gradient norm is not finite.
+ * MT_ERR_NONFINITE when the loss or gradient norm is not finite,
+ * MT_ERR_ABORTED when the policy's abort callback asked to stop.
  * On the CUDA backend the AdamW update may still be running on a library
  * thread when mt_step returns; the next step's forward waits for each unit,
  * and every other call that reads the model waits for all of it. */
@@ -448,8 +453,14 @@ typedef enum mt_wait {
     MT_WAIT_CHECKPOINTS = 2, /* activation checkpoints on their way to or from host memory */
     MT_WAIT_LAUNCH = 3,      /* nothing issued yet: launch latency and the host's own work */
     MT_WAIT_HOST = 4,        /* before the step's first GPU work and after its last (checks, sync) */
-    MT_WAIT_COUNT = 5
+    MT_WAIT_COUNT = 5        /* the causes this header knows; it grows up to MT_WAIT_CAPACITY */
 } mt_wait;
+
+/* The length of the wait arrays below, fixed whatever the number of causes,
+ * so that a new cause moves no field (0.1 sized them by MT_WAIT_COUNT; the
+ * library still writes the 0.1 layout for a caller whose
+ * mt_timeline.struct_size is 0.1's). Entries from MT_WAIT_COUNT on are 0. */
+#define MT_WAIT_CAPACITY 8
 
 typedef struct mt_timeline {
     uint32_t struct_size;           /* the caller's sizeof(mt_timeline), set by mt_timeline_init */
@@ -457,7 +468,7 @@ typedef struct mt_timeline {
     uint64_t step;                  /* the step recorded (mt_model_step_count after it) */
     double seconds;                 /* wall time of the step */
     double busy_seconds;            /* the compute stream running the step's visits */
-    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream idle, by cause: busy + waits = seconds */
+    double wait_seconds[MT_WAIT_CAPACITY]; /* the compute stream idle, by mt_wait: busy + waits = seconds */
     double h2d_seconds;             /* the host-to-device stream copying */
     double d2h_seconds;             /* the device-to-host stream copying */
     uint64_t h2d_bytes;
@@ -471,7 +482,7 @@ typedef struct mt_timeline_visit {
     double start, end;              /* on the compute stream, seconds from the step's start */
     double weights_start;           /* its weights' copy on the host-to-device stream; -1 without one */
     double weights_end;
-    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream's idle time just before it, by cause */
+    double wait_seconds[MT_WAIT_CAPACITY]; /* the compute stream's idle time just before it, by mt_wait */
 } mt_timeline_visit;
 
 MT_API void mt_timeline_init_sized(mt_timeline *timeline, uint32_t size);

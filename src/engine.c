@@ -49,10 +49,20 @@ static void await_unit(mt_model *m, mt_trace *t, int unit)
         t->opt[t->n_opt++] = (mt_trace_span){a - t->origin, now() - t->origin};
 }
 
+/* The caller's abort callback (mt_offload_policy), asked before each
+ * micro-batch of each visit: nonzero stops the work. */
+static int abort_requested(const mt_model *m)
+{
+    return m->pol.abort_callback && m->pol.abort_callback(m->pol.abort_user_data);
+}
+
 /* Runs visits[0..n) over n_micro micro-batches with K slots; a step passes
- * its trace t, evaluations NULL. */
-static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_micro, float loss_scale,
-                       float *logits_out)
+ * its trace t, evaluations NULL. Returns nonzero when the abort callback
+ * stopped it: what was issued is left to finish, nothing more is issued
+ * (no gradient reaches a host tile after the stop), and the caller still
+ * calls sync(). */
+static int run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_micro, float loss_scale,
+                      float *logits_out)
 {
     mt_be *be = m->be;
     const int full = t && t->level == MT_TRACE_FULL;
@@ -76,10 +86,12 @@ static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_mi
         const int phase = v[i].phase == PH_HEAD_LOGITS ? PH_HEAD : v[i].phase;
         if (full && t->n_visits < t->cap_visits)
             t->visit[t->n_visits++] = (mt_trace_visit){u, phase, now() - t->origin, 0, 0, -1, -1};
+        if (abort_requested(m)) return 1;
         be->ops->begin_visit(be, slot, u, phase);
+        int stop = 0; /* set by a poll between micro-batches: the visit ends without sending gradients */
         switch (v[i].phase) {
         case PH_FORWARD:
-            for (int mb = 0; mb < n_micro; mb++) be->ops->forward(be, slot, u, mb);
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++) be->ops->forward(be, slot, u, mb);
             break;
         case PH_HEAD:
             if (t) { /* the device's time replaces the host's where it keeps one */
@@ -87,20 +99,23 @@ static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_mi
                 if (t->level >= MT_TRACE_MARKS) be->ops->mark_head(be);
             }
             if (loss_scale != 0) be->ops->begin_grads(be, u);
-            for (int mb = 0; mb < n_micro; mb++) be->ops->head(be, slot, mb, loss_scale, loss_scale != 0);
-            if (loss_scale != 0) be->ops->send_grads(be, u);
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++)
+                be->ops->head(be, slot, mb, loss_scale, loss_scale != 0);
+            if (loss_scale != 0 && !stop) be->ops->send_grads(be, u);
             break;
         case PH_HEAD_LOGITS:
-            for (int mb = 0; mb < n_micro; mb++)
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++)
                 be->ops->head_logits(be, slot, mb, logits_out + (size_t)mb * m->be_shape.n_seq * m->cfg.vocab_size);
             break;
         case PH_BACKWARD:
             be->ops->begin_grads(be, u);
-            for (int mb = n_micro - 1; mb >= 0; mb--) be->ops->backward(be, slot, u, mb);
-            be->ops->send_grads(be, u);
+            for (int mb = n_micro - 1; mb >= 0 && !(stop = mb < n_micro - 1 && abort_requested(m)); mb--)
+                be->ops->backward(be, slot, u, mb);
+            if (!stop) be->ops->send_grads(be, u);
             break;
         }
         be->ops->end_visit(be, slot);
+        if (stop) return 1;
         /* Only now wait for the optimizer to finish the unit ahead (the
          * previous step's update), so the GPU has this visit queued while the
          * host waits; the load goes into the slot the last visit freed. */
@@ -109,6 +124,13 @@ static void run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_mi
             be->ops->load_weights(be, (li + K - 2) % K, v[ahead].unit);
         }
     }
+    return 0;
+}
+
+static mt_status fail_aborted(mt_model *m, const char *call)
+{
+    return mt_fail(mt_model_err(m), MT_ERR_ABORTED, "%s: stopped by the abort callback after step %llu; the model is as "
+                   "before the call", call, (unsigned long long)m->step);
 }
 
 /* The visit list of a step (train), an evaluation or a logits pass. */
@@ -246,9 +268,10 @@ mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, do
     stage_tokens(m, b);
     visit v[2 * 4096 + 8];
     const int n = build_visits(m, v, PH_HEAD, 1);
-    run_visits(m, &m->trace, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
+    const int stopped = run_visits(m, &m->trace, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    if (stopped) return fail_aborted(m, "mt_step");
     mt_trace *t = &m->trace;
     if (t->level && m->be->ops->trace_read(m->be)) t->level = MT_TRACE_OFF; /* no device times: host ones stay */
     if (t_head) *t_head = t->origin + t->head_start;
@@ -342,9 +365,10 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
     stage_tokens(m, &b);
     visit v[4096 + 8];
     int n = build_visits(m, v, PH_HEAD, 0);
-    run_visits(m, NULL, v, n, (int)b.num_micro_batches, 0.0f, NULL);
+    const int stopped = run_visits(m, NULL, v, n, (int)b.num_micro_batches, 0.0f, NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    if (stopped) return fail_aborted(m, "mt_eval");
     s.loss = loss_sum / (double)n_targets;
     s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
     s.target_tokens = n_targets;
@@ -372,9 +396,10 @@ static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint
     stage_tokens(m, &b);
     visit v[4096 + 8];
     int n = build_visits(m, v, PH_HEAD_LOGITS, 0);
-    run_visits(m, NULL, v, n, 1, 0.0f, out);
+    const int stopped = run_visits(m, NULL, v, n, 1, 0.0f, out);
     double loss_sum, sumsq;
-    return m->be->ops->sync(m->be, &loss_sum, &sumsq, err);
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    return stopped ? fail_aborted(m, "mt_model_logits") : MT_OK;
 }
 
 /* The entry points that reach the backend make the policy's device current

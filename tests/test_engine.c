@@ -394,3 +394,104 @@ Test(engine, logits_match_the_loss)
     cr_assert(fabs(eval_loss(m, &b) - (mx + log(se) - logits[3])) < 1e-5);
     mt_model_destroy(m);
 }
+
+/* The state a step may change: the streamed bf16 copy, the master weights
+ * and the moments; not the fp32 mode's gradient block, a landing zone that
+ * every step writes before it reads. */
+static int state_equal(const mt_model *a, const mt_model *b)
+{
+    for (int ui = 0; ui < a->layout.n_units; ui++) {
+        const mt_unit_desc *u = &a->layout.units[ui];
+        const mt_tile *ta = &a->tiles.tile[ui], *tb = &b->tiles.tile[ui];
+        if (u->weight_bytes && memcmp(ta->base + u->weight_off, tb->base + u->weight_off, u->weight_bytes)) return 0;
+        if (memcmp(mt_tile_master(ta, u), mt_tile_master(tb, u), u->padded * 4) ||
+            memcmp(mt_tile_m(ta, u), mt_tile_m(tb, u), u->padded * 4) ||
+            memcmp(mt_tile_v(ta, u), mt_tile_v(tb, u), u->padded * 4))
+            return 0;
+    }
+    return 1;
+}
+
+/* The abort callback: counts its polls and asks to stop at poll `stop_at`
+ * (1-based; 0 never). */
+typedef struct abort_probe {
+    int polls;
+    int stop_at;
+} abort_probe;
+
+static int probe_abort(void *user_data)
+{
+    abort_probe *p = user_data;
+    return ++p->polls == p->stop_at;
+}
+
+static mt_model *make_abortable(const mt_model_config *c, abort_probe *probe)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.log_level = MT_LOG_ERROR;
+    p.abort_callback = probe_abort;
+    p.abort_user_data = probe;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, c, &p), MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+/* A step stopped at any of its polls (before every micro-batch of every
+ * visit: forward, head, backward) returns MT_ERR_ABORTED and leaves every
+ * byte of every tile and the step count as they were; the model then trains
+ * on bit-identically with one that was never stopped. */
+Test(engine, abort_at_every_poll_leaves_the_model_as_it_was, .timeout = 120)
+{
+    enum { MB = 2, B = 2, S = 8, N = MB * B * S };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-2f;
+    for (int prec = 0; prec <= 1; prec++) {
+        mt_model_config c = cfg_of(1, 0, 0, prec);
+        abort_probe probe = {0, 0};
+        mt_model *a = make_abortable(&c, &probe), *ref = make(&c, 2);
+        fill(tok, tg, N, 3, 0);
+        mt_batch b = batch_of(tok, tg, B, S, MB);
+        /* one step first, so that the optimizer state is not all zero */
+        cr_assert_eq(mt_step(a, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(a));
+        cr_assert_eq(mt_step(ref, &b, &o, NULL), MT_OK);
+        const int per_step = probe.polls;
+        const int visits = 2 * (int)c.num_hidden_layers + 3;
+        cr_assert_eq(per_step, visits * MB, "one poll per micro-batch of each visit: %d", per_step);
+        for (int k = 1; k <= per_step; k++) {
+            fill(tok, tg, N, 10u + (unsigned)k, 3);
+            probe = (abort_probe){0, k};
+            cr_assert_eq(mt_step(a, &b, &o, NULL), MT_ERR_ABORTED, "precision %d, poll %d", prec, k);
+            cr_assert(strstr(mt_model_errmsg(a), "abort callback"), "%s", mt_model_errmsg(a));
+            cr_assert_eq(probe.polls, k, "no poll after the stop");
+            cr_assert_eq(mt_model_step_count(a), mt_model_step_count(ref));
+            cr_assert(state_equal(a, ref), "precision %d: stopped at poll %d of %d, the model changed", prec, k,
+                      per_step);
+            probe.stop_at = 0;
+            mt_step_stats sa, sr;
+            mt_step_stats_init(&sa);
+            mt_step_stats_init(&sr);
+            cr_assert_eq(mt_step(a, &b, &o, &sa), MT_OK, "%s", mt_model_errmsg(a));
+            cr_assert_eq(mt_step(ref, &b, &o, &sr), MT_OK);
+            cr_assert_eq(sa.loss, sr.loss, "precision %d, after poll %d: the next step's loss", prec, k);
+            cr_assert(tiles_equal(a, ref));
+        }
+        /* evaluation and logits stop the same way */
+        mt_eval_stats es;
+        mt_eval_stats_init(&es);
+        probe = (abort_probe){0, 2};
+        cr_assert_eq(mt_eval(a, &b, &es), MT_ERR_ABORTED);
+        float *logits = malloc(sizeof(float) * B * V);
+        probe = (abort_probe){0, 1};
+        cr_assert_eq(mt_model_logits(a, tok, B, S, logits), MT_ERR_ABORTED);
+        probe.stop_at = 0;
+        cr_assert_eq(mt_model_logits(a, tok, B, S, logits), MT_OK, "%s", mt_model_errmsg(a));
+        free(logits);
+        cr_assert(tiles_equal(a, ref));
+        mt_model_destroy(a);
+        mt_model_destroy(ref);
+    }
+}

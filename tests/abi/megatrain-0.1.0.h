@@ -1,0 +1,603 @@
+/*
+ * megatrain.h - the public API of libmegatrain.
+ *
+ * libmegatrain trains decoder-only transformer language models (Llama, Qwen2,
+ * Mistral families) whose size is bounded by host RAM rather than GPU memory:
+ * weights, gradients, fp32 master weights and AdamW moments live in host
+ * memory and the GPU receives one layer at a time.
+ *
+ * Conventions
+ * - Every fallible call returns an mt_status; MT_OK is 0. A call that fails
+ *   leaves its handle as it was before the call unless its documentation
+ *   says otherwise. mt_model_errmsg() gives the last message for a handle;
+ *   calls that have no handle yet (mt_model_create, mt_plan) leave theirs in
+ *   mt_last_errmsg(), which is per thread.
+ * - Out parameters come first, option structs after, user_data last.
+ * - Option structs start with their size: call the matching *_init()
+ *   function, which sets struct_size and the defaults, then change fields.
+ *   Fields are only ever appended. A caller built against an older header
+ *   passes a smaller struct_size and gets defaults for the fields it lacks;
+ *   a caller built against a newer header may pass a larger one as long as
+ *   the bytes this library does not know are zero (MT_ERR_STRUCT_SIZE
+ *   otherwise).
+ * - mt_X_init(p) is defined here, inline, as mt_X_init_sized(p, sizeof *p):
+ *   the size is the caller's, fixed when the caller is compiled, so the
+ *   library never writes past a struct from an older header. The exported
+ *   mt_X_init_sized(p, size) writes exactly size bytes: the first size bytes
+ *   of the defaults (zeros past the fields this library knows) and
+ *   struct_size = size. A size below the struct's first release is written
+ *   all the same and refused with MT_ERR_STRUCT_SIZE by the call that reads
+ *   it; a size below 4 writes nothing. Bindings that cannot use the inline
+ *   functions call mt_X_init_sized with their own struct's size.
+ * - Strings returned by the library are owned by it: mt_status_str() and
+ *   mt_version_string() live forever, mt_model_errmsg() until the next call
+ *   on the same handle or its destruction.
+ * - The library never prints to stdout and never terminates the process.
+ *   Diagnostics go to the log callback of the model's policy (stderr at
+ *   MT_LOG_WARN and above when none is set).
+ * - Thread safety: different models may be used from different threads at
+ *   once; one model must not be used by two threads at the same time.
+ *   mt_plan, mt_status_str, the *_init and *_init_sized functions and the
+ *   version functions are safe from any thread.
+ * - CUDA: a model works on its policy's device from whichever thread calls
+ *   it; each call leaves the calling thread's current CUDA device as it
+ *   found it, so the library and the caller's own CUDA work do not disturb
+ *   each other. Its pinned host memory is portable (usable by every device).
+ */
+#ifndef MEGATRAIN_H
+#define MEGATRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MT_BUILDING_LIBRARY) && defined(__GNUC__)
+#define MT_API __attribute__((visibility("default")))
+#else
+#define MT_API
+#endif
+
+/* ---- version ------------------------------------------------------------ */
+
+#define MT_VERSION_MAJOR 0
+#define MT_VERSION_MINOR 1
+#define MT_VERSION_PATCH 0
+#define MT_VERSION_NUMBER (MT_VERSION_MAJOR * 10000 + MT_VERSION_MINOR * 100 + MT_VERSION_PATCH)
+
+/* The version of the library actually loaded, as MT_VERSION_NUMBER computes it. */
+MT_API uint32_t mt_version_number(void);
+/* "MAJOR.MINOR.PATCH" of the loaded library. */
+MT_API const char *mt_version_string(void);
+
+/* ---- status codes --------------------------------------------------------- */
+
+typedef enum mt_status {
+    MT_OK = 0,
+    MT_ERR_INVALID_ARGUMENT = 1,  /* NULL pointer, bad value, inconsistent config */
+    MT_ERR_STRUCT_SIZE = 2,       /* struct_size too small, or unknown tail bytes not zero */
+    MT_ERR_OUT_OF_HOST_MEMORY = 3,/* an allocation of host memory failed */
+    MT_ERR_HOST_BUDGET = 4,       /* the plan needs more host memory than the budget or the machine has */
+    MT_ERR_GPU_BUDGET = 5,        /* the plan needs more GPU memory than the budget or the device has */
+    MT_ERR_OUT_OF_GPU_MEMORY = 6, /* a GPU allocation failed */
+    MT_ERR_NO_DEVICE = 7,         /* the policy asks for a backend that this machine lacks */
+    MT_ERR_DEVICE = 8,            /* the GPU runtime reported an error */
+    MT_ERR_IO = 9,                /* a file could not be opened, read or written */
+    MT_ERR_FORMAT = 10,           /* a file is corrupt, truncated or not of the expected format */
+    MT_ERR_UNSUPPORTED = 11,      /* valid, but not supported by this build or architecture */
+    MT_ERR_NONFINITE = 12,        /* a loss or gradient norm was NaN or infinite; nothing was updated */
+    MT_ERR_ABORTED = 13,          /* the abort callback asked to stop */
+    MT_ERR_INTERNAL = 14,         /* a bug in the library: please report it */
+    MT_STATUS_MAX_ENUM = 0x7FFFFFFF
+} mt_status;
+
+/* A static English description of a status; never NULL. */
+MT_API const char *mt_status_str(mt_status status);
+
+/* The message of the last failed call on this thread that had no handle to
+ * hold it (mt_model_create, mt_plan); "" when there is none. */
+MT_API const char *mt_last_errmsg(void);
+
+/* ---- logging -------------------------------------------------------------- */
+
+typedef enum mt_log_level {
+    MT_LOG_DEBUG = 0,
+    MT_LOG_INFO = 1,
+    MT_LOG_WARN = 2,
+    MT_LOG_ERROR = 3,
+    MT_LOG_MAX_ENUM = 0x7FFFFFFF
+} mt_log_level;
+
+/* Receives one line of text without a trailing newline; the text is valid
+ * only during the call. Called from the thread that called into the library. */
+typedef void (*mt_log_fn)(mt_log_level level, const char *text, void *user_data);
+
+/* Polled during long work; return non-zero to stop it with MT_ERR_ABORTED. */
+typedef int (*mt_abort_fn)(void *user_data);
+
+/* ---- model configuration ------------------------------------------------- */
+
+typedef enum mt_arch {
+    MT_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
+    MT_ARCH_QWEN2 = 1,   /* Qwen2ForCausalLM: q/k/v bias */
+    MT_ARCH_MISTRAL = 2, /* MistralForCausalLM */
+    MT_ARCH_MAX_ENUM = 0x7FFFFFFF
+} mt_arch;
+
+typedef enum mt_precision {
+    MT_PRECISION_BF16 = 0, /* bf16 weights and activations, fp32 accumulation, fp32 master and moments */
+    MT_PRECISION_FP32 = 1, /* everything in fp32: the reference mode */
+    MT_PRECISION_MAX_ENUM = 0x7FFFFFFF
+} mt_precision;
+
+typedef enum mt_rope_scaling {
+    MT_ROPE_SCALING_NONE = 0,
+    MT_ROPE_SCALING_LLAMA3 = 1, /* rope_type "llama3": factor, low/high_freq_factor, original_max_position */
+    MT_ROPE_SCALING_MAX_ENUM = 0x7FFFFFFF
+} mt_rope_scaling;
+
+/* The shape of a model. Field names follow Hugging Face's config.json. */
+typedef struct mt_model_config {
+    uint32_t struct_size;          /* the caller's sizeof(mt_model_config), set by mt_model_config_init */
+    uint32_t arch;                 /* mt_arch */
+    uint32_t vocab_size;
+    uint32_t hidden_size;
+    uint32_t intermediate_size;    /* the MLP's inner width */
+    uint32_t num_hidden_layers;
+    uint32_t num_attention_heads;
+    uint32_t num_key_value_heads;  /* divides num_attention_heads; equal for plain MHA */
+    uint32_t head_dim;             /* 0: hidden_size / num_attention_heads */
+    uint32_t max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    uint32_t rope_scaling;         /* mt_rope_scaling */
+    float rope_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    uint32_t rope_original_max_position;
+    uint32_t attention_bias;       /* non-zero: q, k and v projections have a bias (Qwen2) */
+    uint32_t tie_word_embeddings;  /* non-zero: the LM head is the embedding matrix */
+    uint32_t precision;            /* mt_precision */
+    uint64_t seed;                 /* weight initialisation */
+    float initializer_range;       /* std of the normal init of matrices; norms start at 1, biases at 0 */
+    uint32_t reserved0;            /* zero */
+} mt_model_config;
+
+/* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,
+ * intermediate 1408, max positions 2048), rms_norm_eps 1e-5, rope_theta 10000,
+ * bf16, seed 1, initializer_range 0.02. */
+MT_API void mt_model_config_init_sized(mt_model_config *cfg, uint32_t size);
+static inline void mt_model_config_init(mt_model_config *cfg)
+{
+    mt_model_config_init_sized(cfg, sizeof *cfg);
+}
+
+/* ---- where state lives and what runs it ---------------------------------- */
+
+typedef enum mt_backend {
+    MT_BACKEND_AUTO = 0, /* CUDA when a usable GPU is present, else CPU */
+    MT_BACKEND_CPU = 1,
+    MT_BACKEND_CUDA = 2,
+    MT_BACKEND_MAX_ENUM = 0x7FFFFFFF
+} mt_backend;
+
+typedef enum mt_placement {
+    MT_PLACE_AUTO = 0,   /* decided by the memory plan */
+    MT_PLACE_DEVICE = 1, /* keep on the GPU */
+    MT_PLACE_HOST = 2,   /* keep in pinned host memory, stream to the GPU when needed */
+    MT_PLACE_MAX_ENUM = 0x7FFFFFFF
+} mt_placement;
+
+typedef enum mt_pinning {
+    MT_PIN_AUTO = 0,   /* pin host tiles when a CUDA backend is in use */
+    MT_PIN_ALWAYS = 1, /* fail if they cannot be pinned */
+    MT_PIN_NEVER = 2,
+    MT_PIN_MAX_ENUM = 0x7FFFFFFF
+} mt_pinning;
+
+/* What the backward recomputes from each layer's input checkpoint. */
+typedef enum mt_recompute {
+    MT_RECOMPUTE_AUTO = 0, /* keep the attention outputs (then the residuals) of as many layers as fit the GPU */
+    MT_RECOMPUTE_FULL = 1, /* recompute the whole layer: the least GPU memory */
+    MT_RECOMPUTE_MAX_ENUM = 0x7FFFFFFF
+} mt_recompute;
+
+typedef struct mt_offload_policy {
+    uint32_t struct_size;        /* the caller's sizeof(mt_offload_policy), set by mt_offload_policy_init */
+    uint32_t backend;            /* mt_backend */
+    int32_t device;              /* CUDA device index */
+    uint32_t weight_slots;       /* GPU weight buffers, >= 2 (double buffering) */
+    uint64_t gpu_budget_bytes;   /* 0: the device's free memory */
+    uint64_t host_budget_bytes;  /* 0: the memory the machine has available; a caller who sets it
+                                    vouches that this much host memory can be had */
+    int32_t numa_node;           /* -1: the node nearest the GPU (or none) */
+    uint32_t optimizer_threads;  /* 0: one per core of the NUMA node */
+    uint32_t activations;        /* mt_placement of activation checkpoints */
+    uint32_t pin_host;           /* mt_pinning */
+    mt_log_fn log_callback;      /* NULL: warnings and errors to stderr */
+    void *log_user_data;
+    uint32_t log_level;          /* mt_log_level: the least severe level delivered */
+    uint32_t timeline;           /* 1: record each step's timeline (CUDA backend; mt_model_timeline) */
+    mt_abort_fn abort_callback;  /* NULL: never abort */
+    void *abort_user_data;
+    uint32_t recompute;          /* mt_recompute: what the backward recomputes */
+    uint32_t reserved1;          /* zero */
+} mt_offload_policy;
+
+/* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,
+ * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN,
+ * no timeline, recompute AUTO. */
+MT_API void mt_offload_policy_init_sized(mt_offload_policy *pol, uint32_t size);
+static inline void mt_offload_policy_init(mt_offload_policy *pol)
+{
+    mt_offload_policy_init_sized(pol, sizeof *pol);
+}
+
+/* ---- optimizer ------------------------------------------------------------ */
+
+typedef enum mt_lr_schedule {
+    MT_LR_CONSTANT = 0, /* linear warm-up, then lr */
+    MT_LR_COSINE = 1,   /* linear warm-up, then cosine decay to lr * min_lr_ratio at total_steps */
+    MT_LR_MAX_ENUM = 0x7FFFFFFF
+} mt_lr_schedule;
+
+/* AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW. */
+typedef struct mt_optim_config {
+    uint32_t struct_size;  /* the caller's sizeof(mt_optim_config), set by mt_optim_config_init */
+    uint32_t schedule;     /* mt_lr_schedule */
+    float lr;              /* peak learning rate */
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;    /* applied to matrices; norms and biases are never decayed */
+    float grad_clip;       /* clip the global gradient L2 norm to this; 0: no clipping */
+    float min_lr_ratio;    /* cosine floor as a fraction of lr */
+    uint32_t warmup_steps;
+    uint32_t total_steps;  /* the length of the cosine schedule */
+    uint32_t reserved0;    /* zero */
+} mt_optim_config;
+
+/* Defaults: cosine, lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1,
+ * grad_clip 1.0, min_lr_ratio 0.1, warmup 0, total_steps 1000. */
+MT_API void mt_optim_config_init_sized(mt_optim_config *opt, uint32_t size);
+static inline void mt_optim_config_init(mt_optim_config *opt)
+{
+    mt_optim_config_init_sized(opt, sizeof *opt);
+}
+
+/* The learning rate of `step` (0-based) under `opt`; NaN for an invalid config. */
+MT_API float mt_lr_at(const mt_optim_config *opt, uint64_t step);
+
+/* ---- memory plan ------------------------------------------------------------ */
+
+/* The shape of one optimizer step's batch. */
+typedef struct mt_batch_shape {
+    uint32_t struct_size;      /* the caller's sizeof(mt_batch_shape), set by mt_batch_shape_init */
+    uint32_t micro_batch_size; /* sequences per micro-batch */
+    uint32_t seq_len;          /* tokens per sequence */
+    uint32_t num_micro_batches;/* micro-batches per optimizer step (gradient accumulation) */
+} mt_batch_shape;
+
+/* Defaults: 1 sequence of 1024 tokens, 1 micro-batch. */
+MT_API void mt_batch_shape_init_sized(mt_batch_shape *shape, uint32_t size);
+static inline void mt_batch_shape_init(mt_batch_shape *shape)
+{
+    mt_batch_shape_init_sized(shape, sizeof *shape);
+}
+
+/* Bytes per tier that a model would use, computed without allocating. */
+typedef struct mt_memory_plan {
+    uint32_t struct_size;        /* the caller's size, set by mt_memory_plan_init */
+    uint32_t backend;            /* mt_backend the plan was made for (CPU or CUDA) */
+    uint64_t num_params;
+    uint64_t host_pinned_bytes;  /* page-locked host memory */
+    uint64_t host_pageable_bytes;/* ordinary host memory */
+    uint64_t gpu_bytes;          /* device memory (0 on the CPU backend) */
+    /* where the host bytes go */
+    uint64_t weight_bytes;       /* the copy that is streamed (bf16, or none in fp32 mode) */
+    uint64_t grad_bytes;         /* gradients (none where they share the weight block) */
+    uint64_t master_bytes;       /* fp32 master weights */
+    uint64_t optim_bytes;        /* fp32 AdamW m and v */
+    uint64_t activation_bytes;   /* activation checkpoints, wherever they live */
+    uint64_t workspace_bytes;    /* weight slots, gradient accumulators, scratch */
+    uint64_t host_budget_bytes;  /* the budget the plan was checked against */
+    uint64_t gpu_budget_bytes;
+    uint32_t weight_slots;
+    uint32_t activations;        /* mt_placement chosen for activation checkpoints */
+    uint32_t num_units;          /* embedding + layers + head */
+    uint32_t reserved0;
+    uint64_t largest_unit_params;
+} mt_memory_plan;
+
+MT_API void mt_memory_plan_init_sized(mt_memory_plan *plan, uint32_t size);
+static inline void mt_memory_plan_init(mt_memory_plan *plan)
+{
+    mt_memory_plan_init_sized(plan, sizeof *plan);
+}
+
+/* Fills *out for cfg, pol and shape; pol NULL means the defaults, shape NULL
+ * plans the model's persistent state alone (what mt_model_create needs).
+ * Returns MT_ERR_HOST_BUDGET or MT_ERR_GPU_BUDGET when the plan does not fit,
+ * with *out filled all the same, and the numbers in mt_last_errmsg(). */
+MT_API mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg, const mt_offload_policy *pol,
+                         const mt_batch_shape *shape);
+
+/* ---- the model ---------------------------------------------------------------- */
+
+typedef struct mt_model mt_model;
+
+/* Creates a model: checks the plan against the budgets, allocates the host
+ * tiles, and initialises the weights from cfg->seed. pol may be NULL (the
+ * defaults). On failure *out is NULL, nothing stays allocated, and
+ * mt_last_errmsg() says why. */
+MT_API mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_offload_policy *pol);
+
+/* Frees everything the model owns. NULL is a no-op. */
+MT_API void mt_model_destroy(mt_model *model);
+
+/* The message of the last failed call on this model; "" if none. */
+MT_API const char *mt_model_errmsg(const mt_model *model);
+
+/* The configuration the model was created with (struct_size of *out decides
+ * how much is written). */
+MT_API mt_status mt_model_get_config(const mt_model *model, mt_model_config *out);
+
+/* The number of trainable parameters. */
+MT_API uint64_t mt_model_num_params(const mt_model *model);
+
+/* The backend in use: MT_BACKEND_CPU or MT_BACKEND_CUDA. */
+MT_API mt_backend mt_model_backend(const mt_model *model);
+
+/* ---- training and evaluation ----------------------------------------------------- */
+
+/* Targets equal to this are not predicted (prompt tokens, padding), as in transformers. */
+#define MT_IGNORE_INDEX (-100)
+
+/* One optimizer step's tokens: num_micro_batches micro-batches of
+ * micro_batch_size sequences of seq_len tokens, laid out in that order. */
+typedef struct mt_batch {
+    uint32_t struct_size;       /* the caller's sizeof(mt_batch), set by mt_batch_init */
+    uint32_t micro_batch_size;
+    uint32_t seq_len;
+    uint32_t num_micro_batches;
+    const int32_t *tokens;      /* [num_micro_batches * micro_batch_size * seq_len] input ids */
+    const int32_t *targets;     /* same shape: the id to predict at each position, or MT_IGNORE_INDEX */
+} mt_batch;
+
+MT_API void mt_batch_init_sized(mt_batch *batch, uint32_t size);
+static inline void mt_batch_init(mt_batch *batch)
+{
+    mt_batch_init_sized(batch, sizeof *batch);
+}
+
+typedef struct mt_step_stats {
+    uint32_t struct_size;       /* the caller's size, set by mt_step_stats_init */
+    uint32_t reserved0;
+    uint64_t step;              /* optimizer steps taken, this one included */
+    double loss;                /* mean cross-entropy over the step's target tokens */
+    double grad_norm;           /* global L2 norm of the gradients, before clipping */
+    float lr;                   /* the learning rate this step used */
+    uint32_t reserved1;
+    uint64_t tokens;            /* tokens processed */
+    uint64_t target_tokens;     /* tokens whose target was not ignored */
+    double seconds;             /* wall time of the step */
+    double forward_seconds;     /* forward pass (on the CUDA backend until the head starts on the GPU) */
+    double backward_seconds;    /* loss, backward with recompute, gradient transfers */
+    double optimizer_seconds;   /* clipping and AdamW; on the CUDA backend the update runs behind the
+                                   next step's forward, and this is the time to start it */
+                                /* the three add up to seconds */
+} mt_step_stats;
+
+MT_API void mt_step_stats_init_sized(mt_step_stats *stats, uint32_t size);
+static inline void mt_step_stats_init(mt_step_stats *stats)
+{
+    mt_step_stats_init_sized(stats, sizeof *stats);
+}
+
+/* One optimizer step: forward and backward over every micro-batch, exact
+ * global-norm clipping, AdamW with the learning rate of the model's step
+ * counter under opt's schedule. stats may be NULL. On failure the model's
+ * weights, optimizer state and step counter are as before the call;
+ * MT_ERR_NONFINITE when the loss or gradient norm is not finite.
+ * On the CUDA backend the AdamW update may still be running on a library
+ * thread when mt_step returns; the next step's forward waits for each unit,
+ * and every other call that reads the model waits for all of it. */
+MT_API mt_status mt_step(mt_model *model, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats);
+
+typedef struct mt_eval_stats {
+    uint32_t struct_size;       /* the caller's size, set by mt_eval_stats_init */
+    uint32_t reserved0;
+    double loss;                /* mean cross-entropy over the target tokens */
+    uint64_t tokens;
+    uint64_t target_tokens;
+    double seconds;
+} mt_eval_stats;
+
+MT_API void mt_eval_stats_init_sized(mt_eval_stats *stats, uint32_t size);
+static inline void mt_eval_stats_init(mt_eval_stats *stats)
+{
+    mt_eval_stats_init_sized(stats, sizeof *stats);
+}
+
+/* The loss of the model on batch, without changing anything. */
+MT_API mt_status mt_eval(mt_model *model, const mt_batch *batch, mt_eval_stats *stats);
+
+/* Next-token logits after each of n_seq sequences of seq_len tokens:
+ * out[n_seq * vocab_size], the scores at each sequence's last position. */
+MT_API mt_status mt_model_logits(mt_model *model, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out);
+
+/* ---- step timeline ------------------------------------------------------------- */
+
+/* Where a step's time goes on the GPU. With mt_offload_policy.timeline set,
+ * the CUDA backend records CUDA events around every unit visit on the compute
+ * stream and every copy on the two copy streams; after the step the library
+ * splits the step's wall time into the compute stream's busy time and the
+ * causes of its idle time. See docs/timeline.md. */
+typedef enum mt_phase {
+    MT_PHASE_FORWARD = 0,  /* embedding or layer forward, every micro-batch */
+    MT_PHASE_HEAD = 1,     /* final norm, logits, loss and its gradient */
+    MT_PHASE_BACKWARD = 2, /* layer recompute and backward, or the embedding's backward */
+    MT_PHASE_MAX_ENUM = 0x7FFFFFFF
+} mt_phase;
+
+typedef enum mt_wait {
+    MT_WAIT_WEIGHTS = 0,     /* a unit's weights still on their way (PCIe, or a slot still in use) */
+    MT_WAIT_OPTIMIZER = 1,   /* the CPU AdamW had not finished a unit the forward needed */
+    MT_WAIT_CHECKPOINTS = 2, /* activation checkpoints on their way to or from host memory */
+    MT_WAIT_LAUNCH = 3,      /* nothing issued yet: launch latency and the host's own work */
+    MT_WAIT_HOST = 4,        /* before the step's first GPU work and after its last (checks, sync) */
+    MT_WAIT_COUNT = 5
+} mt_wait;
+
+typedef struct mt_timeline {
+    uint32_t struct_size;           /* the caller's sizeof(mt_timeline), set by mt_timeline_init */
+    uint32_t n_visits;              /* unit visits in the step */
+    uint64_t step;                  /* the step recorded (mt_model_step_count after it) */
+    double seconds;                 /* wall time of the step */
+    double busy_seconds;            /* the compute stream running the step's visits */
+    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream idle, by cause: busy + waits = seconds */
+    double h2d_seconds;             /* the host-to-device stream copying */
+    double d2h_seconds;             /* the device-to-host stream copying */
+    uint64_t h2d_bytes;
+    uint64_t d2h_bytes;
+} mt_timeline;
+
+/* One unit visit. A fixed layout: new fields will come with a new type. */
+typedef struct mt_timeline_visit {
+    uint32_t unit;                  /* 0 embedding, 1..L layers, L+1 head */
+    uint32_t phase;                 /* mt_phase */
+    double start, end;              /* on the compute stream, seconds from the step's start */
+    double weights_start;           /* its weights' copy on the host-to-device stream; -1 without one */
+    double weights_end;
+    double wait_seconds[MT_WAIT_COUNT]; /* the compute stream's idle time just before it, by cause */
+} mt_timeline_visit;
+
+MT_API void mt_timeline_init_sized(mt_timeline *timeline, uint32_t size);
+static inline void mt_timeline_init(mt_timeline *timeline)
+{
+    mt_timeline_init_sized(timeline, sizeof *timeline);
+}
+
+/* The timeline of the model's last step: *out, and the first cap visits
+ * into visits (may be NULL). MT_ERR_UNSUPPORTED unless the policy's
+ * timeline is set and the backend is CUDA; MT_ERR_INVALID_ARGUMENT before
+ * the first step. */
+MT_API mt_status mt_model_timeline(mt_model *model, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap);
+
+/* Optimizer steps the model has taken. */
+MT_API uint64_t mt_model_step_count(const mt_model *model);
+
+/* ---- Hugging Face model folders ------------------------------------------------- */
+
+/* Reads a model folder's config.json (LlamaForCausalLM, Qwen2ForCausalLM,
+ * MistralForCausalLM) into *cfg, which the caller initialised with
+ * mt_model_config_init (precision, seed and initializer_range are kept).
+ * Another architecture or an unsupported setting is refused with
+ * MT_ERR_UNSUPPORTED and a message naming it. */
+MT_API mt_status mt_config_load(mt_model_config *cfg, const char *dir);
+
+/* Loads the weights of a model folder (model.safetensors, or the shards that
+ * model.safetensors.index.json lists; bf16, fp16 or fp32) into the model,
+ * whose configuration must match. The optimizer state is reset. On failure
+ * the model is as before. */
+MT_API mt_status mt_model_load(mt_model *model, const char *dir);
+
+/* Writes config.json and model.safetensors (bf16 in bf16 mode, fp32 in fp32
+ * mode) into dir, which is created if missing. Files are written under
+ * temporary names, synced, then renamed over the old ones. */
+MT_API mt_status mt_model_save(mt_model *model, const char *dir);
+
+/* ---- resume checkpoints ------------------------------------------------------------ */
+
+/* What a checkpoint carries besides the model and optimizer state: the
+ * caller's position in its data and its random state, stored as given. */
+typedef struct mt_checkpoint_info {
+    uint32_t struct_size;      /* the caller's sizeof(mt_checkpoint_info), set by mt_checkpoint_info_init */
+    uint32_t reserved0;
+    uint64_t step;             /* on load: the optimizer steps the model had taken (ignored on save) */
+    uint64_t data_position;    /* the caller's, e.g. the next window of an mt_dataset */
+    uint64_t rng_state[4];     /* the caller's */
+} mt_checkpoint_info;
+
+MT_API void mt_checkpoint_info_init_sized(mt_checkpoint_info *info, uint32_t size);
+static inline void mt_checkpoint_info_init(mt_checkpoint_info *info)
+{
+    mt_checkpoint_info_init_sized(info, sizeof *info);
+}
+
+/* Saves everything a bit-identical resume needs into dir/step-NNNNNNNN/
+ * (config.json, model.safetensors with the fp32 master weights, which
+ * transformers can load, optimizer.safetensors with AdamW's exp_avg and
+ * exp_avg_sq, trainer_state.json) and then points dir/latest at it. Each file
+ * is written under a temporary name and synced, the step folder is renamed
+ * into place, and `latest` is replaced last: a process killed at any moment
+ * leaves the previous checkpoint loadable. The two newest checkpoints are
+ * kept. info may be NULL. */
+MT_API mt_status mt_checkpoint_save(mt_model *model, const char *dir, const mt_checkpoint_info *info);
+
+/* Loads the checkpoint dir/latest names (or dir itself, when it is a step
+ * folder) into a model of the same shape and precision: weights, optimizer
+ * state and step counter; info (may be NULL) receives what was saved. On
+ * failure the model is as before. */
+MT_API mt_status mt_checkpoint_load(mt_model *model, const char *dir, mt_checkpoint_info *info);
+
+/* ---- token data ---------------------------------------------------------------- */
+
+typedef enum mt_token_format {
+    MT_TOKENS_AUTO = 0, /* the llm.c header when the file starts with its magic, else raw uint16 */
+    MT_TOKENS_U16 = 1,  /* raw little-endian uint16 */
+    MT_TOKENS_U32 = 2,  /* raw little-endian uint32 */
+    MT_TOKENS_LLMC = 3, /* llm.c .bin: 256 int32 header (magic 20240520, version 1: uint16 or 2: uint32, count) */
+    MT_TOKENS_MAX_ENUM = 0x7FFFFFFF
+} mt_token_format;
+
+typedef enum mt_split {
+    MT_SPLIT_TRAIN = 0,
+    MT_SPLIT_HELDOUT = 1,
+    MT_SPLIT_MAX_ENUM = 0x7FFFFFFF
+} mt_split;
+
+typedef struct mt_dataset_options {
+    uint32_t struct_size;      /* the caller's sizeof(mt_dataset_options), set by mt_dataset_options_init */
+    uint32_t format;           /* mt_token_format */
+    uint32_t vocab_size;       /* token ids >= this are refused at open; 0: no check */
+    uint32_t seq_len;          /* tokens per training sequence; a window holds seq_len + 1 tokens */
+    float heldout_fraction;    /* share of the windows held out (the file's last ones), in [0, 0.5] */
+    uint32_t reserved0;        /* zero */
+    uint64_t seed;             /* the order in which training windows are drawn */
+} mt_dataset_options;
+
+/* Defaults: AUTO format, no vocabulary check, seq_len 1024, 1% held out, seed 1. */
+MT_API void mt_dataset_options_init_sized(mt_dataset_options *opt, uint32_t size);
+static inline void mt_dataset_options_init(mt_dataset_options *opt)
+{
+    mt_dataset_options_init_sized(opt, sizeof *opt);
+}
+
+/* A memory-mapped token file cut into windows of seq_len + 1 tokens (stride
+ * seq_len). Training windows are visited in a seeded random order that is
+ * reshuffled every epoch; held-out windows in file order. Read-only after
+ * open: one dataset may serve several threads. */
+typedef struct mt_dataset mt_dataset;
+
+/* Opens and validates path (size, header, every token id against vocab_size).
+ * On failure *out is NULL and mt_last_errmsg() names the file and the problem. */
+MT_API mt_status mt_dataset_open(mt_dataset **out, const char *path, const mt_dataset_options *opt);
+MT_API void mt_dataset_close(mt_dataset *ds); /* NULL ok */
+MT_API uint64_t mt_dataset_num_tokens(const mt_dataset *ds);
+MT_API uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split);
+
+/* Fills n_seq sequences starting at window `position` of the split (training
+ * positions run on past the end into the next epochs; held-out ones wrap):
+ * tokens[n_seq * seq_len] and targets[n_seq * seq_len], the next token of
+ * each. The next call's position is position + n_seq. */
+MT_API mt_status mt_dataset_read(const mt_dataset *ds, mt_split split, uint64_t position, uint32_t n_seq,
+                                 int32_t *tokens, int32_t *targets);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEGATRAIN_H */
