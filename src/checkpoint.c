@@ -106,7 +106,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     mt_checkpoint_info info;
     mt_checkpoint_info_init(&info);
     mt_status st;
-    if (info_in && (st = mt_copy_in(err, &info, sizeof info, info_in, sizeof info, "mt_checkpoint_info"))) return st;
+    if (info_in && (st = mt_copy_in(err, &info, sizeof info, info_in, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info"))) return st;
     if ((st = mt_mkdir_p(err, dir))) return st;
 
     char name[32], final[4096], tmp[4200], old[4200], path[4096];
@@ -242,7 +242,7 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     mt_checkpoint_info info;
     mt_checkpoint_info_init(&info);
     mt_status st;
-    if (info_out && (st = mt_copy_out(err, info_out, &info, sizeof info, sizeof info, "mt_checkpoint_info"))) return st;
+    if (info_out && (st = mt_copy_out(err, info_out, &info, sizeof info, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info"))) return st;
     char ck[4096], path[4096];
     if ((st = find_step_dir(err, dir, ck, sizeof ck)) || (st = check_config(err, m, ck))) return st;
 
@@ -290,5 +290,5 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     mt_st_free(&opt);
     if (st) return st;
     m->step = info.step;
-    return info_out ? mt_copy_out(err, info_out, &info, sizeof info, sizeof info, "mt_checkpoint_info") : MT_OK;
+    return info_out ? mt_copy_out(err, info_out, &info, sizeof info, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info") : MT_OK;
 }

@@ -19,7 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DATASET_SIZE_V0_1 sizeof(mt_dataset_options)
 
 #define LLMC_MAGIC 20240520
 #define LLMC_HEADER_BYTES 1024u /* 256 int32 */
@@ -61,7 +60,7 @@ void mt_dataset_options_init_sized(mt_dataset_options *p, uint32_t size)
 static mt_status dataset_import(mt_err err, mt_dataset_options *o, const mt_dataset_options *src)
 {
     mt_dataset_options_init(o);
-    mt_status st = mt_copy_in(err, o, sizeof *o, src, DATASET_SIZE_V0_1, "mt_dataset_options");
+    mt_status st = mt_copy_in(err, o, sizeof *o, src, MT_FIRST_SIZE_DATASET_OPTIONS, "mt_dataset_options");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
     if (o->format > MT_TOKENS_LLMC)

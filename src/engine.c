@@ -187,7 +187,7 @@ static mt_status check_batch(mt_model *m, mt_batch *b, const mt_batch *src, int 
 {
     mt_err err = mt_model_err(m);
     mt_batch_init(b);
-    mt_status st = mt_copy_in(err, b, sizeof *b, src, sizeof(mt_batch), "mt_batch");
+    mt_status st = mt_copy_in(err, b, sizeof *b, src, MT_FIRST_SIZE_BATCH, "mt_batch");
     if (st) return st;
     if (!b->micro_batch_size || !b->seq_len || !b->num_micro_batches)
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch needs micro_batch_size, seq_len and num_micro_batches > 0");
@@ -294,7 +294,7 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     if (stats) {
         mt_step_stats probe;
         mt_step_stats_init(&probe);
-        if ((st = mt_copy_out(err, stats, &probe, sizeof probe, sizeof probe, "mt_step_stats"))) return st;
+        if ((st = mt_copy_out(err, stats, &probe, sizeof probe, MT_FIRST_SIZE_STEP_STATS, "mt_step_stats"))) return st;
     }
     double loss, norm, t_head = t0;
     m->trace_valid = 0;
@@ -341,7 +341,7 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
         s.forward_seconds = t_head - t0;
         s.backward_seconds = t_bwd - t_head;
         s.optimizer_seconds = t_end - t_bwd;
-        mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_step_stats");
+        mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_STEP_STATS, "mt_step_stats");
     }
     return MT_OK;
 }
@@ -360,7 +360,7 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
     if (!stats) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_eval: stats is NULL");
     mt_eval_stats s;
     mt_eval_stats_init(&s);
-    if ((st = mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_eval_stats"))) return st;
+    if ((st = mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats"))) return st;
     if ((st = prepare(m, (int)b.micro_batch_size, (int)b.seq_len, (int)b.num_micro_batches, 0))) return st;
     stage_tokens(m, &b);
     visit v[4096 + 8];
@@ -373,7 +373,7 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
     s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
     s.target_tokens = n_targets;
     s.seconds = now() - t0;
-    return mt_copy_out(err, stats, &s, sizeof s, sizeof s, "mt_eval_stats");
+    return mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats");
 }
 
 static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
@@ -444,9 +444,13 @@ mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *vi
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: out is NULL");
+    /* a caller built against 0.1 passes 0.1's size and gets 0.1's layout */
+    uint32_t size;
+    memcpy(&size, out, sizeof size);
+    const int v0_1 = size == MT_SIZE_TIMELINE_0_1;
     mt_timeline tl;
     mt_timeline_init(&tl);
-    mt_status st = mt_copy_out(err, out, &tl, sizeof tl, sizeof tl, "mt_timeline");
+    mt_status st = v0_1 ? MT_OK : mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
     if (st) return st;
     if (!m->pol.timeline || m->backend != MT_BACKEND_CUDA)
         return mt_fail(err, MT_ERR_UNSUPPORTED,
@@ -454,9 +458,19 @@ mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *vi
                        "created");
     if (!m->trace_valid)
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: no step recorded yet (or the last one failed)");
+    if (v0_1) {
+        const uint32_t n = visits ? MT_MIN(cap, (uint32_t)m->trace.n_visits) : 0;
+        mt_timeline_visit *vis = n ? calloc(n, sizeof *vis) : NULL;
+        if (n && !vis) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "mt_model_timeline: out of host memory");
+        mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, vis, n);
+        tl.step = m->step;
+        mt_timeline_to_0_1((mt_timeline_0_1 *)out, &tl, (mt_timeline_visit_0_1 *)visits, vis, n);
+        free(vis);
+        return MT_OK;
+    }
     mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, visits, cap);
     tl.step = m->step;
-    return mt_copy_out(err, out, &tl, sizeof tl, sizeof tl, "mt_timeline");
+    return mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
 }
 
 void mt_batch_init_sized(mt_batch *b, uint32_t size) { mt_struct_init(b, size, NULL, 0); }

@@ -192,7 +192,7 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_config_load: dir is NULL");
     mt_model_config caller;
     mt_model_config_init(&caller);
-    mt_status st = mt_copy_in(err, &caller, sizeof caller, cfg, sizeof(mt_model_config), "mt_model_config");
+    mt_status st = mt_copy_in(err, &caller, sizeof caller, cfg, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
 
     mt_model_config c;
@@ -213,7 +213,7 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
     char why[MT_ERRMSG_MAX];
     if ((st = mt_config_import((mt_err){why}, &check, &c)))
         return mt_fail(err, st, "%s describes an impossible model: %s", path, why);
-    return mt_copy_out(err, cfg, &c, sizeof c, sizeof(mt_model_config), "mt_model_config");
+    return mt_copy_out(err, cfg, &c, sizeof c, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
 }
 
 /* ---- writing ------------------------------------------------------------------ */

@@ -3,6 +3,7 @@
 #ifndef MT_INTERNAL_H
 #define MT_INTERNAL_H
 
+#include "abi.h"
 #include "megatrain.h"
 
 #include <stdarg.h>
@@ -61,9 +62,6 @@ mt_status mt_config_import(mt_err err, mt_model_config *dst, const mt_model_conf
 mt_status mt_policy_import(mt_err err, mt_offload_policy *dst, const mt_offload_policy *src);
 mt_status mt_optim_import(mt_err err, mt_optim_config *dst, const mt_optim_config *src);
 mt_status mt_shape_import(mt_err err, mt_batch_shape *dst, const mt_batch_shape *src);
-
-/* The size of mt_memory_plan's first release. */
-size_t mt_plan_min_size(void);
 
 /* "1.50 GiB" style formatting into buf (>= 32 bytes); returns buf. */
 const char *mt_fmt_bytes(char *buf, size_t size, uint64_t bytes);

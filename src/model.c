@@ -143,7 +143,7 @@ mt_status mt_model_get_config(const mt_model *m, mt_model_config *out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_model *mm = (mt_model *)m; /* only its message buffer changes */
-    return mt_copy_out(mt_model_err(mm), out, &m->cfg, sizeof m->cfg, sizeof(mt_model_config), "mt_model_config");
+    return mt_copy_out(mt_model_err(mm), out, &m->cfg, sizeof m->cfg, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
 }
 
 uint64_t mt_model_num_params(const mt_model *m) { return m ? m->layout.num_params : 0; }

@@ -5,14 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Sizes of each struct's first release (0.1). Fields appended later are
- * defaulted for callers that pass one of these sizes. */
-#define CONFIG_SIZE_V0_1 sizeof(mt_model_config)
-#define POLICY_SIZE_V0_1 offsetof(mt_offload_policy, recompute)
-#define OPTIM_SIZE_V0_1 sizeof(mt_optim_config)
-#define SHAPE_SIZE_V0_1 sizeof(mt_batch_shape)
-#define PLAN_SIZE_V0_1 sizeof(mt_memory_plan)
-
 mt_status mt_copy_in(mt_err err, void *dst, size_t dst_size, const void *src, size_t min_size, const char *what)
 {
     if (!src) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "%s is NULL", what);
@@ -52,23 +44,6 @@ mt_status mt_copy_out(mt_err err, void *dst, const void *src, size_t src_size, s
 }
 
 /* ---- defaults ---------------------------------------------------------- */
-
-/* A caller's size ends at a field: no public struct has tail padding (reserved
- * fields fill it), so a field appended later never lands in padding that an
- * older caller's size covers. */
-#define NO_TAIL_PADDING(T, last) \
-    _Static_assert(sizeof(T) == offsetof(T, last) + sizeof(((T *)0)->last), #T " has tail padding")
-NO_TAIL_PADDING(mt_model_config, reserved0);
-NO_TAIL_PADDING(mt_offload_policy, reserved1);
-NO_TAIL_PADDING(mt_optim_config, reserved0);
-NO_TAIL_PADDING(mt_batch_shape, num_micro_batches);
-NO_TAIL_PADDING(mt_memory_plan, largest_unit_params);
-NO_TAIL_PADDING(mt_batch, targets);
-NO_TAIL_PADDING(mt_step_stats, optimizer_seconds);
-NO_TAIL_PADDING(mt_eval_stats, seconds);
-NO_TAIL_PADDING(mt_timeline, d2h_bytes);
-NO_TAIL_PADDING(mt_checkpoint_info, rng_state);
-NO_TAIL_PADDING(mt_dataset_options, seed);
 
 void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known)
 {
@@ -159,7 +134,7 @@ void mt_memory_plan_init_sized(mt_memory_plan *p, uint32_t size) { mt_struct_ini
 mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config *src)
 {
     mt_model_config_init(c);
-    mt_status st = mt_copy_in(err, c, sizeof *c, src, CONFIG_SIZE_V0_1, "mt_model_config");
+    mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
     if (c->arch > MT_ARCH_MISTRAL) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
@@ -211,7 +186,7 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
 {
     mt_offload_policy_init(p);
     if (!src) return MT_OK; /* NULL policy: the defaults */
-    mt_status st = mt_copy_in(err, p, sizeof *p, src, POLICY_SIZE_V0_1, "mt_offload_policy");
+    mt_status st = mt_copy_in(err, p, sizeof *p, src, MT_FIRST_SIZE_OFFLOAD_POLICY, "mt_offload_policy");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
     if (p->backend > MT_BACKEND_CUDA) return BAD("mt_offload_policy.backend %u is not an mt_backend value", p->backend);
@@ -236,7 +211,7 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
 mt_status mt_optim_import(mt_err err, mt_optim_config *o, const mt_optim_config *src)
 {
     mt_optim_config_init(o);
-    mt_status st = mt_copy_in(err, o, sizeof *o, src, OPTIM_SIZE_V0_1, "mt_optim_config");
+    mt_status st = mt_copy_in(err, o, sizeof *o, src, MT_FIRST_SIZE_OPTIM_CONFIG, "mt_optim_config");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
     if (o->schedule > MT_LR_COSINE) return BAD("mt_optim_config.schedule %u is not an mt_lr_schedule", o->schedule);
@@ -260,7 +235,7 @@ mt_status mt_shape_import(mt_err err, mt_batch_shape *s, const mt_batch_shape *s
 {
     mt_batch_shape_init(s);
     if (!src) return MT_OK;
-    mt_status st = mt_copy_in(err, s, sizeof *s, src, SHAPE_SIZE_V0_1, "mt_batch_shape");
+    mt_status st = mt_copy_in(err, s, sizeof *s, src, MT_FIRST_SIZE_BATCH_SHAPE, "mt_batch_shape");
     if (st) return st;
     if (s->micro_batch_size == 0 || s->seq_len == 0 || s->num_micro_batches == 0)
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
@@ -271,8 +246,6 @@ mt_status mt_shape_import(mt_err err, mt_batch_shape *s, const mt_batch_shape *s
                        s->micro_batch_size, s->seq_len);
     return MT_OK;
 }
-
-size_t mt_plan_min_size(void) { return PLAN_SIZE_V0_1; }
 
 /* ---- learning-rate schedule -------------------------------------------------- */
 

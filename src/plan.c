@@ -163,9 +163,9 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     mt_status st;
     uint32_t out_size;
     memcpy(&out_size, out, sizeof out_size);
-    if (out_size < mt_plan_min_size())
-        return mt_fail(err, MT_ERR_STRUCT_SIZE, "mt_memory_plan.struct_size is %u, but the smallest accepted is %zu: "
-                       "initialise it with mt_memory_plan_init()", out_size, mt_plan_min_size());
+    if (out_size < MT_FIRST_SIZE_MEMORY_PLAN)
+        return mt_fail(err, MT_ERR_STRUCT_SIZE, "mt_memory_plan.struct_size is %u, but the smallest accepted is %d: "
+                       "initialise it with mt_memory_plan_init()", out_size, MT_FIRST_SIZE_MEMORY_PLAN);
     if ((st = mt_config_import(err, &cfg, cfg_in)) || (st = mt_policy_import(err, &pol, pol_in)) ||
         (st = mt_shape_import(err, &shape, shape_in)))
         return st;
@@ -176,6 +176,6 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     mt_memory_plan p;
     st = mt_plan_compute(err, &p, &cfg, &pol, shape_in ? &shape : NULL, backend, &lo);
     mt_layout_free(&lo);
-    mt_copy_out(err, out, &p, sizeof p, mt_plan_min_size(), "mt_memory_plan");
+    mt_copy_out(err, out, &p, sizeof p, MT_FIRST_SIZE_MEMORY_PLAN, "mt_memory_plan");
     return st;
 }

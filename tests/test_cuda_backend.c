@@ -315,6 +315,25 @@ static void timeline_of(int place)
                 cr_assert_leq(v[i].weights_end, v[i].start + 1e-6, "visit %d began before its weights arrived", i);
             }
         }
+        /* a caller built against 0.1 passes 0.1's size: the same step in 0.1's layout */
+        mt_timeline_0_1 old;
+        mt_timeline_visit_0_1 ov[2 * L + 3];
+        memset(&old, 0xff, sizeof old);
+        memset(ov, 0xff, sizeof ov);
+        old.struct_size = MT_SIZE_TIMELINE_0_1;
+        cr_assert_eq(mt_model_timeline(m, (mt_timeline *)&old, (mt_timeline_visit *)ov, 2 * L + 3), MT_OK, "%s",
+                     mt_model_errmsg(m));
+        cr_assert_eq(old.struct_size, MT_SIZE_TIMELINE_0_1);
+        cr_assert_eq(old.step, tl.step);
+        cr_assert_eq(old.n_visits, tl.n_visits);
+        cr_assert_eq(old.busy_seconds, tl.busy_seconds);
+        cr_assert_eq(old.d2h_bytes, tl.d2h_bytes);
+        cr_assert_eq(memcmp(old.wait_seconds, tl.wait_seconds, sizeof old.wait_seconds), 0);
+        for (int i = 0; i < 2 * L + 3; i++) {
+            cr_assert_eq(ov[i].unit, v[i].unit);
+            cr_assert_eq(ov[i].end, v[i].end);
+            cr_assert_eq(memcmp(ov[i].wait_seconds, v[i].wait_seconds, sizeof ov[i].wait_seconds), 0);
+        }
     }
     mt_model_destroy(m);
 }

@@ -254,3 +254,55 @@ Test(timeline, the_cpu_backend_splits_its_step_by_host_time)
     cr_assert_float_eq(s.forward_seconds + s.backward_seconds + s.optimizer_seconds, s.seconds, 1e-9);
     mt_model_destroy(m);
 }
+
+/* What a caller built against 0.1 receives: the same numbers in 0.1's
+ * layout (wait arrays of 5), which src/abi.c asserts matches the 0.1.0
+ * header; its struct_size is kept. */
+Test(timeline, the_0_1_layout_carries_the_same_numbers)
+{
+    mt_timeline tl;
+    mt_timeline_init(&tl);
+    tl.n_visits = 3;
+    tl.step = 42;
+    tl.seconds = 2.5;
+    tl.busy_seconds = 1.25;
+    for (int k = 0; k < MT_WAIT_COUNT; k++) tl.wait_seconds[k] = 0.25 * (k + 1);
+    tl.h2d_seconds = 0.5;
+    tl.d2h_seconds = 0.75;
+    tl.h2d_bytes = 1ull << 40;
+    tl.d2h_bytes = 12345;
+    mt_timeline_visit v[3];
+    memset(v, 0, sizeof v);
+    for (int i = 0; i < 3; i++) {
+        v[i] = (mt_timeline_visit){(uint32_t)i, MT_PHASE_BACKWARD, i, i + 0.5, i - 1.0, i - 0.5, {0}};
+        for (int k = 0; k < MT_WAIT_COUNT; k++) v[i].wait_seconds[k] = i + k / 8.0;
+    }
+    mt_timeline_0_1 old;
+    mt_timeline_visit_0_1 ov[4];
+    memset(&old, 0xff, sizeof old);
+    memset(ov, 0xff, sizeof ov);
+    old.struct_size = MT_SIZE_TIMELINE_0_1;
+    mt_timeline_to_0_1(&old, &tl, ov, v, 3);
+    cr_assert_eq(old.struct_size, MT_SIZE_TIMELINE_0_1);
+    cr_assert_eq(old.n_visits, 3);
+    cr_assert_eq(old.step, 42);
+    cr_assert_eq(old.seconds, 2.5);
+    cr_assert_eq(old.busy_seconds, 1.25);
+    for (int k = 0; k < MT_WAITS_0_1; k++) cr_assert_eq(old.wait_seconds[k], 0.25 * (k + 1));
+    cr_assert_eq(old.h2d_seconds, 0.5);
+    cr_assert_eq(old.d2h_seconds, 0.75);
+    cr_assert_eq(old.h2d_bytes, 1ull << 40);
+    cr_assert_eq(old.d2h_bytes, 12345);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(ov[i].unit, (uint32_t)i);
+        cr_assert_eq(ov[i].phase, MT_PHASE_BACKWARD);
+        cr_assert_eq(ov[i].start, (double)i);
+        cr_assert_eq(ov[i].end, i + 0.5);
+        cr_assert_eq(ov[i].weights_start, i - 1.0);
+        cr_assert_eq(ov[i].weights_end, i - 0.5);
+        for (int k = 0; k < MT_WAITS_0_1; k++) cr_assert_eq(ov[i].wait_seconds[k], i + k / 8.0);
+    }
+    unsigned char untouched[sizeof ov[3]];
+    memset(untouched, 0xff, sizeof untouched);
+    cr_assert_eq(memcmp(&ov[3], untouched, sizeof untouched), 0, "nothing past n visits is written");
+}
