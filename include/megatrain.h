@@ -9,9 +9,10 @@
  * Conventions
  * - Every fallible call returns an mt_status; MT_OK is 0. A call that fails
  *   leaves its handle as it was before the call unless its documentation
- *   says otherwise. mt_model_errmsg() gives the last message for a handle;
- *   calls that have no handle yet (mt_model_create, mt_plan) leave theirs in
- *   mt_last_errmsg(), which is per thread.
+ *   says otherwise. mt_model_errmsg() gives the last message for a model;
+ *   every other call (mt_model_create, mt_plan, mt_config_load, and the
+ *   dataset calls, since one dataset may serve several threads) leaves its
+ *   message in mt_last_errmsg(), which is per thread.
  * - Out parameters come first, option structs after, user_data last.
  * - Option structs start with their size: call the matching *_init()
  *   function, which sets struct_size and the defaults, then change fields.
@@ -224,7 +225,7 @@ typedef struct mt_offload_policy {
     void *log_user_data;
     uint32_t log_level;          /* mt_log_level: the least severe level delivered */
     uint32_t timeline;           /* 1: record each step's timeline (CUDA backend; mt_model_timeline) */
-    mt_abort_fn abort_callback;  /* NULL: never abort */
+    mt_abort_fn abort_callback;  /* NULL: never abort; like log_callback, called until mt_model_destroy */
     void *abort_user_data;
     uint32_t recompute;          /* mt_recompute: what the backward recomputes */
     uint32_t reserved1;          /* zero */
@@ -453,7 +454,8 @@ typedef enum mt_wait {
     MT_WAIT_CHECKPOINTS = 2, /* activation checkpoints on their way to or from host memory */
     MT_WAIT_LAUNCH = 3,      /* nothing issued yet: launch latency and the host's own work */
     MT_WAIT_HOST = 4,        /* before the step's first GPU work and after its last (checks, sync) */
-    MT_WAIT_COUNT = 5        /* the causes this header knows; it grows up to MT_WAIT_CAPACITY */
+    MT_WAIT_COUNT = 5,       /* the causes this header knows; it grows up to MT_WAIT_CAPACITY */
+    MT_WAIT_MAX_ENUM = 0x7FFFFFFF
 } mt_wait;
 
 /* The length of the wait arrays below, fixed whatever the number of causes,

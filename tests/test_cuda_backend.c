@@ -471,3 +471,59 @@ Test(cuda_backend, callers_current_device_is_kept)
     }
     mt_cuda_restore_device(prev);
 }
+
+/* The abort callback on the GPU: a step stopped at a poll in the forward
+ * (while the previous step's AdamW still runs behind it), in the head, and
+ * in the backward (after some gradients reached their tiles) returns
+ * MT_ERR_ABORTED with every tile byte as it was; the model then trains on
+ * with the bits of one that was never stopped. */
+typedef struct abort_probe {
+    int polls;
+    int stop_at;
+} abort_probe;
+
+static int probe_abort(void *user_data)
+{
+    abort_probe *p = user_data;
+    return ++p->polls == p->stop_at;
+}
+
+Test(cuda_backend, abort_leaves_the_model_as_it_was)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 0, 0, 64);
+    c.num_hidden_layers = 4;
+    abort_probe probe = {0, 0};
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+    p.abort_callback = probe_abort;
+    p.abort_user_data = &probe;
+    mt_model *a = make_with(&c, &p), *ref = make(&c, MT_BACKEND_CUDA, 2);
+    train(a, 1);
+    train(ref, 1);
+    const int per_step = probe.polls; /* (2L + 3) visits x 2 micro-batches */
+    cr_assert_eq(per_step, (2 * 4 + 3) * 2);
+    const int stops[] = {1, 2, 6, 11, 12, 15, per_step};
+    enum { B = 2, S = 64, N = B * S * 2 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 3e-3f;
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        fill(tok, tg, N, 500u + (unsigned)i);
+        mt_batch b = batch_of(tok, tg, B, S, 2);
+        probe = (abort_probe){0, stops[i]};
+        cr_assert_eq(mt_step(a, &b, &o, NULL), MT_ERR_ABORTED, "poll %d: %s", stops[i], mt_model_errmsg(a));
+        cr_assert_eq(mt_model_step_count(a), mt_model_step_count(ref));
+        cr_assert(tiles_equal(a, ref), "stopped at poll %d of %d, the tiles changed", stops[i], per_step);
+        probe.stop_at = 0;
+        mt_step_stats sa, sr;
+        mt_step_stats_init(&sa);
+        mt_step_stats_init(&sr);
+        cr_assert_eq(mt_step(a, &b, &o, &sa), MT_OK, "%s", mt_model_errmsg(a));
+        cr_assert_eq(mt_step(ref, &b, &o, &sr), MT_OK, "%s", mt_model_errmsg(ref));
+        cr_assert_eq(sa.loss, sr.loss, "after poll %d: the next step's loss", stops[i]);
+        cr_assert_eq(sa.grad_norm, sr.grad_norm, "after poll %d: the next step's gradient norm", stops[i]);
+    }
+    cr_assert(tiles_equal(a, ref));
+    mt_model_destroy(a);
+    mt_model_destroy(ref);
+}
