@@ -11,6 +11,8 @@ VERSION := $(VMAJOR).$(VMINOR).$(VPATCH)
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man
 
 CC ?= cc
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -22,12 +24,18 @@ else
 CUDA ?= 1
 endif
 
+# CFLAGS, CPPFLAGS and LDFLAGS are the caller's (a distribution's hardening
+# flags, say): added to every compile and link, never replacing what the
+# build needs.
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY
 DEPFLAGS = -MMD -MP
 LDLIBS_PRIV := -lcjson -lnuma -lpthread -lm
+# libcjson and libnuma ship .pc files: the static link asks pkg-config for them
+PC_REQUIRES_PRIV := libcjson numa
+PC_LIBS_PRIV := -lpthread -lm
 
 # Per-file instruction sets: kernels named *_avx2.c / *_avx512.c are built for
 # that ISA and only called after a run-time CPU check.
@@ -45,6 +53,8 @@ CU_SRC := $(sort $(wildcard cuda/*.cu))
 CU_OBJ := $(CU_SRC:cuda/%.cu=build/cuda/%.o)
 BASE_CFLAGS += -DMT_HAVE_CUDA=1
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+# the .pc names the CUDA runtime but not where it lies (docs/abi.md, README)
+PC_LIBS_PRIV += -lcudart_static -ldl -lrt -lstdc++
 else
 CU_OBJ :=
 CUDA_LIBS :=
@@ -63,7 +73,7 @@ TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck check demo setup install uninstall clean check-exports fuzz fuzz-replay fuzz-seeds
+.PHONY: all test memcheck check demo setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
 # stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
@@ -77,7 +87,7 @@ $(CONFIG_STAMP):
 # -- library ------------------------------------------------------------
 build/src/%.o: src/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) $(ISA_$(lastword $(subst _, ,$*))) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu Makefile
 	@mkdir -p $(@D)
@@ -85,7 +95,7 @@ build/cuda/%.o: cuda/%.cu Makefile
 
 $(SHLIB): $(OBJ) $(CU_OBJ) src/megatrain.map
 	@mkdir -p lib
-	$(CC) -shared -pthread -Wl,-soname,$(SONAME) -Wl,--version-script=src/megatrain.map -Wl,--no-undefined \
+	$(CC) -shared -pthread $(LDFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=src/megatrain.map -Wl,--no-undefined \
 	  -o $@ $(OBJ) $(CU_OBJ) $(CUDA_LIBS) $(LDLIBS_PRIV)
 	ln -sf libmegatrain.so.$(VERSION) lib/$(SONAME)
 	ln -sf $(SONAME) lib/libmegatrain.so
@@ -95,31 +105,36 @@ $(STLIB): $(OBJ) $(CU_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
-	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(CUDA_LIBS) $(LDLIBS_PRIV)|'
+# libdir and includedir are written relative to ${prefix} where they lie
+# under it, so a relocated install (DESTDIR, a copied tree) needs only prefix
+# changed.
+pc_rel = $(if $(filter $(PREFIX)/%,$(1)),$${prefix}/$(patsubst $(PREFIX)/%,%,$(1)),$(1))
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(call pc_rel,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(call pc_rel,$(INCLUDEDIR))|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@REQUIRES_PRIVATE@|$(PC_REQUIRES_PRIV)|' -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIV)|'
 $(PCFILE): pkgconfig/megatrain.pc.in include/megatrain.h Makefile
 	$(PC_SED) $< > $@
 
 # -- tests, benchmarks, CLI (linked statically so tests reach internals) ---
 build/tests/%.o: tests/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(TEST_BIN): $(TEST_SRC:tests/%.c=build/tests/%.o) $(STLIB)
-	$(CC) -pthread -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
+	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
 
 build/bench/%: bench/%.c $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
 
 build/tools/%.o: tools/megatrain/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 # The CLI uses only the public API and links the shared library.
 $(CLI): $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.o) $(SHLIB)
 	@mkdir -p bin
-	$(CC) -pthread -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lm
+	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lm
 
 # -- fuzz targets (tests/fuzz, docs/fuzzing.md) ---------------------------
 # Each tests/fuzz/fuzz_NAME.c is a libFuzzer entry point for one file reader.
@@ -138,7 +153,7 @@ FUZZ_FIXTURE_CONFIGS := $(sort $(wildcard tests/fixtures/*/model/config.json))
 
 build/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_HDR) $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $< tests/fuzz/replay.c $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Itests/fuzz -o $@ $< tests/fuzz/replay.c $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
 
 build/fuzz/seeds: tests/fuzz/seeds.c $(FUZZ_HDR) $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
@@ -199,10 +214,10 @@ fuzz-seeds: build/fuzz/seeds
 check: setup
 	$(MAKE) all
 	$(MAKE) test
-	$(MAKE) check-exports
+	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh
-	tools/install-check.sh
+	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) tools/install-check.sh
 
 # The quick start: set up, build, train the built-in demo, report what it learned.
 demo: setup
@@ -213,23 +228,38 @@ setup:
 	@tools/setup.sh
 
 check-exports: $(SHLIB)
-	@bad=$$(nm -D --defined-only $(SHLIB) | awk '{print $$3}' | grep -v '^mt_' | grep -v '^MEGATRAIN_' ); \
-	if [ -n "$$bad" ]; then echo "non-API symbols exported:"; echo "$$bad"; exit 1; fi; \
-	echo "exports: $$(nm -D --defined-only $(SHLIB) | grep -c ' T mt_') mt_ functions, nothing else"
+	@tools/check-exports.sh $(SHLIB)
+
+# The ABI rules (docs/abi.md): the committed layout assertions are those of the
+# header, the exports those of the header and the version script, the library
+# compatible with every released baseline in abi/ (abidiff), a program built
+# against the 0.1.0 header runs against it, and the check itself tells an
+# allowed change from a breaking one (--selftest); docs/api.md covers the API.
+check-abi: $(SHLIB)
+	@tools/abi-layout.py --check
+	@tools/check-exports.sh $(SHLIB)
+	@tools/abi-check.sh $(SHLIB)
+	@mkdir -p build/abi/scratch && rm -rf build/abi/scratch/*
+	@$(CC) -std=c11 -Wall -Wextra -Werror $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Itests/abi tests/abi/old_caller.c \
+	  -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../../lib' -o build/abi/old_caller
+	@build/abi/old_caller build/abi/scratch
+	@tools/abi-check.sh --selftest
+	@tools/check-api-doc.sh
 
 install: $(SHLIB) $(STLIB) $(PCFILE)
-	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
-	install -m 644 include/megatrain.h $(DESTDIR)$(INCLUDEDIR)/
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1
+	install -m 644 include/megatrain.h include/megatrain.hpp $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 docs/megatrain.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf libmegatrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmegatrain.so
 	install -m 644 $(STLIB) $(DESTDIR)$(LIBDIR)/
 	$(PC_SED) pkgconfig/megatrain.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc
-	if [ -f $(CLI) ]; then install -d $(DESTDIR)$(PREFIX)/bin && install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/; fi
+	if [ -f $(CLI) ]; then install -d $(DESTDIR)$(BINDIR) && install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/; fi
 
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/megatrain.h $(DESTDIR)$(LIBDIR)/libmegatrain.* \
-	  $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc $(DESTDIR)$(PREFIX)/bin/megatrain
+	rm -f $(DESTDIR)$(INCLUDEDIR)/megatrain.h $(DESTDIR)$(INCLUDEDIR)/megatrain.hpp $(DESTDIR)$(LIBDIR)/libmegatrain.* \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc $(DESTDIR)$(BINDIR)/megatrain $(DESTDIR)$(MANDIR)/man1/megatrain.1
 
 clean:
 	rm -rf build lib bin $(PCFILE)

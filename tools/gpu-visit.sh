@@ -7,6 +7,8 @@
 #   tools/gpu-visit.sh                 everything
 #   tools/gpu-visit.sh gpu_tests step_7b   only the parts named
 #   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
+#   PREV_STEP=old/step tools/gpu-visit.sh step_7b_prev1 step_7b_now1 step_7b_prev2 step_7b_now2
+#                                      the 7B step of an earlier build against this one's
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -31,6 +33,13 @@ run adamw build/bench/adamw --params 1G --threads 8,12,16 --iters 5
 run cpu_step build/bench/cpu_step --threads 16
 run step_1b build/bench/step --preset 1b --seq-len 2048 --micro-batch 4 --grad-accum 2 --steps 3 --host-budget 110
 run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --timeline-csv "$OUT/step_7b_visits.csv"
+# the same 7B step with the bench/step of an earlier commit (PREV_STEP=path, built
+# on the development machine), before and after this build's, for a change
+# that must not cost speed: measured on one day, interleaved against drift
+for i in 1 2; do
+  [ -n "${PREV_STEP:-}" ] && run step_7b_prev$i "$PREV_STEP" --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
+  run step_7b_now$i build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
+done
 run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --recompute full --timeline
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
 run step_8b build/bench/step --preset 8b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 121 --timeline

@@ -1,0 +1,3 @@
+module libmegatrain/go/megatrain
+
+go 1.19
