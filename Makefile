@@ -131,10 +131,11 @@ build/tools/%.o: tools/megatrain/%.c Makefile $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-# The CLI uses only the public API and links the shared library.
+# The CLI uses only the public API and links the shared library (and cJSON
+# for its run files: logs, checkpoint metadata).
 $(CLI): $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.o) $(SHLIB)
 	@mkdir -p bin
-	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lm
+	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) -Llib -lmegatrain -Wl,-rpath,'$$ORIGIN/../lib' -lcjson -lm
 
 # -- fuzz targets (tests/fuzz, docs/fuzzing.md) ---------------------------
 # Each tests/fuzz/fuzz_NAME.c is a libFuzzer entry point for one file reader.
@@ -246,7 +247,7 @@ check-abi: $(SHLIB)
 	@tools/abi-check.sh --selftest
 	@tools/check-api-doc.sh
 
-install: $(SHLIB) $(STLIB) $(PCFILE)
+install: $(SHLIB) $(STLIB) $(PCFILE) $(CLI)
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1
 	install -m 644 include/megatrain.h include/megatrain.hpp $(DESTDIR)$(INCLUDEDIR)/
 	install -m 644 docs/megatrain.1 $(DESTDIR)$(MANDIR)/man1/
@@ -255,7 +256,8 @@ install: $(SHLIB) $(STLIB) $(PCFILE)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmegatrain.so
 	install -m 644 $(STLIB) $(DESTDIR)$(LIBDIR)/
 	$(PC_SED) pkgconfig/megatrain.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/megatrain.pc
-	if [ -f $(CLI) ]; then install -d $(DESTDIR)$(BINDIR) && install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/; fi
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/megatrain.h $(DESTDIR)$(INCLUDEDIR)/megatrain.hpp $(DESTDIR)$(LIBDIR)/libmegatrain.* \
