@@ -324,6 +324,9 @@ static inline void mt_memory_plan_init(mt_memory_plan *plan)
 
 /* Fills *out for cfg, pol and shape; pol NULL means the defaults, shape NULL
  * plans the model's persistent state alone (what mt_model_create needs).
+ * A policy asking for MT_BACKEND_CUDA with a gpu_budget_bytes plans for such
+ * a GPU on any machine, one without a GPU included (0.2; 0.1 returned
+ * MT_ERR_NO_DEVICE there).
  * Returns MT_ERR_HOST_BUDGET or MT_ERR_GPU_BUDGET when the plan does not fit,
  * with *out filled all the same, and the numbers in mt_last_errmsg(). */
 MT_API mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg, const mt_offload_policy *pol,
@@ -532,6 +535,12 @@ typedef struct mt_checkpoint_info {
     uint64_t step;             /* on load: the optimizer steps the model had taken (ignored on save) */
     uint64_t data_position;    /* the caller's, e.g. the next window of an mt_dataset */
     uint64_t rng_state[4];     /* the caller's */
+    /* 0.2: the caller's own state as the text of a JSON object (its run's
+     * settings, its log history, ...), kept in trainer_state.json beside the
+     * library's keys, which it may not use. On save: NULL for none. On load:
+     * what was saved, or NULL; owned by the model, valid until the next
+     * mt_checkpoint_load on it or its destruction. */
+    const char *caller_json;
 } mt_checkpoint_info;
 
 MT_API void mt_checkpoint_info_init_sized(mt_checkpoint_info *info, uint32_t size);
@@ -546,8 +555,11 @@ static inline void mt_checkpoint_info_init(mt_checkpoint_info *info)
  * exp_avg_sq, trainer_state.json) and then points dir/latest at it. Each file
  * is written under a temporary name and synced, the step folder is renamed
  * into place, and `latest` is replaced last: a process killed at any moment
- * leaves the previous checkpoint loadable. The two newest checkpoints are
- * kept. info may be NULL. */
+ * leaves the previous checkpoint loadable. Then older checkpoints are
+ * removed: of the step folders numbered below this one, the newest is kept
+ * (two in all); folders numbered above it (another continuation of the run)
+ * and anything that is not a step folder are left alone, as are leftovers of
+ * killed saves other than this step's. info may be NULL. */
 MT_API mt_status mt_checkpoint_save(mt_model *model, const char *dir, const mt_checkpoint_info *info);
 
 /* Loads the checkpoint dir/latest names (or dir itself, when it is a step
@@ -559,8 +571,9 @@ MT_API mt_status mt_checkpoint_load(mt_model *model, const char *dir, mt_checkpo
 /* ---- token data ---------------------------------------------------------------- */
 
 typedef enum mt_token_format {
-    MT_TOKENS_AUTO = 0, /* the llm.c header when the file starts with its magic, else raw uint16 */
-    MT_TOKENS_U16 = 1,  /* raw little-endian uint16 */
+    MT_TOKENS_AUTO = 0, /* the llm.c header when the file starts with its magic, else raw uint16; a raw
+                           file is refused when vocab_size exceeds 65536 or the data look like uint32 */
+    MT_TOKENS_U16 = 1,  /* raw little-endian uint16 (refused when every other value is 0, as in uint32 data) */
     MT_TOKENS_U32 = 2,  /* raw little-endian uint32 */
     MT_TOKENS_LLMC = 3, /* llm.c .bin: 256 int32 header (magic 20240520, version 1: uint16 or 2: uint32, count) */
     MT_TOKENS_MAX_ENUM = 0x7FFFFFFF

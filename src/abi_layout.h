@@ -157,13 +157,14 @@ _Static_assert(offsetof(mt_timeline_visit, weights_start) == 24, "mt_timeline_vi
 _Static_assert(offsetof(mt_timeline_visit, weights_end) == 32, "mt_timeline_visit.weights_end: offset");
 _Static_assert(offsetof(mt_timeline_visit, wait_seconds) == 40, "mt_timeline_visit.wait_seconds: offset");
 
-_Static_assert(sizeof(mt_checkpoint_info) == 56, "mt_checkpoint_info: size");
-_Static_assert(offsetof(mt_checkpoint_info, rng_state) + sizeof(((mt_checkpoint_info *)0)->rng_state) == 56, "mt_checkpoint_info: no tail padding");
+_Static_assert(sizeof(mt_checkpoint_info) == 64, "mt_checkpoint_info: size");
+_Static_assert(offsetof(mt_checkpoint_info, caller_json) + sizeof(((mt_checkpoint_info *)0)->caller_json) == 64, "mt_checkpoint_info: no tail padding");
 _Static_assert(offsetof(mt_checkpoint_info, struct_size) == 0, "mt_checkpoint_info.struct_size: offset");
 _Static_assert(offsetof(mt_checkpoint_info, reserved0) == 4, "mt_checkpoint_info.reserved0: offset");
 _Static_assert(offsetof(mt_checkpoint_info, step) == 8, "mt_checkpoint_info.step: offset");
 _Static_assert(offsetof(mt_checkpoint_info, data_position) == 16, "mt_checkpoint_info.data_position: offset");
 _Static_assert(offsetof(mt_checkpoint_info, rng_state) == 24, "mt_checkpoint_info.rng_state: offset");
+_Static_assert(offsetof(mt_checkpoint_info, caller_json) == 56, "mt_checkpoint_info.caller_json: offset");
 
 _Static_assert(sizeof(mt_dataset_options) == 32, "mt_dataset_options: size");
 _Static_assert(offsetof(mt_dataset_options, seed) + sizeof(((mt_dataset_options *)0)->seed) == 32, "mt_dataset_options: no tail padding");

@@ -32,6 +32,46 @@
 #define STATE_VERSION 1
 #define KEEP 2 /* checkpoints kept */
 
+/* trainer_state.json's keys that are the library's; the caller's JSON
+ * (mt_checkpoint_info.caller_json) may use any other. */
+static const char *const STATE_KEYS[] = {"format", "version", "library", "precision", "step", "data_position",
+                                         "rng_state"};
+
+static int is_state_key(const char *name)
+{
+    for (size_t i = 0; i < sizeof STATE_KEYS / sizeof STATE_KEYS[0]; i++)
+        if (!strcmp(name, STATE_KEYS[i])) return 1;
+    return 0;
+}
+
+/* The caller's JSON, checked before anything is written: an object whose
+ * keys are not the library's. NULL text: an empty object. */
+static mt_status parse_caller_json(mt_err err, const char *text, cJSON **out)
+{
+    *out = NULL;
+    if (!text) return MT_OK;
+    size_t where = 0;
+    cJSON *c = mt_json_parse(text, strlen(text), &where);
+    if (!c)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_info.caller_json is not valid JSON (at byte %zu)",
+                       where);
+    mt_status st;
+    if (!cJSON_IsObject(c)) {
+        cJSON_Delete(c);
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_info.caller_json is not a JSON object");
+    }
+    for (const cJSON *e = c->child; e; e = e->next)
+        if (is_state_key(e->string)) {
+            st = mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                         "mt_checkpoint_info.caller_json uses the key \"%s\", which trainer_state.json keeps for the "
+                         "library", e->string);
+            cJSON_Delete(c);
+            return st;
+        }
+    *out = c;
+    return MT_OK;
+}
+
 void mt_checkpoint_info_init_sized(mt_checkpoint_info *info, uint32_t size) { mt_struct_init(info, size, NULL, 0); }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -42,7 +82,9 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static void rm_rf(const char *path) { (void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static mt_status write_state(mt_err err, const char *dir, const mt_model *m, const mt_checkpoint_info *info)
+/* trainer_state.json; takes caller (the caller's members, may be NULL) */
+static mt_status write_state(mt_err err, const char *dir, const mt_model *m, const mt_checkpoint_info *info,
+                             cJSON *caller)
 {
     cJSON *j = cJSON_CreateObject();
     char num[32], path[4096];
@@ -60,6 +102,11 @@ static mt_status write_state(mt_err err, const char *dir, const mt_model *m, con
         snprintf(num, sizeof num, "%" PRIu64, info->rng_state[i]);
         cJSON_AddItemToArray(rng, cJSON_CreateString(num));
     }
+    while (caller && caller->child) {
+        cJSON *e = cJSON_DetachItemViaPointer(caller, caller->child);
+        cJSON_AddItemToObject(j, e->string, e);
+    }
+    cJSON_Delete(caller);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     if (!text) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
@@ -69,31 +116,53 @@ static mt_status write_state(mt_err err, const char *dir, const mt_model *m, con
     return st;
 }
 
-/* Removes step folders other than the newest KEEP, and leftovers of killed saves. */
-static void prune(const char *dir)
+/* The step number of a complete step folder's name ("step-00000042"), or -1
+ * for any other name (leftovers "step-N.tmp" and "step-N.old" included). */
+static int64_t step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5)) return -1;
+    const char *p = name + 5;
+    if (!*p) return -1;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+/* After the checkpoint of step `keep` was saved and `latest` names it:
+ * removes the step folders numbered below it but the newest KEEP - 1 of
+ * them. Folders numbered above it belong to another continuation of the
+ * run, and anything else is not ours: both stay. */
+static void prune(const char *dir, uint64_t keep)
 {
     DIR *d = opendir(dir);
     if (!d) return;
-    char names[64][64];
-    int n = 0;
+    int64_t *below = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "step-", 5) || len >= 64) continue;
-        char path[4096];
-        mt_path_join(path, sizeof path, dir, e->d_name);
-        if (len > 4 && (!strcmp(e->d_name + len - 4, ".tmp") || !strcmp(e->d_name + len - 4, ".old")))
-            rm_rf(path);
-        else if (n < 64)
-            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+        const int64_t v = step_of(e->d_name);
+        if (v < 0 || (uint64_t)v >= keep) continue;
+        if (n == cap) {
+            int64_t *grown = realloc(below, (cap = cap ? 2 * cap : 16) * sizeof *grown);
+            if (!grown) break; /* pruning is tidiness: out of memory, keep everything */
+            below = grown;
+        }
+        below[n++] = v;
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
-    for (int i = 0; i < n - KEEP; i++) {
-        char path[4096];
-        mt_path_join(path, sizeof path, dir, names[i]);
+    for (size_t i = 0; i < n; i++) { /* all but the KEEP - 1 largest */
+        size_t larger = 0;
+        for (size_t k = 0; k < n; k++) larger += below[k] > below[i];
+        if (larger < KEEP - 1) continue;
+        char name[32], path[4096];
+        snprintf(name, sizeof name, "step-%08" PRId64, below[i]);
+        mt_path_join(path, sizeof path, dir, name);
         rm_rf(path);
     }
+    free(below);
 }
 
 mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_info *info_in)
@@ -107,7 +176,12 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     mt_checkpoint_info_init(&info);
     mt_status st;
     if (info_in && (st = mt_copy_in(err, &info, sizeof info, info_in, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info"))) return st;
-    if ((st = mt_mkdir_p(err, dir))) return st;
+    cJSON *caller;
+    if ((st = parse_caller_json(err, info.caller_json, &caller))) return st;
+    if ((st = mt_mkdir_p(err, dir))) {
+        cJSON_Delete(caller);
+        return st;
+    }
 
     char name[32], final[4096], tmp[4200], old[4200], path[4096];
     snprintf(name, sizeof name, "step-%08" PRIu64, m->step);
@@ -115,7 +189,10 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     snprintf(old, sizeof old, "%s.old", final);
     rm_rf(tmp); /* a killed save's leftovers */
-    if ((st = mt_mkdir_p(err, tmp))) return st;
+    if ((st = mt_mkdir_p(err, tmp))) {
+        cJSON_Delete(caller);
+        return st;
+    }
     mt_path_join(path, sizeof path, tmp, "model.safetensors");
     if (!(st = mt_save_tensors(err, m, path, 0, MT_ST_F32))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
@@ -134,7 +211,8 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         free(both), free(a), free(b), free(names);
     }
     if (!st) st = mt_write_config(err, &m->cfg, tmp);
-    if (!st) st = write_state(err, tmp, m, &info);
+    if (!st) st = write_state(err, tmp, m, &info, caller);
+    else cJSON_Delete(caller);
     if (!st) st = mt_sync_dir(err, tmp);
     if (st) {
         rm_rf(tmp);
@@ -159,7 +237,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     char line[40];
     int len = snprintf(line, sizeof line, "%s\n", name);
     if ((st = mt_write_file_atomic(err, path, line, (size_t)len)) || (st = mt_sync_dir(err, dir))) return st;
-    prune(dir);
+    prune(dir, m->step);
     return MT_OK;
 }
 
@@ -269,6 +347,18 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     for (int i = 0; !st && i < 4; i++)
         if (parse_u64(cJSON_GetArrayItem(rng, i), &info.rng_state[i]))
             st = mt_fail(err, MT_ERR_FORMAT, "%s: rng_state[%d] is not an unsigned integer", path, i);
+    /* the caller's members, handed back once the load has succeeded */
+    char *caller_text = NULL;
+    if (!st) {
+        cJSON *caller = cJSON_CreateObject();
+        for (cJSON *e = j->child, *next; caller && e; e = next) {
+            next = e->next;
+            if (!is_state_key(e->string)) cJSON_AddItemToObject(caller, e->string, cJSON_DetachItemViaPointer(j, e));
+        }
+        if (!caller || (caller->child && !(caller_text = cJSON_PrintUnformatted(caller))))
+            st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory reading %s", path);
+        cJSON_Delete(caller);
+    }
     cJSON_Delete(j);
     if (st) return st;
 
@@ -288,7 +378,17 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     if (!st) st = mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 0);
     mt_st_free(&model);
     mt_st_free(&opt);
-    if (st) return st;
+    if (st) {
+        cJSON_free(caller_text);
+        return st;
+    }
     m->step = info.step;
+    free(m->caller_json);
+    m->caller_json = NULL;
+    if (caller_text) { /* a copy the model frees with free() */
+        m->caller_json = strdup(caller_text);
+        cJSON_free(caller_text);
+    }
+    info.caller_json = m->caller_json;
     return info_out ? mt_copy_out(err, info_out, &info, sizeof info, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info") : MT_OK;
 }

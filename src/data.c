@@ -153,14 +153,47 @@ static uint64_t scan_u32(const uint32_t *t, uint64_t n, uint64_t limit, uint32_t
 
 /* ---- open / close --------------------------------------------------------- */
 
+/* A raw file of uint32 ids read as uint16 shows a zero in every other
+ * position (the high halves, little-endian): for a real uint16 stream that
+ * would mean token 0 at every odd position. Looks at up to the first 2^20
+ * values; needs 32 of them to say anything. */
+static int looks_like_u32(const unsigned char *p, uint64_t size)
+{
+    const uint64_t n = MT_MIN(size / 4, (uint64_t)1 << 19) * 2;
+    if (n < 32 || size % 4) return 0;
+    int low_nonzero = 0;
+    for (uint64_t i = 0; i < n; i += 2) {
+        uint16_t lo, hi;
+        memcpy(&lo, p + 2 * i, 2);
+        memcpy(&hi, p + 2 * i + 2, 2);
+        if (hi) return 0;
+        low_nonzero |= lo != 0;
+    }
+    return low_nonzero;
+}
+
 /* Works out where the tokens are and how many there are; the mapping covers
  * the whole file. */
-static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint32_t *format)
+static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint32_t *format, uint32_t vocab_size)
 {
     const unsigned char *p = ds->map;
     const uint64_t size = ds->map_size;
-    if (*format == MT_TOKENS_AUTO)
+    const int automatic = *format == MT_TOKENS_AUTO;
+    if (automatic) {
         *format = size >= LLMC_HEADER_BYTES && header_word(p, 0) == LLMC_MAGIC ? MT_TOKENS_LLMC : MT_TOKENS_U16;
+        /* a raw file is taken for uint16 only where nothing says otherwise */
+        if (*format == MT_TOKENS_U16 && vocab_size > 0x10000)
+            return mt_fail(err, MT_ERR_FORMAT,
+                           "token file '%s' has no llm.c header, and raw files are read as uint16 unless told, but "
+                           "vocab_size %u needs ids above 65535: give its format (raw uint32: MT_TOKENS_U32, the "
+                           "CLI's --format u32)",
+                           path, vocab_size);
+    }
+    if (*format == MT_TOKENS_U16 && looks_like_u32(p, size))
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "token file '%s' %s as raw uint16, but every other 16-bit value is 0, as in uint32 ids: it "
+                       "looks like raw uint32 (MT_TOKENS_U32, the CLI's --format u32)",
+                       path, automatic ? "has no llm.c header and would be read" : "was to be read");
 
     if (*format == MT_TOKENS_U16 || *format == MT_TOKENS_U32) {
         ds->tok_bytes = *format == MT_TOKENS_U16 ? 2 : 4;
@@ -296,7 +329,7 @@ mt_status mt_dataset_open(mt_dataset **out, const char *path, const mt_dataset_o
     ds->map = map;
 
     uint32_t format = o.format;
-    if ((st = parse_layout(err, ds, path, &format)) || (st = check_tokens(err, ds, path, o.vocab_size)) ||
+    if ((st = parse_layout(err, ds, path, &format, o.vocab_size)) || (st = check_tokens(err, ds, path, o.vocab_size)) ||
         (st = cut_windows(err, ds, path, &o))) {
         mt_dataset_close(ds);
         return st;

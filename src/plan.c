@@ -169,8 +169,12 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     if ((st = mt_config_import(err, &cfg, cfg_in)) || (st = mt_policy_import(err, &pol, pol_in)) ||
         (st = mt_shape_import(err, &shape, shape_in)))
         return st;
-    mt_backend backend;
-    if ((st = mt_resolve_backend(err, &pol, &backend, NULL, 0))) return st;
+    /* A plan is arithmetic: asked for the CUDA backend with a GPU budget, it
+     * plans for that GPU whether or not this machine has one. */
+    mt_backend backend = MT_BACKEND_CUDA;
+    if (!(pol.backend == MT_BACKEND_CUDA && pol.gpu_budget_bytes) &&
+        (st = mt_resolve_backend(err, &pol, &backend, NULL, 0)))
+        return st;
     mt_layout lo;
     if (mt_layout_build(&lo, &cfg)) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of memory for the layout");
     mt_memory_plan p;

@@ -538,6 +538,32 @@ Test(api, cuda_backend_without_a_gpu)
     cr_assert(strstr(mt_last_errmsg(), "CUDA backend"), "message: %s", mt_last_errmsg());
 }
 
+/* A plan for a GPU with a given budget is arithmetic: the same numbers on a
+ * machine with or without one, for the CUDA backend (device memory counted,
+ * tiles pinned); without a budget it needs the device to ask. */
+Test(api, plan_for_a_gpu_anywhere)
+{
+    mt_model_config c = tiny_config();
+    mt_offload_policy p = quiet_cpu_policy();
+    p.backend = MT_BACKEND_CUDA;
+    p.gpu_budget_bytes = 80ull << 30;
+    mt_batch_shape s;
+    mt_batch_shape_init(&s);
+    s.seq_len = 64;
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(plan.backend, MT_BACKEND_CUDA);
+    cr_assert_gt(plan.gpu_bytes, 0);
+    cr_assert_eq(plan.gpu_budget_bytes, 80ull << 30);
+    cr_assert_eq(plan.activations, MT_PLACE_DEVICE);
+    cr_assert_gt(plan.host_pinned_bytes, plan.master_bytes, "the tiles are pinned for a GPU");
+    cr_assert_eq(plan.host_pageable_bytes, 0);
+    p.gpu_budget_bytes = 1024; /* far too small: the GPU budget is what refuses it */
+    cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_ERR_GPU_BUDGET);
+    cr_assert(strstr(mt_last_errmsg(), "policy's GPU budget"), "%s", mt_last_errmsg());
+}
+
 /* ---- logging ------------------------------------------------------------------ */
 
 typedef struct { int lines; int saw_backend; } log_count;

@@ -316,3 +316,107 @@ Test(checkpoint, bad_checkpoints_are_refused_and_change_nothing)
     mt_model_destroy(ref);
     rmdir_all(dir);
 }
+
+static int exists(const char *dir, const char *name)
+{
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &sb) == 0;
+}
+
+/* A folder that held another run's later checkpoints (steps 35 and 40): a new
+ * run's saves at steps 1..7 keep what `latest` names and the one before it,
+ * and leave the other run's folders and foreign files alone; numbers of nine
+ * digits sort as numbers. */
+Test(checkpoint, pruning_never_removes_latest_or_later_runs)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 32);
+    char *dir = tmpdir();
+    const char *foreign[] = {"step-00000035", "step-00000040", "step-123456789", "notes.txt", "step-7x"};
+    for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, foreign[i]);
+        if (strstr(foreign[i], ".txt")) {
+            FILE *f = fopen(path, "w");
+            cr_assert_not_null(f);
+            fclose(f);
+        } else {
+            cr_assert_eq(mkdir(path, 0755), 0);
+        }
+    }
+    mt_model *m = make(&c, 1, 1);
+    uint64_t pos = 0;
+    for (int i = 0; i < 7; i++) {
+        train(m, 1, &pos);
+        cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    }
+    cr_assert(exists(dir, "step-00000007"), "the checkpoint just written");
+    cr_assert(exists(dir, "step-00000006"), "the one before it");
+    cr_assert(!exists(dir, "step-00000005") && !exists(dir, "step-00000001"), "older ones of this run are removed");
+    for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++)
+        cr_assert(exists(dir, foreign[i]), "%s is left alone", foreign[i]);
+    mt_model *back = make(&c, 9, 1);
+    cr_assert_eq(mt_checkpoint_load(back, dir, NULL), MT_OK, "%s", mt_model_errmsg(back));
+    cr_assert_eq(mt_model_step_count(back), 7, "latest names the new run's step 7");
+    mt_model_destroy(back);
+    mt_model_destroy(m);
+    rmdir_all(dir);
+}
+
+/* The caller's JSON travels in trainer_state.json and comes back on load,
+ * owned by the model; keys of the library's and non-objects are refused
+ * before anything is written; a 0.1-sized info (no caller_json) still works. */
+Test(checkpoint, caller_json_round_trip)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_FP32, 32);
+    char *dir = tmpdir();
+    mt_model *m = make(&c, 1, 1);
+    uint64_t pos = 0;
+    train(m, 2, &pos);
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    info.caller_json = "{\"step\": 3}";
+    cr_assert_eq(mt_checkpoint_save(m, dir, &info), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "\"step\""), "%s", mt_model_errmsg(m));
+    info.caller_json = "[1, 2]";
+    cr_assert_eq(mt_checkpoint_save(m, dir, &info), MT_ERR_INVALID_ARGUMENT);
+    info.caller_json = "{\"run\": {\"lr\": 0.001}";
+    cr_assert_eq(mt_checkpoint_save(m, dir, &info), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "not valid JSON"), "%s", mt_model_errmsg(m));
+    cr_assert(!exists(dir, "latest"), "nothing written by a refused save");
+    info.caller_json = "{\"run\": {\"lr\": 0.001, \"data\": \"tokens.bin\"}, \"log_history\": [{\"step\": 1}]}";
+    info.data_position = 11;
+    cr_assert_eq(mt_checkpoint_save(m, dir, &info), MT_OK, "%s", mt_model_errmsg(m));
+
+    mt_model *b = make(&c, 2, 1);
+    mt_checkpoint_info got;
+    mt_checkpoint_info_init(&got);
+    got.caller_json = "not touched on the way in";
+    cr_assert_eq(mt_checkpoint_load(b, dir, &got), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert_eq(got.data_position, 11);
+    cr_assert_str_eq(got.caller_json,
+                     "{\"run\":{\"lr\":0.001,\"data\":\"tokens.bin\"},\"log_history\":[{\"step\":1}]}");
+    /* a checkpoint without caller JSON gives NULL, and the old string is freed */
+    mt_checkpoint_info plain;
+    mt_checkpoint_info_init(&plain);
+    train(m, 1, &pos);
+    cr_assert_eq(mt_checkpoint_save(m, dir, &plain), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert_eq(mt_checkpoint_load(b, dir, &got), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert_null(got.caller_json);
+    /* a caller of 0.1 passes 56 bytes and gets nothing past them */
+    struct {
+        mt_checkpoint_info info;
+        uint64_t canary;
+    } old;
+    memset(&old, 0xab, sizeof old);
+    old.info.struct_size = 56;
+    cr_assert_eq(mt_checkpoint_load(b, dir, &old.info), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert_eq(old.info.step, 3);
+    unsigned char tail[8];
+    memcpy(tail, &old.info.caller_json, 8);
+    for (int i = 0; i < 8; i++) cr_assert_eq(tail[i], 0xab, "byte %d past a 0.1 caller's struct was written", 56 + i);
+    mt_model_destroy(b);
+    mt_model_destroy(m);
+    rmdir_all(dir);
+}

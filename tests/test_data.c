@@ -776,3 +776,65 @@ Test(data, read_refuses_bad_arguments)
     mt_dataset_close(ds);
     free(tok);
 }
+
+/* A raw file is never silently read in the wrong width: uint32 ids of a small
+ * vocabulary (every other 16-bit value 0) are refused as uint16, whether by
+ * AUTO or by an explicit U16, and read as U32 when told; a vocabulary above
+ * 65536 makes AUTO ask for the format; a uint16 stream with zeros of its own
+ * is still uint16. */
+/* The first held-out window (the file's windows in order) against tok[]. */
+static void check_heldout_window(const mt_dataset *ds, const uint32_t *tok, uint32_t L)
+{
+    const uint64_t w = mt_dataset_num_windows(ds, MT_SPLIT_TRAIN);
+    int32_t t[64], g[64];
+    cr_assert_leq(L, 64);
+    cr_assert_eq(mt_dataset_read(ds, MT_SPLIT_HELDOUT, 0, 1, t, g), MT_OK, "%s", mt_last_errmsg());
+    for (uint32_t k = 0; k < L; k++) {
+        cr_assert_eq((uint32_t)t[k], tok[w * L + k], "token %u", k);
+        cr_assert_eq((uint32_t)g[k], tok[w * L + k + 1], "target %u", k);
+    }
+}
+
+Test(data, raw_width_is_never_guessed_wrong)
+{
+    char p[256];
+    const uint32_t L = 8;
+    const size_t n = 1 + 20 * L;
+    uint32_t *tok = make_tokens(n, value16);
+    for (size_t i = 0; i < n; i++) tok[i] = 1 + tok[i] % 1000;
+    write_u32(tmp_path(p, "small-vocab.u32"), tok, n);
+    const uint32_t wrong[] = {MT_TOKENS_AUTO, MT_TOKENS_U16};
+    for (int f = 0; f < 2; f++) {
+        mt_dataset_options o = options(wrong[f], L, 0.1f);
+        o.vocab_size = 1001;
+        mt_dataset *ds = NULL;
+        cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT, "format %u", wrong[f]);
+        cr_assert_null(ds);
+        cr_assert(strstr(mt_last_errmsg(), "looks like raw uint32"), "%s", mt_last_errmsg());
+    }
+    mt_dataset_options o = options(MT_TOKENS_U32, L, 0.1f);
+    o.vocab_size = 1001;
+    mt_dataset *ds = open_ok(p, &o);
+    check_heldout_window(ds, tok, L);
+    mt_dataset_close(ds);
+
+    /* a big vocabulary: AUTO does not assume 16 bits */
+    write_u16(tmp_path(p, "big-vocab.raw"), tok, n);
+    o = options(MT_TOKENS_AUTO, L, 0.1f);
+    o.vocab_size = 128256;
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "vocab_size 128256 needs ids above 65535"), "%s", mt_last_errmsg());
+    o.format = MT_TOKENS_U16; /* told: the ids are all below 1001 */
+    ds = open_ok(p, &o);
+    mt_dataset_close(ds);
+
+    /* uint16 data with token 0 often, but not at every odd position */
+    for (size_t i = 0; i < n; i++) tok[i] = i % 2 ? (i % 6 == 1 ? 5 : 0) : 7;
+    write_u16(tmp_path(p, "zeros.u16"), tok, n);
+    o = options(MT_TOKENS_AUTO, L, 0.1f);
+    o.vocab_size = 8;
+    ds = open_ok(p, &o);
+    check_heldout_window(ds, tok, L);
+    mt_dataset_close(ds);
+    free(tok);
+}

@@ -481,7 +481,7 @@ func TestCheckpoint(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	info := CheckpointInfo{Step: 99, DataPosition: 7, RNGState: [4]uint64{1, 2, 3, 1 << 63}}
+	info := CheckpointInfo{Step: 99, DataPosition: 7, RNGState: [4]uint64{1, 2, 3, 1 << 63}, CallerJSON: `{"run":{"lr":0.003}}`}
 	if err := m.CheckpointSave(dir, &info); err != nil {
 		t.Fatal(err)
 	}

@@ -257,6 +257,7 @@ func (m *Model) CheckpointSave(dir string, info *CheckpointInfo) error {
 	if info != nil {
 		c := info.toC()
 		ci = &c
+		defer C.free(unsafe.Pointer(c.caller_json))
 	}
 	return m.pathCall(dir, func(c *C.mt_model, d *C.char) C.mt_status { return C.mt_checkpoint_save(c, d, ci) })
 }
@@ -267,10 +268,18 @@ func (m *Model) CheckpointSave(dir string, info *CheckpointInfo) error {
 func (m *Model) CheckpointLoad(dir string) (CheckpointInfo, error) {
 	var ci C.mt_checkpoint_info
 	C.mt_checkpoint_info_init(&ci)
-	if err := m.pathCall(dir, func(c *C.mt_model, d *C.char) C.mt_status { return C.mt_checkpoint_load(c, d, &ci) }); err != nil {
+	var info CheckpointInfo
+	// converted under the model's lock: caller_json lives until the next load
+	if err := m.pathCall(dir, func(c *C.mt_model, d *C.char) C.mt_status {
+		st := C.mt_checkpoint_load(c, d, &ci)
+		if st == C.MT_OK {
+			info = checkpointInfoFromC(&ci)
+		}
+		return st
+	}); err != nil {
 		return CheckpointInfo{}, err
 	}
-	return checkpointInfoFromC(&ci), nil
+	return info, nil
 }
 
 // Config is the configuration the model was created with, HeadDim resolved.

@@ -672,6 +672,9 @@ type CheckpointInfo struct {
 	Step         uint64 // on load: the steps the model had taken (ignored on save)
 	DataPosition uint64 // the caller's, e.g. the next window of a Dataset
 	RNGState     [4]uint64
+	// CallerJSON is the caller's own state, the text of a JSON object kept
+	// in trainer_state.json beside the library's keys; "" for none.
+	CallerJSON string
 }
 
 // NewCheckpointInfo returns the library's default (all zero).
@@ -681,6 +684,8 @@ func NewCheckpointInfo() CheckpointInfo {
 	return checkpointInfoFromC(&c)
 }
 
+// toC converts g; a non-empty CallerJSON is copied into C memory, which the
+// caller frees with C.free(unsafe.Pointer(c.caller_json)) after the call.
 func (g *CheckpointInfo) toC() C.mt_checkpoint_info {
 	var c C.mt_checkpoint_info
 	C.mt_checkpoint_info_init(&c)
@@ -689,6 +694,9 @@ func (g *CheckpointInfo) toC() C.mt_checkpoint_info {
 	for i, v := range g.RNGState {
 		c.rng_state[i] = C.uint64_t(v)
 	}
+	if g.CallerJSON != "" {
+		c.caller_json = C.CString(g.CallerJSON)
+	}
 	return c
 }
 
@@ -696,6 +704,9 @@ func checkpointInfoFromC(c *C.mt_checkpoint_info) CheckpointInfo {
 	g := CheckpointInfo{Step: uint64(c.step), DataPosition: uint64(c.data_position)}
 	for i := range g.RNGState {
 		g.RNGState[i] = uint64(c.rng_state[i])
+	}
+	if c.caller_json != nil {
+		g.CallerJSON = C.GoString(c.caller_json)
 	}
 	return g
 }

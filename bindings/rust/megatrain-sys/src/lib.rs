@@ -355,6 +355,9 @@ pub struct mt_checkpoint_info {
     pub step: u64,
     pub data_position: u64,
     pub rng_state: [u64; 4],
+    /// 0.2: the caller's JSON object kept in trainer_state.json; on load,
+    /// owned by the model until its next checkpoint load or destruction.
+    pub caller_json: *const c_char,
 }
 
 #[repr(C)]

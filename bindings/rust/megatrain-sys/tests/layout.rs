@@ -194,12 +194,13 @@ layout! {
 }
 
 layout! {
-    mt_checkpoint_info, size 56, align 8,
+    mt_checkpoint_info, size 64, align 8,
     struct_size: 0,
     reserved0: 4,
     step: 8,
     data_position: 16,
     rng_state: 24,
+    caller_json: 56,
 }
 
 layout! {

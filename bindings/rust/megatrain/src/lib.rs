@@ -808,7 +808,7 @@ impl Timeline {
 pub type TimelineVisit = sys::mt_timeline_visit;
 
 /// What a resume checkpoint carries besides the model and optimizer state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CheckpointInfo {
     /// On load: the optimizer steps the model had taken (ignored on save).
     pub step: u64,
@@ -816,6 +816,9 @@ pub struct CheckpointInfo {
     pub data_position: u64,
     /// The caller's random state.
     pub rng_state: [u64; 4],
+    /// The caller's own state, the text of a JSON object kept in
+    /// trainer_state.json beside the library's keys.
+    pub caller_json: Option<String>,
 }
 
 // ---- the model ---------------------------------------------------------------------
@@ -1049,11 +1052,19 @@ impl Model {
     /// and points `dir/latest` at it; `info` is stored as given.
     pub fn checkpoint_save(&mut self, dir: impl AsRef<Path>, info: &CheckpointInfo) -> Result<()> {
         let dir = c_path(dir.as_ref())?;
+        let caller = match &info.caller_json {
+            Some(text) => Some(CString::new(text.as_str()).map_err(|_| {
+                invalid("CheckpointInfo::caller_json holds a NUL byte".to_string())
+            })?),
+            None => None,
+        };
         let mut r = sys::mt_checkpoint_info::init();
         r.step = info.step;
         r.data_position = info.data_position;
         r.rng_state = info.rng_state;
-        // SAFETY: a live model, a C string and a complete struct.
+        r.caller_json = caller.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: a live model, a C string and a complete struct whose
+        // caller_json, if any, outlives the call.
         self.check(unsafe { sys::mt_checkpoint_save(self.raw.as_ptr(), dir.as_ptr(), &r) })
     }
 
@@ -1065,10 +1076,18 @@ impl Model {
         let mut r = sys::mt_checkpoint_info::init();
         // SAFETY: a live model, a C string and a complete struct.
         self.check(unsafe { sys::mt_checkpoint_load(self.raw.as_ptr(), dir.as_ptr(), &mut r) })?;
+        // SAFETY: NULL, or a NUL-terminated string the model owns until its
+        // next checkpoint load; copied at once.
+        let caller_json = (!r.caller_json.is_null()).then(|| {
+            unsafe { CStr::from_ptr(r.caller_json) }
+                .to_string_lossy()
+                .into_owned()
+        });
         Ok(CheckpointInfo {
             step: r.step,
             data_position: r.data_position,
             rng_state: r.rng_state,
+            caller_json,
         })
     }
 }

@@ -330,6 +330,7 @@ fn save_load_and_checkpoints() {
     let info = CheckpointInfo {
         data_position: 5,
         rng_state: [1, 2, 3, 4],
+        caller_json: Some(r#"{"run":{"lr":0.003}}"#.to_string()),
         ..Default::default()
     };
     a.checkpoint_save(dir.0.join("ckpt"), &info).unwrap();
@@ -342,6 +343,7 @@ fn save_load_and_checkpoints() {
         (got.step, got.data_position, got.rng_state),
         (2, 5, [1, 2, 3, 4])
     );
+    assert_eq!(got.caller_json.as_deref(), Some(r#"{"run":{"lr":0.003}}"#));
     assert_eq!(b.step_count(), 2);
     // a resumed step is the step the original takes
     assert_eq!(
