@@ -218,6 +218,7 @@ check: setup
 	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh
+	tests/plot.sh $(CLI)
 	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) tools/install-check.sh
 
 # The quick start: set up, build, train the built-in demo, report what it learned.

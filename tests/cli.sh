@@ -19,7 +19,7 @@ has() { # description, text expected in the last output
 }
 
 expect "no arguments" 2 "$BIN"
-for c in train eval sample plan info; do
+for c in train eval sample plan plot info; do
   expect "$c --help" 0 "$BIN" $c --help
   has "$c --help" "usage: megatrain $c"
 done
@@ -34,11 +34,13 @@ common="--cpu --threads 1 --log-every 10"
 expect "demo, 30 steps" 0 "$BIN" train --steps 30 --save-every 10 --out "$dir/a" $common
 has "demo progress" "step    30/30 | loss"
 has "demo accuracy" "held-out exact match"
-expect "demo, first 20 steps" 0 "$BIN" train --steps 20 --save-every 10 --out "$dir/b" $common
-expect "demo, resumed to 30" 0 "$BIN" train --steps 30 --resume "$dir/b/checkpoints" --out "$dir/b" $common
-has "resume" "resumed from $dir/b/checkpoints at step 20"
-if cmp -s "$dir/a/model.safetensors" "$dir/b/model.safetensors"; then ok; else bad "30 steps and 20 + resume + 10 differ"; fi
 [ -f "$dir/a/checkpoints/latest" ] && ok || bad "no checkpoints/latest"
+# the run's checkpoint of step 20, alone in another folder, resumed to 30
+mkdir -p "$dir/b/checkpoints" && cp -R "$dir/a/checkpoints/step-00000020" "$dir/b/checkpoints/"
+expect "demo, resumed to 30" 0 "$BIN" train --steps 30 --save-every 10 --resume "$dir/b/checkpoints" --out "$dir/b" $common
+has "resume" "resumed from $dir/b/checkpoints/step-00000020 at step 20"
+has "resume repairs latest" "latest names no checkpoint; the newest complete checkpoint is step 20"
+if cmp -s "$dir/a/model.safetensors" "$dir/b/model.safetensors"; then ok; else bad "30 steps and 20 + resume + 10 differ"; fi
 
 expect "sample" 0 "$BIN" sample --model "$dir/a" --cpu "12+34="
 has "sample" "^12+34="
@@ -60,7 +62,7 @@ open(sys.argv[1], 'wb').write(b''.join(struct.pack('<H', (i * 7) % 251) for i in
 PY
 expect "train on tokens" 0 "$BIN" train --data "$dir/tok.u16" --steps 3 --seq-len 64 --micro-batch 2 --layers 2 \
   --hidden 64 --heads 4 --ffn 128 --out "$dir/d" $common
-has "train on tokens" "saved to $dir/d/"
+has "train on tokens" "saved the model to $dir/d/"
 expect "eval tokens" 0 "$BIN" eval --model "$dir/d" --data "$dir/tok.u16" --seq-len 64 --batches 2 --cpu
 has "eval tokens" "held-out loss"
 expect "fine-tune a folder" 0 "$BIN" train --model "$dir/d" --data "$dir/tok.u16" --steps 2 --seq-len 64 \
@@ -75,6 +77,8 @@ expect "plan too big" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 1
 has "plan too big" "does not fit"
 expect "info" 0 "$BIN" info
 has "info" "libmegatrain"
+
+. tests/cli_runs.sh
 
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -34,7 +34,7 @@ man=$prefix/share/man/man1/megatrain.1
 if command -v groff >/dev/null 2>&1; then
   warnings=$(groff -man -ww -z "$man" 2>&1) && [ -z "$warnings" ] || fail "the man page has roff warnings: $warnings"
 fi
-for cmd in train eval sample plan; do
+for cmd in train eval sample plan plot; do
   for opt in $("$prefix/bin/megatrain" "$cmd" --help 2>&1 | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
     grep -q -- "$(printf '%s' "$opt" | sed 's/-/\\\\-/g')" "$man" || fail "the man page does not describe megatrain $cmd $opt"
   done

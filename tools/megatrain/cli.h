@@ -12,7 +12,19 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+
+/* Exit statuses besides 0 and 1: a usage error; a run stopped by SIGINT or
+ * SIGTERM after saving its checkpoint exits 128 + the signal, as a shell
+ * reports a process the signal ended. */
+#define CLI_EXIT_USAGE 2
+
+/* A Hugging Face config.json into *cfg: path is the file itself (any name)
+ * or the folder holding it. Exits with the library's message on failure. */
+void cli_config_load(mt_model_config *cfg, const char *path);
+/* "u16", "u32", "llmc" or "auto" as an mt_token_format; exits on others. */
+uint32_t cli_token_format(const char *s);
 
 /* Option parsing: "--name value" or "--name=value". Returns 1 and sets *val
  * when argv[*i] is the option (advancing *i past its value), 0 otherwise;
@@ -28,6 +40,13 @@ void cli_fmt_duration(char *buf, size_t n, double seconds);
 void cli_log(mt_log_level level, const char *text, void *user);
 
 /* ---- the built-in arithmetic demo (demo.c) ------------------------------ */
+
+/* The demo's problems: two-digit operands, so the model must learn carries.
+ * A saved demo model is marked by DEMO_MARKER in its folder. */
+#define DEMO_LO 10
+#define DEMO_HI 99
+#define DEMO_HELDOUT 500
+#define DEMO_MARKER "megatrain-demo.txt"
 
 /* Character vocabulary of the demo: digits, '+', '=', newline. */
 #define DEMO_VOCAB "0123456789+=\n"
@@ -51,6 +70,9 @@ void demo_data_free(demo_data *d);
  * answer and its newline; the tail after the last whole problem is padding
  * with ignored targets. */
 void demo_fill_batch(const demo_data *d, uint64_t *rng, int n_seq, int seq_len, int32_t *tokens, int32_t *targets);
+/* The same from any set of problems (the held-out ones, for a held-out loss). */
+void demo_fill_from(const demo_problem *set, int n_set, uint64_t *rng, int n_seq, int seq_len, int32_t *tokens,
+                    int32_t *targets);
 /* Greedy answers to problems[0..n): fills correct and returns the count right. */
 int demo_accuracy(mt_model *m, const demo_problem *p, int n, int *n_done);
 /* Answers one prompt "a+b=" greedily into out (digits, NUL-terminated). */

@@ -53,11 +53,17 @@ static int prompt_of(const demo_problem *p, char *buf, size_t n) { return snprin
 
 void demo_fill_batch(const demo_data *d, uint64_t *rng, int n_seq, int seq_len, int32_t *tokens, int32_t *targets)
 {
+    demo_fill_from(d->train, d->n_train, rng, n_seq, seq_len, tokens, targets);
+}
+
+void demo_fill_from(const demo_problem *set, int n_set, uint64_t *rng, int n_seq, int seq_len, int32_t *tokens,
+                    int32_t *targets)
+{
     for (int s = 0; s < n_seq; s++) {
         int32_t *tok = tokens + (size_t)s * seq_len, *tg = targets + (size_t)s * seq_len;
         int pos = 0;
         for (;;) {
-            const demo_problem *p = &d->train[next_u64(rng) % (uint64_t)d->n_train];
+            const demo_problem *p = &set[next_u64(rng) % (uint64_t)n_set];
             char text[48];
             int plen = prompt_of(p, text, sizeof text);
             int len = plen + snprintf(text + plen, sizeof text - (size_t)plen, "%d\n", p->a + p->b);

@@ -4,10 +4,13 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char usage[] =
     "usage: megatrain <command> [options]\n"
@@ -17,6 +20,7 @@ static const char usage[] =
     "  eval     loss on a token file, or the demo's held-out accuracy\n"
     "  sample   complete a prompt with a trained model\n"
     "  plan     the memory a model would need, per tier\n"
+    "  plot     draw the loss curves of training logs (train --log-file) as an SVG\n"
     "  info     library version, backend, machine\n"
     "\n"
     "`megatrain <command> --help` describes each one.\n";
@@ -85,6 +89,46 @@ void cli_fmt_duration(char *buf, size_t n, double s)
         snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
 }
 
+void cli_config_load(mt_model_config *cfg, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) cli_die("%s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        if (mt_config_load(cfg, path) != MT_OK) cli_die("%s", mt_last_errmsg());
+        return;
+    }
+    /* a file of any name: the library reads DIR/config.json, so give it one */
+    const char *tmp = getenv("TMPDIR");
+    char tdir[4200], real[PATH_MAX], link_path[4300];
+    snprintf(tdir, sizeof tdir, "%s/megatrain-config-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!realpath(path, real) || !mkdtemp(tdir)) cli_die("%s: %s", path, strerror(errno));
+    snprintf(link_path, sizeof link_path, "%s/config.json", tdir);
+    if (symlink(real, link_path) != 0) {
+        int e = errno;
+        rmdir(tdir);
+        cli_die("%s: %s", path, strerror(e));
+    }
+    const mt_status st = mt_config_load(cfg, tdir);
+    unlink(link_path);
+    rmdir(tdir);
+    if (st == MT_OK) return;
+    /* the message names the file the user gave, not the stand-in */
+    const char *msg = mt_last_errmsg(), *at = strstr(msg, link_path);
+    if (!at) at = strstr(msg, tdir);
+    if (!at) cli_die("%s", msg);
+    const size_t skip = strncmp(at, link_path, strlen(link_path)) ? strlen(tdir) : strlen(link_path);
+    cli_die("%.*s%s%s", (int)(at - msg), msg, path, at + skip);
+}
+
+uint32_t cli_token_format(const char *s)
+{
+    static const struct { const char *name; uint32_t format; } f[] = {
+        {"auto", MT_TOKENS_AUTO}, {"u16", MT_TOKENS_U16}, {"u32", MT_TOKENS_U32}, {"llmc", MT_TOKENS_LLMC}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!strcmp(s, f[i].name)) return f[i].format;
+    cli_die("--format %s: the token formats are auto, u16, u32 and llmc", s);
+}
+
 void cli_log(mt_log_level level, const char *text, void *user)
 {
     (void)user;
@@ -127,7 +171,8 @@ int main(int argc, char **argv)
         return 0;
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"train", cmd_train}, {"eval", cmd_eval}, {"sample", cmd_sample}, {"plan", cmd_plan}, {"info", cmd_info},
+        {"train", cmd_train}, {"eval", cmd_eval}, {"sample", cmd_sample}, {"plan", cmd_plan}, {"plot", cmd_plot},
+        {"info", cmd_info},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -1,26 +1,25 @@
-/* megatrain train / eval / sample / plan. */
+/* megatrain train: from settings to a saved model, with resume checkpoints
+ * that a signal, a full disk or a reused folder cannot take away, a metrics
+ * log and held-out evaluation. */
 #define _GNU_SOURCE
-#include "cli.h"
+#include "run.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-/* The demo's problems: two-digit operands, so the model must learn carries;
- * its model and schedule are in train_demo(). */
-#define DEMO_LO 10
-#define DEMO_HI 99
-#define DEMO_HELDOUT 500
-#define DEMO_MARKER "megatrain-demo.txt"
-
 typedef struct train_args {
-    const char *data, *model_dir, *out, *resume, *checkpoints;
-    int steps, seq_len, micro_batch, grad_accum, log_every, save_every, layers, hidden, heads, kv_heads, ffn;
+    const char *data, *model_dir, *config, *out, *resume, *checkpoints, *log_file;
+    int steps, seq_len, micro_batch, grad_accum, log_every, save_every, eval_every, eval_batches;
+    int layers, hidden, heads, kv_heads, ffn, vocab;
+    uint32_t format;
     double lr, min_lr_ratio, weight_decay, clip;
-    int warmup, slots, threads, fp32, cpu;
+    int warmup, slots, threads, fp32, cpu, restart, force;
     uint64_t seed;
+    int argc;
+    char **argv;
 } train_args;
 
 static const char train_help[] =
@@ -30,48 +29,80 @@ static const char train_help[] =
     "addition (\"57+68=125\") from generated problems, reports its exact-match\n"
     "accuracy on problems it never saw, and saves itself to --out.\n"
     "\n"
-    "options:\n"
-    "  --data FILE        token file (raw uint16/uint32 or llm.c .bin) to train on\n"
+    "data and model:\n"
+    "  --data FILE        token file to train on\n"
+    "  --format F         its format: auto (default: llm.c .bin by its header, else raw uint16), u16, u32, llmc\n"
     "  --model DIR        start from this Hugging Face model folder\n"
+    "  --config FILE      a new model described by a Hugging Face config.json (the file or its folder)\n"
+    "  --vocab N          the vocabulary of a new model (default 32000)\n"
+    "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model (over --config)\n"
+    "  --fp32             train in fp32 instead of bf16\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
-    "  --save-every N     write a resume checkpoint every N steps (and at the end)\n"
-    "  --checkpoints DIR  where checkpoints go (default: OUT/checkpoints)\n"
-    "  --resume DIR       continue the run whose checkpoints are in DIR, bit for bit, up to --steps\n"
-    "  --steps N          optimizer steps (demo: 2000 on the CPU, 3000 on a GPU)\n"
-    "  --seq-len N        tokens per sequence (demo: 64)\n"
-    "  --micro-batch N    sequences per micro-batch (demo: 16)\n"
+    "\n"
+    "schedule:\n"
+    "  --steps N          optimizer steps (demo: 2000 on the CPU, 3000 on a GPU; else 1000)\n"
+    "  --seq-len N        tokens per sequence (demo: 64, else 1024)\n"
+    "  --micro-batch N    sequences per micro-batch (demo: 16, else 4)\n"
     "  --grad-accum N     micro-batches per optimizer step (default 1)\n"
     "  --lr X             peak learning rate (demo: 3e-3, otherwise 3e-4)\n"
-    "  --warmup N         warm-up steps (demo: 30)\n"
+    "  --warmup N         warm-up steps (demo: 30, else steps / 20)\n"
     "  --min-lr-ratio X   cosine floor as a fraction of lr (default 0.1)\n"
     "  --weight-decay X   (default 0.1)\n"
     "  --clip X           global gradient-norm clip, 0 for none (default 1.0)\n"
-    "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model\n"
-    "  --fp32             train in fp32 instead of bf16\n"
+    "  --seed N           initialisation and data order (default 1)\n"
+    "\n"
+    "checkpoints (a folder of step-NNNNNNNN checkpoints and `latest`):\n"
+    "  --save-every N     write a resume checkpoint every N steps (and at the end)\n"
+    "  --checkpoints DIR  where checkpoints go (default: OUT/checkpoints)\n"
+    "  --resume DIR       continue the run of DIR (its newest checkpoint) or of DIR/step-N, bit for bit;\n"
+    "                     give the run's other options again: a difference is refused\n"
+    "  --force            resume although settings differ from the checkpoint's run, or set aside\n"
+    "                     checkpoints after the one resumed from\n"
+    "  --restart          delete an earlier run's checkpoints from the checkpoint folder and start over\n"
+    "\n"
+    "progress:\n"
+    "  --log-every N      progress line every N steps (default 25)\n"
+    "  --log-file FILE    one JSON object per step: step, loss, lr, grad_norm, tokens, tokens_per_s,\n"
+    "                     seconds, elapsed, heldout_loss when measured (draw it: megatrain plot)\n"
+    "  --eval-every N     held-out loss every N steps and at the end\n"
+    "  --eval-batches N   batches of the training shape per held-out loss (default 2)\n"
+    "\n"
+    "machine:\n"
     "  --slots N          weight slots (default 2)\n"
     "  --threads N        CPU threads (default: all cores)\n"
     "  --cpu              use the CPU backend even when a GPU is present\n"
-    "  --seed N           initialisation and data order (default 1)\n"
-    "  --log-every N      progress line every N steps (default 25)\n";
+    "\n"
+    "SIGINT or SIGTERM (Ctrl-C, a scheduler's notice) abandons the step in flight, saves a checkpoint and\n"
+    "the model, prints the command that resumes, and exits with 128 + the signal (130, 143); a second\n"
+    "signal stops at once, leaving the last complete checkpoint intact. A checkpoint that cannot be\n"
+    "written is reported and tried again at the next interval; a model that cannot be saved to --out is\n"
+    "saved under $TMPDIR instead.\n";
 
 static void parse_train(int argc, char **argv, train_args *a)
 {
     memset(a, 0, sizeof *a);
     a->steps = -1, a->seq_len = -1, a->micro_batch = -1, a->grad_accum = 1, a->log_every = 25;
-    a->layers = -1, a->hidden = -1, a->heads = -1, a->kv_heads = -1, a->ffn = -1;
+    a->layers = -1, a->hidden = -1, a->heads = -1, a->kv_heads = -1, a->ffn = -1, a->vocab = -1;
     a->lr = -1, a->min_lr_ratio = 0.1, a->weight_decay = 0.1, a->clip = 1.0, a->warmup = -1, a->slots = 2;
-    a->seed = 1;
+    a->seed = 1, a->eval_batches = 2, a->format = MT_TOKENS_AUTO;
+    a->argc = argc, a->argv = argv;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
             fputs(train_help, stdout);
             exit(0);
         } else if (cli_opt(argc, argv, &i, "--data", &v)) a->data = v;
+        else if (cli_opt(argc, argv, &i, "--format", &v)) a->format = cli_token_format(v);
         else if (cli_opt(argc, argv, &i, "--model", &v)) a->model_dir = v;
+        else if (cli_opt(argc, argv, &i, "--config", &v)) a->config = v;
+        else if (cli_opt(argc, argv, &i, "--vocab", &v)) a->vocab = (int)cli_int("--vocab", v, 2, 1 << 24);
         else if (cli_opt(argc, argv, &i, "--out", &v)) a->out = v;
         else if (cli_opt(argc, argv, &i, "--resume", &v)) a->resume = v;
         else if (cli_opt(argc, argv, &i, "--checkpoints", &v)) a->checkpoints = v;
+        else if (cli_opt(argc, argv, &i, "--log-file", &v)) a->log_file = v;
         else if (cli_opt(argc, argv, &i, "--save-every", &v)) a->save_every = (int)cli_int("--save-every", v, 0, 1 << 30);
+        else if (cli_opt(argc, argv, &i, "--eval-every", &v)) a->eval_every = (int)cli_int("--eval-every", v, 0, 1 << 30);
+        else if (cli_opt(argc, argv, &i, "--eval-batches", &v)) a->eval_batches = (int)cli_int("--eval-batches", v, 1, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--steps", &v)) a->steps = (int)cli_int("--steps", v, 1, 100000000);
         else if (cli_opt(argc, argv, &i, "--seq-len", &v)) a->seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--micro-batch", &v)) a->micro_batch = (int)cli_int("--micro-batch", v, 1, 1 << 16);
@@ -92,43 +123,21 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--log-every", &v)) a->log_every = (int)cli_int("--log-every", v, 1, 1 << 30);
         else if (cli_flag(argv, i, "--fp32")) a->fp32 = 1;
         else if (cli_flag(argv, i, "--cpu")) a->cpu = 1;
+        else if (cli_flag(argv, i, "--restart")) a->restart = 1;
+        else if (cli_flag(argv, i, "--force")) a->force = 1;
         else cli_die("train: unknown option '%s' (see megatrain train --help)", argv[i]);
     }
+    if (a->model_dir && !a->data) cli_die("train: --model needs --data");
+    if (a->resume && a->model_dir) cli_die("train: --resume continues a run; it takes no --model");
+    if (a->config && a->model_dir) cli_die("train: --model brings its own config.json; --config is for a new model");
+    if (a->resume && a->restart) cli_die("train: --resume continues a run and --restart starts one over: pick one");
+    if (!a->data && (a->config || a->vocab > 0))
+        cli_die("train: --config and --vocab describe a model for --data; the demo has its own");
 }
 
 #define DEFAULT(x, d) ((x) < 0 ? (d) : (x))
 
-static mt_offload_policy policy_of(const train_args *a)
-{
-    mt_offload_policy pol;
-    mt_offload_policy_init(&pol);
-    pol.backend = a->cpu ? MT_BACKEND_CPU : MT_BACKEND_AUTO;
-    pol.weight_slots = (uint32_t)a->slots;
-    pol.optimizer_threads = (uint32_t)a->threads;
-    pol.log_callback = cli_log;
-    pol.log_level = MT_LOG_WARN;
-    return pol;
-}
-
-static int save_model(mt_model *m, const char *dir, int demo)
-{
-    mt_status st = mt_model_save(m, dir);
-    if (st != MT_OK) {
-        fprintf(stderr, "megatrain: saving to %s: %s\n", dir, mt_model_errmsg(m));
-        return 1;
-    }
-    if (demo) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, DEMO_MARKER);
-        FILE *f = fopen(path, "w");
-        if (!f || fprintf(f, "megatrain arithmetic demo; vocabulary: digits 0-9, '+' = 10, '=' = 11, newline = 12\n") < 0 ||
-            fclose(f)) {
-            fprintf(stderr, "megatrain: cannot write %s\n", path);
-            return 1;
-        }
-    }
-    return 0;
-}
+/* ---- one run ------------------------------------------------------------------ */
 
 /* Where a run's batches come from: the demo's generator or a token file. The
  * position is what a checkpoint stores to continue the stream exactly. */
@@ -137,6 +146,22 @@ typedef struct batch_source {
     mt_dataset *ds;
     uint64_t position;     /* demo: the generator's state; data: the next window */
 } batch_source;
+
+typedef struct run {
+    const train_args *a;
+    mt_model *m;
+    batch_source src;
+    int steps, M, B, S;
+    const char *out;
+    int demo;
+    run_ckpt ck;
+    cJSON *identity; /* the settings a resume must match ("run" in each checkpoint) */
+    cJSON *history;  /* trainer_state.json's log_history: the logged steps and held-out losses */
+    FILE *log;       /* --log-file */
+    int32_t *tok, *tg;
+    mt_batch batch;
+    uint64_t saved_step; /* the step of the last checkpoint written, or resumed from */
+} run;
 
 static void next_batch(batch_source *src, int n_seq, int seq_len, int32_t *tok, int32_t *tg)
 {
@@ -147,6 +172,243 @@ static void next_batch(batch_source *src, int n_seq, int seq_len, int32_t *tok, 
             cli_die("%s", mt_last_errmsg());
         src->position += (uint64_t)n_seq;
     }
+}
+
+/* The held-out loss: eval_batches batches of the training shape, the same
+ * ones every time (the file's held-out windows, or the demo's held-out
+ * problems); NaN when the model says no (an abort, say). */
+static double heldout_loss(run *r)
+{
+    double sum = 0;
+    uint64_t count = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    const int n_seq = r->M * r->B;
+    for (int k = 0; k < r->a->eval_batches; k++) {
+        if (r->src.demo)
+            demo_fill_from(r->src.demo->heldout, r->src.demo->n_heldout, &rng, n_seq, r->S, r->tok, r->tg);
+        else if (mt_dataset_read(r->src.ds, MT_SPLIT_HELDOUT, (uint64_t)k * n_seq, (uint32_t)n_seq, r->tok, r->tg))
+            cli_die("%s", mt_last_errmsg());
+        mt_eval_stats es;
+        mt_eval_stats_init(&es);
+        if (mt_eval(r->m, &r->batch, &es) != MT_OK) {
+            if (!run_signal()) fprintf(stderr, "megatrain: held-out loss: %s\n", mt_model_errmsg(r->m));
+            return NAN;
+        }
+        sum += es.loss * (double)es.target_tokens;
+        count += es.target_tokens;
+    }
+    return count ? sum / (double)count : NAN;
+}
+
+/* A resume checkpoint of the model's step, with the run's settings and log
+ * history in its trainer_state.json. 0, or 1 with the problem reported. */
+static int save_checkpoint(run *r)
+{
+    cJSON *c = cJSON_CreateObject();
+    if (!c || !cJSON_AddItemReferenceToObject(c, "run", r->identity) ||
+        !cJSON_AddItemReferenceToObject(c, "log_history", r->history))
+        cli_die("out of memory");
+    char *text = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    if (!text) cli_die("out of memory");
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    info.data_position = r->src.position;
+    info.caller_json = text;
+    const mt_status st = mt_checkpoint_save(r->m, r->ck.dir, &info);
+    cJSON_free(text);
+    const uint64_t step = mt_model_step_count(r->m);
+    if (st != MT_OK) {
+        fprintf(stderr, "megatrain: the checkpoint of step %llu could not be written: %s\n", (unsigned long long)step,
+                mt_model_errmsg(r->m));
+        return 1;
+    }
+    r->saved_step = step;
+    return 0;
+}
+
+static int write_demo_marker(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, DEMO_MARKER);
+    return run_write_atomic(path, "megatrain arithmetic demo; vocabulary: digits 0-9, '+' = 10, '=' = 11, newline = 12\n");
+}
+
+/* The model (and the demo's marker) into dir; 0, or -1 with why filled. */
+static int save_model_to(run *r, const char *dir, char *why, size_t n)
+{
+    if (mt_model_save(r->m, dir) != MT_OK) {
+        snprintf(why, n, "%s", mt_model_errmsg(r->m));
+        return -1;
+    }
+    if (r->demo && write_demo_marker(dir)) {
+        snprintf(why, n, "cannot write %s/%s: %s", dir, DEMO_MARKER, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* The model into --out; when that fails, into a folder of its own under
+ * $TMPDIR (often another file system than a full one), and says where.
+ * 0 only when --out has it. */
+static int save_model(run *r)
+{
+    char why[1024];
+    if (save_model_to(r, r->out, why, sizeof why) == 0) {
+        printf("saved the model to %s/\n", r->out);
+        return 0;
+    }
+    fprintf(stderr, "megatrain: the model could not be saved to %s: %s\n", r->out, why);
+    const char *tmp = getenv("TMPDIR");
+    char rescue[4200];
+    snprintf(rescue, sizeof rescue, "%s/megatrain-rescue-%ld", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    if (save_model_to(r, rescue, why, sizeof why) == 0)
+        fprintf(stderr, "megatrain: saved the model to %s/ instead: move it where it belongs\n", rescue);
+    else
+        fprintf(stderr, "megatrain: nor to %s: %s\n", rescue, why);
+    return 1;
+}
+
+/* The command that continues this run: the same options, with --resume. */
+static void print_resume_hint(const run *r)
+{
+    fprintf(stderr, "megatrain: resume with: megatrain train");
+    for (int i = 1; i < r->a->argc; i++) {
+        const char *s = r->a->argv[i];
+        if (!strcmp(s, "--restart") || !strcmp(s, "--force")) continue;
+        if (!strcmp(s, "--resume")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(s, "--resume=", 9)) continue;
+        fprintf(stderr, strpbrk(s, " \t'\"$\\") ? " '%s'" : " %s", s);
+    }
+    fprintf(stderr, " --resume %s\n", r->ck.dir);
+}
+
+/* Steps from the model's step count up to r->steps, with progress lines,
+ * held-out losses, the metrics log and checkpoints. The exit status. */
+static int run_steps(run *r, const mt_optim_config *o)
+{
+    const train_args *a = r->a;
+    const int first = (int)mt_model_step_count(r->m) + 1;
+    uint64_t done = 0;
+    const double t0 = cli_now();
+    int failed = 0;
+    for (int s = first; s <= r->steps && !run_signal() && !failed; s++) {
+        const uint64_t position = r->src.position;
+        next_batch(&r->src, r->M * r->B, r->S, r->tok, r->tg);
+        mt_step_stats stats;
+        mt_step_stats_init(&stats);
+        const mt_status st = mt_step(r->m, &r->batch, o, &stats);
+        if (st != MT_OK) {
+            r->src.position = position; /* the batch is read again by whoever continues */
+            if (st != MT_ERR_ABORTED) {
+                fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(r->m));
+                failed = 1;
+            }
+            break;
+        }
+        done += stats.tokens;
+        const int last = s == r->steps;
+        double held = NAN;
+        if (a->eval_every && (s % a->eval_every == 0 || last)) held = heldout_loss(r);
+        const double el = cli_now() - t0;
+        if (r->log) {
+            cJSON *j = run_record((uint64_t)s, &stats, el, held);
+            char *line = cJSON_PrintUnformatted(j);
+            if (!line || fprintf(r->log, "%s\n", line) < 0 || fflush(r->log))
+                fprintf(stderr, "megatrain: cannot write to %s: %s\n", a->log_file, strerror(errno));
+            cJSON_free(line);
+            cJSON_Delete(j);
+        }
+        if (s % a->log_every == 0 || last || s == first || !isnan(held)) {
+            cJSON_AddItemToArray(r->history, run_record((uint64_t)s, &stats, el, held));
+            const double left = el / (s - first + 1) * (r->steps - s);
+            char l[32], e[32], h[40] = "";
+            cli_fmt_duration(e, sizeof e, el);
+            cli_fmt_duration(l, sizeof l, left);
+            if (!isnan(held)) snprintf(h, sizeof h, " | held-out %.4f", held);
+            printf("step %5d/%d | loss %.4f%s | grad norm %.3f | lr %.2e | %.0f tok/s | %s elapsed, %s left\n", s,
+                   r->steps, stats.loss, h, stats.grad_norm, stats.lr, (double)done / el, e, l);
+            fflush(stdout);
+        }
+        /* a failed checkpoint is reported, and the next interval tries again */
+        if (a->save_every && s % a->save_every == 0 && !last && !run_signal()) save_checkpoint(r);
+    }
+    const uint64_t step = mt_model_step_count(r->m);
+    const int sig = run_signal();
+    if (sig || failed) {
+        /* what was trained since the last checkpoint is kept */
+        int kept = step > 0 && (step == r->saved_step || save_checkpoint(r) == 0);
+        if (sig) {
+            fprintf(stderr, "megatrain: stopped by %s after step %llu of %d%s\n", run_signal_name(sig),
+                    (unsigned long long)step, r->steps,
+                    kept ? "" : step ? "; no checkpoint could be written" : "; no step was taken");
+            save_model(r);
+        }
+        if (kept) {
+            fprintf(stderr, "megatrain: checkpoint of step %llu in %s\n", (unsigned long long)step, r->ck.dir);
+            print_resume_hint(r);
+        }
+        return sig ? 128 + sig : 1;
+    }
+    int rc = 0;
+    if ((a->save_every || a->resume) && step != r->saved_step) rc |= save_checkpoint(r);
+    rc |= save_model(r);
+    return rc;
+}
+
+/* A float as the shortest decimal that reads back as it: 0.003, not
+ * 0.0030000000260770321, in the JSON and in messages. */
+static double decimal(float x)
+{
+    char buf[32];
+    for (int digits = 6; digits < 10; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x) break;
+    }
+    return strtod(buf, NULL);
+}
+
+/* The settings a resume must match, as the "run" of every checkpoint. */
+static cJSON *identity_of(const train_args *a, const mt_model_config *cfg, const mt_optim_config *o, int steps,
+                          int M, int B, int S)
+{
+    cJSON *j = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(j, "model"), *b = cJSON_AddObjectToObject(j, "batch"),
+          *s = cJSON_AddObjectToObject(j, "schedule"), *d = cJSON_AddObjectToObject(j, "data");
+    if (!d) cli_die("out of memory");
+    static const char *const arch[] = {"llama", "qwen2", "mistral"};
+    cJSON_AddStringToObject(m, "arch", cfg->arch < 3 ? arch[cfg->arch] : "?");
+    cJSON_AddNumberToObject(m, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(m, "hidden_size", cfg->hidden_size);
+    cJSON_AddNumberToObject(m, "intermediate_size", cfg->intermediate_size);
+    cJSON_AddNumberToObject(m, "num_hidden_layers", cfg->num_hidden_layers);
+    cJSON_AddNumberToObject(m, "num_attention_heads", cfg->num_attention_heads);
+    cJSON_AddNumberToObject(m, "num_key_value_heads", cfg->num_key_value_heads);
+    cJSON_AddStringToObject(m, "precision", cfg->precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
+    cJSON_AddStringToObject(m, "init", a->model_dir ? a->model_dir : a->config ? a->config : "random");
+    cJSON_AddNumberToObject(b, "seq_len", S);
+    cJSON_AddNumberToObject(b, "micro_batch", B);
+    cJSON_AddNumberToObject(b, "grad_accum", M);
+    cJSON_AddNumberToObject(s, "steps", steps);
+    cJSON_AddNumberToObject(s, "lr", decimal(o->lr));
+    cJSON_AddNumberToObject(s, "warmup", o->warmup_steps);
+    cJSON_AddNumberToObject(s, "min_lr_ratio", decimal(o->min_lr_ratio));
+    cJSON_AddNumberToObject(s, "weight_decay", decimal(o->weight_decay));
+    cJSON_AddNumberToObject(s, "clip", decimal(o->grad_clip));
+    if (a->data) {
+        uint64_t bytes;
+        char fp[17];
+        if (run_fingerprint(a->data, &bytes, fp)) cli_die("cannot read %s: %s", a->data, strerror(errno));
+        cJSON_AddStringToObject(d, "file", a->data);
+        cJSON_AddNumberToObject(d, "bytes", (double)bytes);
+        cJSON_AddStringToObject(d, "fingerprint", fp);
+    } else {
+        cJSON_AddStringToObject(d, "demo", "two-digit addition");
+    }
+    cJSON_AddNumberToObject(j, "seed", (double)a->seed);
+    return j;
 }
 
 static mt_optim_config optim_of(const train_args *a, int steps, double default_lr, int default_warmup)
@@ -162,88 +424,74 @@ static mt_optim_config optim_of(const train_args *a, int steps, double default_l
     return o;
 }
 
-static int save_checkpoint(mt_model *m, const char *dir, const batch_source *src)
+/* Everything after the model exists: resume, the steps, the saves. */
+static int train_model(run *r, const mt_optim_config *o)
 {
-    mt_checkpoint_info info;
-    mt_checkpoint_info_init(&info);
-    info.data_position = src->position;
-    if (mt_checkpoint_save(m, dir, &info) != MT_OK) {
-        fprintf(stderr, "megatrain: checkpoint to %s: %s\n", dir, mt_model_errmsg(m));
-        return 1;
-    }
-    return 0;
-}
+    const train_args *a = r->a;
+    const size_t n = (size_t)r->M * r->B * r->S;
+    if (!(r->tok = malloc(n * sizeof *r->tok)) || !(r->tg = malloc(n * sizeof *r->tg))) cli_die("out of memory");
+    mt_batch_init(&r->batch);
+    r->batch.micro_batch_size = (uint32_t)r->B;
+    r->batch.seq_len = (uint32_t)r->S;
+    r->batch.num_micro_batches = (uint32_t)r->M;
+    r->batch.tokens = r->tok;
+    r->batch.targets = r->tg;
+    if (!(r->history = cJSON_CreateArray())) cli_die("out of memory");
 
-/* Steps from the model's step count up to `steps`, with progress lines and
- * checkpoints; returns non-zero on failure. */
-static int run_steps(const train_args *a, mt_model *m, const mt_optim_config *o, batch_source *src, int steps, int M,
-                     int B, int S, const char *ckdir)
-{
-    const size_t n = (size_t)M * B * S;
-    int32_t *tok = malloc(n * sizeof *tok), *tg = malloc(n * sizeof *tg);
-    if (!tok || !tg) cli_die("out of memory");
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = (uint32_t)B;
-    b.seq_len = (uint32_t)S;
-    b.num_micro_batches = (uint32_t)M;
-    b.tokens = tok;
-    b.targets = tg;
-    const int first = (int)mt_model_step_count(m) + 1;
-    uint64_t done = 0;
-    const double t0 = cli_now();
-    int rc = 0;
-    for (int s = first; s <= steps && !rc; s++) {
-        next_batch(src, M * B, S, tok, tg);
-        mt_step_stats stats;
-        mt_step_stats_init(&stats);
-        if (mt_step(m, &b, o, &stats) != MT_OK) {
-            fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(m));
-            rc = 1;
-            break;
+    if (r->ck.resume_step >= 0) {
+        mt_checkpoint_info info;
+        mt_checkpoint_info_init(&info);
+        if (mt_checkpoint_load(r->m, r->ck.resume_path, &info) != MT_OK) cli_die("%s", mt_model_errmsg(r->m));
+        char diff[4096];
+        if (run_compare(info.caller_json, r->identity, diff, sizeof diff)) {
+            if (!a->force)
+                cli_die("--resume %s: this is not the run of that checkpoint:%s\n(give the run's own options, or "
+                        "--force to continue anyway, no longer bit for bit)",
+                        r->ck.resume_path, diff);
+            printf("--force: resuming although the run differs:%s\n", diff);
         }
-        done += stats.tokens;
-        if (s % a->log_every == 0 || s == steps || s == first) {
-            double el = cli_now() - t0, left = el / (s - first + 1) * (steps - s);
-            char l[32], e[32];
-            cli_fmt_duration(e, sizeof e, el);
-            cli_fmt_duration(l, sizeof l, left);
-            printf("step %5d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %s elapsed, %s left\n", s, steps,
-                   stats.loss, stats.grad_norm, stats.lr, (double)done / el, e, l);
-            fflush(stdout);
+        cJSON *saved = info.caller_json ? cJSON_Parse(info.caller_json) : NULL;
+        cJSON *hist = cJSON_DetachItemFromObjectCaseSensitive(saved, "log_history");
+        if (cJSON_IsArray(hist)) {
+            cJSON_Delete(r->history);
+            r->history = hist;
+        } else {
+            cJSON_Delete(hist);
         }
-        if (a->save_every && s % a->save_every == 0 && s != steps) rc = save_checkpoint(m, ckdir, src);
+        cJSON_Delete(saved);
+        r->src.position = info.data_position;
+        r->saved_step = info.step;
+        printf("resumed from %s at step %llu\n", r->ck.resume_path, (unsigned long long)info.step);
+        if (a->log_file) run_log_trim(a->log_file, info.step);
     }
-    if (!rc && (a->save_every || a->resume)) rc = save_checkpoint(m, ckdir, src);
-    free(tok);
-    free(tg);
+    if (a->log_file && !(r->log = fopen(a->log_file, r->ck.resume_step >= 0 ? "a" : "w")))
+        cli_die("cannot open --log-file %s: %s", a->log_file, strerror(errno));
+    int rc = run_steps(r, o);
+    if (r->log && fclose(r->log)) fprintf(stderr, "megatrain: writing %s: %s\n", a->log_file, strerror(errno));
+    cJSON_Delete(r->history);
+    cJSON_Delete(r->identity);
+    free(r->tok);
+    free(r->tg);
     return rc;
 }
 
-/* Checkpoints go to --checkpoints, else the run being resumed, else OUT/checkpoints. */
-static const char *checkpoint_dir(const train_args *a, const char *out, char *buf, size_t len)
+static mt_offload_policy policy_of(const train_args *a)
 {
-    if (a->checkpoints) return a->checkpoints;
-    if (a->resume) return a->resume;
-    snprintf(buf, len, "%s/checkpoints", out);
-    return buf;
-}
-
-/* --resume: the checkpoint's weights, optimizer state, step and data position. */
-static void resume_from(mt_model *m, const char *dir, batch_source *src)
-{
-    mt_checkpoint_info info;
-    mt_checkpoint_info_init(&info);
-    if (mt_checkpoint_load(m, dir, &info) != MT_OK) cli_die("%s", mt_model_errmsg(m));
-    src->position = info.data_position;
-    printf("resumed from %s at step %llu\n", dir, (unsigned long long)info.step);
+    mt_offload_policy pol;
+    mt_offload_policy_init(&pol);
+    pol.backend = a->cpu ? MT_BACKEND_CPU : MT_BACKEND_AUTO;
+    pol.weight_slots = (uint32_t)a->slots;
+    pol.optimizer_threads = (uint32_t)a->threads;
+    pol.log_callback = cli_log;
+    pol.log_level = MT_LOG_WARN;
+    pol.abort_callback = run_abort_requested;
+    return pol;
 }
 
 static int train_demo(train_args *a)
 {
-    const int S = DEFAULT(a->seq_len, 64), B = DEFAULT(a->micro_batch, 16);
-    const int M = a->grad_accum;
-    const char *out = a->out ? a->out : "megatrain-demo";
+    run r = {.a = a, .S = DEFAULT(a->seq_len, 64), .B = DEFAULT(a->micro_batch, 16), .M = a->grad_accum, .demo = 1};
+    r.out = a->out ? a->out : "megatrain-demo";
     demo_data d;
     if (demo_data_make(&d, DEMO_LO, DEMO_HI, DEMO_HELDOUT, a->seed)) cli_die("out of memory");
 
@@ -255,100 +503,98 @@ static int train_demo(train_args *a)
     cfg.num_attention_heads = (uint32_t)DEFAULT(a->heads, 4);
     cfg.num_key_value_heads = (uint32_t)DEFAULT(a->kv_heads, 4);
     cfg.intermediate_size = (uint32_t)DEFAULT(a->ffn, 384);
-    cfg.max_position_embeddings = (uint32_t)S;
+    cfg.max_position_embeddings = (uint32_t)r.S;
     cfg.precision = a->fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
     cfg.seed = a->seed;
+    run_ckpt_prepare(&r.ck, a->resume, a->checkpoints, r.out, a->restart, a->force);
     mt_offload_policy pol = policy_of(a);
-    mt_model *m;
-    if (mt_model_create(&m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
+    if (mt_model_create(&r.m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
     /* lr 3e-3 on both backends: 1e-2 learned faster when it worked but was
      * fragile (one CPU run 95.8%, another 3.8%; the GPU's bf16 run 44%).
      * 2000 steps reach 97.8-100% held out on the CPU in 1:40 on two cores,
      * 3000 reach 99.8% on a GPU in six seconds. See docs/benchmarks.md. */
-    const int gpu = mt_model_backend(m) == MT_BACKEND_CUDA;
-    const int steps = DEFAULT(a->steps, gpu ? 3000 : 2000);
-    const double lr = 3e-3;
+    const int gpu = mt_model_backend(r.m) == MT_BACKEND_CUDA;
+    r.steps = DEFAULT(a->steps, gpu ? 3000 : 2000);
+    const mt_optim_config o = optim_of(a, r.steps, 3e-3, 30);
+    r.identity = identity_of(a, &cfg, &o, r.steps, r.M, r.B, r.S);
 
     printf("megatrain demo: learning two-digit addition (%d..%d + %d..%d)\n", DEMO_LO, DEMO_HI, DEMO_LO, DEMO_HI);
     printf("  %d training problems, %d held out and never trained on\n", d.n_train, d.n_heldout);
     printf("  model: %u layers, hidden %u, %u heads, %.2f M parameters, %s, %s backend\n", cfg.num_hidden_layers,
-           cfg.hidden_size, cfg.num_attention_heads, mt_model_num_params(m) / 1e6, a->fp32 ? "fp32" : "bf16",
-           mt_model_backend(m) == MT_BACKEND_CUDA ? "CUDA" : "CPU");
-    printf("  %d steps of %d x %d x %d tokens\n\n", steps, M, B, S);
+           cfg.hidden_size, cfg.num_attention_heads, mt_model_num_params(r.m) / 1e6, a->fp32 ? "fp32" : "bf16",
+           gpu ? "CUDA" : "CPU");
+    printf("  %d steps of %d x %d x %d tokens\n\n", r.steps, r.M, r.B, r.S);
     fflush(stdout);
 
-    batch_source src = {.demo = &d, .position = a->seed * 0x2545f4914f6cdd1dull + 1};
-    if (a->resume) resume_from(m, a->resume, &src);
-    int n_before = 0, right_before = demo_accuracy(m, d.heldout, d.n_heldout, &n_before);
-    const mt_optim_config o = optim_of(a, steps, lr, 30);
+    r.src = (batch_source){.demo = &d, .position = a->seed * 0x2545f4914f6cdd1dull + 1};
     const double t0 = cli_now();
-    char ckbuf[4096];
-    int rc = run_steps(a, m, &o, &src, steps, M, B, S, checkpoint_dir(a, out, ckbuf, sizeof ckbuf));
-    if (!rc) {
-        int n_after = 0, right = demo_accuracy(m, d.heldout, d.n_heldout, &n_after);
+    /* the accuracy before: of the model as created, or as resumed */
+    int n_before = 0, right_before = 0, resumed = r.ck.resume_step >= 0;
+    if (!resumed) right_before = demo_accuracy(r.m, d.heldout, d.n_heldout, &n_before);
+    int rc = train_model(&r, &o);
+    if (rc == 0) {
+        int n_after = 0, right = demo_accuracy(r.m, d.heldout, d.n_heldout, &n_after);
         char e[32];
         cli_fmt_duration(e, sizeof e, cli_now() - t0);
-        printf("\nheld-out exact match: %.1f%% (%d of %d problems never seen in training; %.1f%% %s)\n",
-               100.0 * right / (n_after ? n_after : 1), right, n_after, 100.0 * right_before / (n_before ? n_before : 1),
-               a->resume ? "when resumed" : "before training");
-        printf("trained in %s\n", e);
+        printf("\nheld-out exact match: %.1f%% (%d of %d problems never seen in training", 100.0 * right / (n_after ? n_after : 1),
+               right, n_after);
+        if (!resumed) printf("; %.1f%% before training", 100.0 * right_before / (n_before ? n_before : 1));
+        printf(")\ntrained in %s\n", e);
         for (int i = 0; i < 3 && i < d.n_heldout; i++) {
             char prompt[32], ans[16];
             snprintf(prompt, sizeof prompt, "%d+%d=", d.heldout[i].a, d.heldout[i].b);
-            if (demo_answer(m, prompt, ans, sizeof ans) == 0) printf("  %s%s\n", prompt, ans);
+            if (demo_answer(r.m, prompt, ans, sizeof ans) == 0) printf("  %s%s\n", prompt, ans);
         }
-        rc = save_model(m, out, 1);
-        if (!rc) printf("saved to %s/; try: megatrain sample --model %s \"57+68=\"\n", out, out);
+        printf("try: megatrain sample --model %s \"57+68=\"\n", r.out);
     }
-    mt_model_destroy(m);
+    mt_model_destroy(r.m);
     demo_data_free(&d);
     return rc;
 }
 
-/* Training from a token file: a new model of the given shape or a model folder. */
+/* Training from a token file: a new model (--config, --vocab, the shape
+ * options) or a model folder. */
 static int train_data(train_args *a)
 {
-    const int steps = DEFAULT(a->steps, 1000), S = DEFAULT(a->seq_len, 1024), B = DEFAULT(a->micro_batch, 4);
-    const int M = a->grad_accum;
-    const char *out = a->out ? a->out : "megatrain-out";
+    run r = {.a = a, .S = DEFAULT(a->seq_len, 1024), .B = DEFAULT(a->micro_batch, 4), .M = a->grad_accum};
+    r.steps = DEFAULT(a->steps, 1000);
+    r.out = a->out ? a->out : "megatrain-out";
     mt_model_config cfg;
     mt_model_config_init(&cfg);
-    cfg.precision = a->fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
-    cfg.seed = a->seed;
-    if (a->model_dir) {
-        if (mt_config_load(&cfg, a->model_dir) != MT_OK) cli_die("%s", mt_last_errmsg());
-    } else {
+    if (a->model_dir) cli_config_load(&cfg, a->model_dir);
+    else if (a->config) cli_config_load(&cfg, a->config);
+    if (!a->model_dir) {
+        if (a->vocab > 0) cfg.vocab_size = (uint32_t)a->vocab;
         if (a->hidden > 0) cfg.hidden_size = (uint32_t)a->hidden;
         if (a->layers > 0) cfg.num_hidden_layers = (uint32_t)a->layers;
         if (a->heads > 0) cfg.num_attention_heads = cfg.num_key_value_heads = (uint32_t)a->heads;
         if (a->kv_heads > 0) cfg.num_key_value_heads = (uint32_t)a->kv_heads;
         if (a->ffn > 0) cfg.intermediate_size = (uint32_t)a->ffn;
+        if (a->hidden > 0 || a->heads > 0) cfg.head_dim = 0; /* derived from the new shape */
     }
-    if (cfg.max_position_embeddings < (uint32_t)S) cfg.max_position_embeddings = (uint32_t)S;
+    cfg.precision = a->fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+    cfg.seed = a->seed;
+    if (cfg.max_position_embeddings < (uint32_t)r.S) cfg.max_position_embeddings = (uint32_t)r.S;
     mt_dataset_options dopt;
     mt_dataset_options_init(&dopt);
+    dopt.format = a->format;
     dopt.vocab_size = cfg.vocab_size;
-    dopt.seq_len = (uint32_t)S;
+    dopt.seq_len = (uint32_t)r.S;
     dopt.seed = a->seed;
-    mt_dataset *ds;
-    if (mt_dataset_open(&ds, a->data, &dopt) != MT_OK) cli_die("%s", mt_last_errmsg());
+    if (mt_dataset_open(&r.src.ds, a->data, &dopt) != MT_OK) cli_die("%s", mt_last_errmsg());
+    run_ckpt_prepare(&r.ck, a->resume, a->checkpoints, r.out, a->restart, a->force);
+    const mt_optim_config o = optim_of(a, r.steps, 3e-4, r.steps / 20);
+    r.identity = identity_of(a, &cfg, &o, r.steps, r.M, r.B, r.S);
     mt_offload_policy pol = policy_of(a);
-    mt_model *m;
-    if (mt_model_create(&m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
-    if (a->model_dir && mt_model_load(m, a->model_dir) != MT_OK) cli_die("%s", mt_model_errmsg(m));
+    if (mt_model_create(&r.m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
+    if (a->model_dir && mt_model_load(r.m, a->model_dir) != MT_OK) cli_die("%s", mt_model_errmsg(r.m));
     printf("training %.1f M parameters on %s: %llu tokens, %llu training and %llu held-out windows of %d\n",
-           mt_model_num_params(m) / 1e6, a->data, (unsigned long long)mt_dataset_num_tokens(ds),
-           (unsigned long long)mt_dataset_num_windows(ds, MT_SPLIT_TRAIN),
-           (unsigned long long)mt_dataset_num_windows(ds, MT_SPLIT_HELDOUT), S);
-    batch_source src = {.ds = ds};
-    if (a->resume) resume_from(m, a->resume, &src);
-    const mt_optim_config o = optim_of(a, steps, 3e-4, steps / 20);
-    char ckbuf[4096];
-    int rc = run_steps(a, m, &o, &src, steps, M, B, S, checkpoint_dir(a, out, ckbuf, sizeof ckbuf));
-    if (!rc) rc = save_model(m, out, 0);
-    if (!rc) printf("saved to %s/\n", out);
-    mt_model_destroy(m);
-    mt_dataset_close(ds);
+           mt_model_num_params(r.m) / 1e6, a->data, (unsigned long long)mt_dataset_num_tokens(r.src.ds),
+           (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_TRAIN),
+           (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_HELDOUT), r.S);
+    int rc = train_model(&r, &o);
+    mt_model_destroy(r.m);
+    mt_dataset_close(r.src.ds);
     return rc;
 }
 
@@ -356,255 +602,6 @@ int cmd_train(int argc, char **argv)
 {
     train_args a;
     parse_train(argc, argv, &a);
-    if (a.model_dir && !a.data) cli_die("train: --model needs --data");
-    if (a.resume && a.model_dir) cli_die("train: --resume continues a run; it takes no --model");
+    run_signals_install();
     return a.data ? train_data(&a) : train_demo(&a);
-}
-
-/* ---- loading a saved model ------------------------------------------------------ */
-
-static mt_model *open_model(const char *dir, int cpu)
-{
-    mt_model_config cfg;
-    mt_model_config_init(&cfg);
-    if (mt_config_load(&cfg, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
-    cfg.max_position_embeddings = cfg.max_position_embeddings < 4096 ? 4096 : cfg.max_position_embeddings;
-    mt_offload_policy pol;
-    mt_offload_policy_init(&pol);
-    pol.backend = cpu ? MT_BACKEND_CPU : MT_BACKEND_AUTO;
-    pol.log_callback = cli_log;
-    mt_model *m;
-    if (mt_model_create(&m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
-    if (mt_model_load(m, dir) != MT_OK) cli_die("%s", mt_model_errmsg(m));
-    return m;
-}
-
-static int is_demo(const char *dir)
-{
-    char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", dir, DEMO_MARKER);
-    return stat(path, &sb) == 0;
-}
-
-/* Greedy continuation of token ids, one token at a time (the whole prefix
- * is recomputed each time: there is no key/value cache). */
-static int sample_ids(mt_model *m, const char *list, int max_new)
-{
-    mt_model_config cfg;
-    mt_model_config_init(&cfg);
-    mt_model_get_config(m, &cfg);
-    int cap = 64, n = 0;
-    int32_t *ids = malloc((size_t)(cap + max_new) * sizeof *ids);
-    float *logits = malloc(cfg.vocab_size * sizeof *logits);
-    if (!ids || !logits) cli_die("out of memory");
-    for (const char *p = list; *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v >= (long)cfg.vocab_size)
-            cli_die("sample: --ids wants comma-separated token ids below the vocabulary size %u", cfg.vocab_size);
-        if (n == cap) {
-            cap *= 2;
-            if (!(ids = realloc(ids, (size_t)(cap + max_new) * sizeof *ids))) cli_die("out of memory");
-        }
-        ids[n++] = (int32_t)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') cli_die("sample: --ids: unexpected '%c'", *end);
-    }
-    if (n == 0) cli_die("sample: --ids is empty");
-    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
-    printf(" ->");
-    int rc = 0;
-    for (int k = 0; k < max_new && n < (int)cfg.max_position_embeddings; k++) {
-        if (mt_model_logits(m, ids, 1, (uint32_t)n, logits) != MT_OK) {
-            fprintf(stderr, "megatrain: %s\n", mt_model_errmsg(m));
-            rc = 1;
-            break;
-        }
-        int best = 0;
-        for (int v = 1; v < (int)cfg.vocab_size; v++)
-            if (logits[v] > logits[best]) best = v;
-        ids[n++] = best;
-        printf(" %d", best);
-        fflush(stdout);
-    }
-    printf("\n");
-    free(ids);
-    free(logits);
-    return rc;
-}
-
-int cmd_sample(int argc, char **argv)
-{
-    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL;
-    int cpu = 0, max_new = 16;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n"
-                 "       megatrain sample --model DIR --ids 1,2,3 [--max-new N] [--cpu]\n\n"
-                 "Completes a prompt greedily with the model in DIR (default megatrain-demo).\n"
-                 "For the arithmetic demo, PROMPT is a problem such as \"57+68=\"; without one,\n"
-                 "problems are read from standard input, one per line. Any other model folder\n"
-                 "takes its prompt as token ids (--ids) and prints the ids it generates.");
-            return 0;
-        } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
-        else if (cli_opt(argc, argv, &i, "--ids", &v)) ids = v;
-        else if (cli_opt(argc, argv, &i, "--max-new", &v)) max_new = (int)cli_int("--max-new", v, 1, 1 << 20);
-        else if (cli_flag(argv, i, "--cpu")) cpu = 1;
-        else if (argv[i][0] == '-' && argv[i][1] == '-') cli_die("sample: unknown option '%s'", argv[i]);
-        else prompt = argv[i];
-    }
-    if (!ids && !is_demo(dir))
-        cli_die("sample: %s is not the arithmetic demo; give the prompt as token ids with --ids", dir);
-    mt_model *m = open_model(dir, cpu);
-    if (ids) {
-        int rc = sample_ids(m, ids, max_new);
-        mt_model_destroy(m);
-        return rc;
-    }
-    char line[256], ans[32];
-    int rc = 0;
-    for (;;) {
-        const char *q = prompt;
-        if (!q) {
-            if (isatty(0)) fputs("problem> ", stdout), fflush(stdout);
-            if (!fgets(line, sizeof line, stdin)) break;
-            line[strcspn(line, "\r\n")] = '\0';
-            if (!line[0]) continue;
-            q = line;
-        }
-        char p[300];
-        snprintf(p, sizeof p, "%s%s", q, q[strlen(q) - 1] == '=' ? "" : "=");
-        if (demo_answer(m, p, ans, sizeof ans))
-            fprintf(stderr, "megatrain: '%s' is not a problem like 57+68= (digits, '+', '=')\n", q), rc = 1;
-        else
-            printf("%s%s\n", p, ans);
-        if (prompt) break;
-    }
-    mt_model_destroy(m);
-    return rc;
-}
-
-int cmd_eval(int argc, char **argv)
-{
-    const char *dir = "megatrain-demo", *data = NULL;
-    int cpu = 0, seq_len = 1024, batches = 16;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain eval [--model DIR] [--data FILE [--seq-len N] [--batches N]] [--cpu]\n\n"
-                 "With --data: the mean loss of the model in DIR on the file's held-out windows.\n"
-                 "Without: the arithmetic demo's exact-match accuracy on its held-out problems.");
-            return 0;
-        } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
-        else if (cli_opt(argc, argv, &i, "--data", &v)) data = v;
-        else if (cli_opt(argc, argv, &i, "--seq-len", &v)) seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
-        else if (cli_opt(argc, argv, &i, "--batches", &v)) batches = (int)cli_int("--batches", v, 1, 1 << 20);
-        else if (cli_flag(argv, i, "--cpu")) cpu = 1;
-        else cli_die("eval: unknown option '%s'", argv[i]);
-    }
-    mt_model *m = open_model(dir, cpu);
-    int rc = 0;
-    if (!data) {
-        if (!is_demo(dir)) cli_die("eval: %s is not a demo model: give --data", dir);
-        demo_data d;
-        if (demo_data_make(&d, DEMO_LO, DEMO_HI, DEMO_HELDOUT, 1)) cli_die("out of memory");
-        int n = 0, right = demo_accuracy(m, d.heldout, d.n_heldout, &n);
-        printf("held-out exact match: %.1f%% (%d of %d)\n", 100.0 * right / (n ? n : 1), right, n);
-        demo_data_free(&d);
-    } else {
-        mt_model_config cfg;
-        mt_model_config_init(&cfg);
-        mt_model_get_config(m, &cfg);
-        mt_dataset_options o;
-        mt_dataset_options_init(&o);
-        o.vocab_size = cfg.vocab_size;
-        o.seq_len = (uint32_t)seq_len;
-        mt_dataset *ds;
-        if (mt_dataset_open(&ds, data, &o) != MT_OK) cli_die("%s", mt_last_errmsg());
-        uint64_t nw = mt_dataset_num_windows(ds, MT_SPLIT_HELDOUT);
-        int32_t *tok = malloc((size_t)seq_len * sizeof *tok), *tg = malloc((size_t)seq_len * sizeof *tg);
-        double sum = 0;
-        uint64_t cnt = 0;
-        for (uint64_t w = 0; w < nw && w < (uint64_t)batches; w++) {
-            mt_dataset_read(ds, MT_SPLIT_HELDOUT, w, 1, tok, tg);
-            mt_batch b;
-            mt_batch_init(&b);
-            b.micro_batch_size = 1, b.seq_len = (uint32_t)seq_len, b.num_micro_batches = 1, b.tokens = tok, b.targets = tg;
-            mt_eval_stats es;
-            mt_eval_stats_init(&es);
-            if (mt_eval(m, &b, &es) != MT_OK) cli_die("%s", mt_model_errmsg(m));
-            sum += es.loss * (double)es.target_tokens;
-            cnt += es.target_tokens;
-        }
-        printf("held-out loss %.4f (perplexity %.2f) over %llu tokens\n", sum / (double)cnt, exp(sum / (double)cnt),
-               (unsigned long long)cnt);
-        free(tok), free(tg);
-        mt_dataset_close(ds);
-    }
-    mt_model_destroy(m);
-    return rc;
-}
-
-/* ---- plan --------------------------------------------------------------------------- */
-
-static double gib(uint64_t b) { return (double)b / (1u << 30); }
-
-int cmd_plan(int argc, char **argv)
-{
-    mt_model_config cfg;
-    mt_model_config_init(&cfg);
-    mt_offload_policy pol;
-    mt_offload_policy_init(&pol);
-    mt_batch_shape sh;
-    mt_batch_shape_init(&sh);
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain plan [--model DIR | --layers N --hidden N --heads N --kv-heads N --ffn N --vocab N]\n"
-                 "                      [--seq-len N] [--micro-batch N] [--grad-accum N] [--fp32] [--cpu]\n"
-                 "                      [--host-budget GIB] [--gpu-budget GIB]\n\n"
-                 "Prints the bytes each memory tier would hold, without allocating anything.");
-            return 0;
-        } else if (cli_opt(argc, argv, &i, "--model", &v)) {
-            if (mt_config_load(&cfg, v) != MT_OK) cli_die("%s", mt_last_errmsg());
-        } else if (cli_opt(argc, argv, &i, "--layers", &v)) cfg.num_hidden_layers = (uint32_t)cli_int("--layers", v, 1, 4096);
-        else if (cli_opt(argc, argv, &i, "--hidden", &v)) cfg.hidden_size = (uint32_t)cli_int("--hidden", v, 2, 1 << 17);
-        else if (cli_opt(argc, argv, &i, "--heads", &v)) cfg.num_attention_heads = cfg.num_key_value_heads = (uint32_t)cli_int("--heads", v, 1, 1024);
-        else if (cli_opt(argc, argv, &i, "--kv-heads", &v)) cfg.num_key_value_heads = (uint32_t)cli_int("--kv-heads", v, 1, 1024);
-        else if (cli_opt(argc, argv, &i, "--ffn", &v)) cfg.intermediate_size = (uint32_t)cli_int("--ffn", v, 1, 1 << 20);
-        else if (cli_opt(argc, argv, &i, "--vocab", &v)) cfg.vocab_size = (uint32_t)cli_int("--vocab", v, 2, 1 << 24);
-        else if (cli_opt(argc, argv, &i, "--seq-len", &v)) sh.seq_len = (uint32_t)cli_int("--seq-len", v, 1, 1 << 24);
-        else if (cli_opt(argc, argv, &i, "--micro-batch", &v)) sh.micro_batch_size = (uint32_t)cli_int("--micro-batch", v, 1, 1 << 16);
-        else if (cli_opt(argc, argv, &i, "--grad-accum", &v)) sh.num_micro_batches = (uint32_t)cli_int("--grad-accum", v, 1, 4096);
-        else if (cli_opt(argc, argv, &i, "--host-budget", &v)) pol.host_budget_bytes = (uint64_t)(cli_float("--host-budget", v, 0, 1e6) * (1u << 30));
-        else if (cli_opt(argc, argv, &i, "--gpu-budget", &v)) pol.gpu_budget_bytes = (uint64_t)(cli_float("--gpu-budget", v, 0, 1e6) * (1u << 30));
-        else if (cli_flag(argv, i, "--fp32")) cfg.precision = MT_PRECISION_FP32;
-        else if (cli_flag(argv, i, "--cpu")) pol.backend = MT_BACKEND_CPU;
-        else cli_die("plan: unknown option '%s'", argv[i]);
-    }
-    if (cfg.max_position_embeddings < sh.seq_len) cfg.max_position_embeddings = sh.seq_len;
-    mt_memory_plan p;
-    mt_memory_plan_init(&p);
-    mt_status st = mt_plan(&p, &cfg, &pol, &sh);
-    if (st == MT_ERR_INVALID_ARGUMENT || st == MT_ERR_STRUCT_SIZE || st == MT_ERR_NO_DEVICE) cli_die("%s", mt_last_errmsg());
-    printf("model:       %.3f B parameters in %u units, %s\n", p.num_params / 1e9, p.num_units,
-           cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
-    printf("batch:       %u x %u x %u tokens per step, %s backend\n", sh.num_micro_batches, sh.micro_batch_size,
-           sh.seq_len, p.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");
-    printf("host:        %8.2f GiB pinned + %8.2f GiB pageable (budget %.2f GiB)\n", gib(p.host_pinned_bytes),
-           gib(p.host_pageable_bytes), gib(p.host_budget_bytes));
-    printf("  weights %.2f, gradients %.2f, master %.2f, AdamW %.2f GiB (%.1f bytes per parameter)\n",
-           gib(p.weight_bytes), gib(p.grad_bytes), gib(p.master_bytes), gib(p.optim_bytes),
-           (double)(p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes) / (double)p.num_params);
-    printf("activations: %8.2f GiB checkpoints (%s), %.2f GiB working set\n", gib(p.activation_bytes),
-           p.activations == MT_PLACE_DEVICE ? "on the GPU" : "in host memory", gib(p.workspace_bytes));
-    if (p.backend == MT_BACKEND_CUDA)
-        printf("GPU:         %8.2f GiB (budget %.2f GiB)\n", gib(p.gpu_bytes), gib(p.gpu_budget_bytes));
-    if (st != MT_OK) {
-        printf("does not fit: %s\n", mt_last_errmsg());
-        return 1;
-    }
-    return 0;
 }
