@@ -233,6 +233,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         return mt_fail(err, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(e));
     }
     if ((st = mt_sync_dir(err, dir))) return st;
+    rm_rf(old); /* the replaced checkpoint of this step, now that the new one is in place */
     mt_path_join(path, sizeof path, dir, "latest");
     char line[40];
     int len = snprintf(line, sizeof line, "%s\n", name);

@@ -420,3 +420,17 @@ Test(checkpoint, caller_json_round_trip)
     mt_model_destroy(m);
     rmdir_all(dir);
 }
+
+/* Saving one step again replaces its checkpoint, as often as need be, and
+ * leaves no step-N.old behind. */
+Test(checkpoint, saving_a_step_again_replaces_it)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 32);
+    char *dir = tmpdir();
+    mt_model *m = make(&c, 1, 1);
+    for (int i = 0; i < 3; i++) cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "save %d: %s", i, mt_model_errmsg(m));
+    cr_assert(exists(dir, "step-00000000"));
+    cr_assert(!exists(dir, "step-00000000.old"), "the replaced checkpoint is removed");
+    mt_model_destroy(m);
+    rmdir_all(dir);
+}

@@ -15,6 +15,9 @@
 void run_signals_install(void);
 int run_signal(void);
 int run_abort_requested(void *user_data);
+/* While on, the abort callback lets the work finish (a held-out loss that
+ * belongs to the step just taken); the signal still stops the run after. */
+void run_hold_off_signals(int on);
 const char *run_signal_name(int sig);
 
 /* Where a run's checkpoints go and where it resumes from. */

@@ -63,7 +63,8 @@ static const char train_help[] =
     "progress:\n"
     "  --log-every N      progress line every N steps (default 25)\n"
     "  --log-file FILE    one JSON object per step: step, loss, lr, grad_norm, tokens, tokens_per_s,\n"
-    "                     seconds, elapsed, heldout_loss when measured (draw it: megatrain plot)\n"
+    "                     seconds, elapsed (since this process began training), heldout_loss when\n"
+    "                     measured (draw it: megatrain plot)\n"
     "  --eval-every N     held-out loss every N steps and at the end\n"
     "  --eval-batches N   batches of the training shape per held-out loss (default 2)\n"
     "\n"
@@ -312,7 +313,11 @@ static int run_steps(run *r, const mt_optim_config *o)
         done += stats.tokens;
         const int last = s == r->steps;
         double held = NAN;
-        if (a->eval_every && (s % a->eval_every == 0 || last)) held = heldout_loss(r);
+        if (a->eval_every && (s % a->eval_every == 0 || last)) {
+            run_hold_off_signals(1); /* the step's record is whole, or a resume would never measure it */
+            held = heldout_loss(r);
+            run_hold_off_signals(0);
+        }
         const double el = cli_now() - t0;
         if (r->log) {
             cJSON *j = run_record((uint64_t)s, &stats, el, held);
@@ -530,7 +535,9 @@ static int train_demo(train_args *a)
     const double t0 = cli_now();
     /* the accuracy before: of the model as created, or as resumed */
     int n_before = 0, right_before = 0, resumed = r.ck.resume_step >= 0;
+    run_hold_off_signals(1);
     if (!resumed) right_before = demo_accuracy(r.m, d.heldout, d.n_heldout, &n_before);
+    run_hold_off_signals(0);
     int rc = train_model(&r, &o);
     if (rc == 0) {
         int n_after = 0, right = demo_accuracy(r.m, d.heldout, d.n_heldout, &n_after);
