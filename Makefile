@@ -32,9 +32,9 @@ CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY
 DEPFLAGS = -MMD -MP
-LDLIBS_PRIV := -lcjson -lnuma -lpthread -lm
-# libcjson and libnuma ship .pc files: the static link asks pkg-config for them
-PC_REQUIRES_PRIV := libcjson numa
+LDLIBS_PRIV := -lcjson -lnuma -lpcre2-8 -lutf8proc -lpthread -lm
+# these ship .pc files: the static link asks pkg-config for them
+PC_REQUIRES_PRIV := libcjson numa libpcre2-8 libutf8proc
 PC_LIBS_PRIV := -lpthread -lm
 
 # Per-file instruction sets: kernels named *_avx2.c / *_avx512.c are built for
@@ -65,15 +65,17 @@ SHLIB := lib/libmegatrain.so.$(VERSION)
 STLIB := lib/libmegatrain.a
 PCFILE := pkgconfig/megatrain.pc
 
-TEST_SRC := $(sort $(wildcard tests/*.c))
+# tests/tokenizer_check.c is a program of its own (tests/tokenizers.sh runs it)
+TOKENIZER_CHECK := build/tests/tokenizer_check
+TEST_SRC := $(filter-out tests/tokenizer_check.c,$(sort $(wildcard tests/*.c)))
 TEST_BIN := build/tests/mt_tests
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=build/bench/%)
 TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
-all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck check demo setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
+all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
+.PHONY: all test memcheck check demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
 # stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
@@ -122,6 +124,10 @@ build/tests/%.o: tests/%.c Makefile $(CONFIG_STAMP)
 
 $(TEST_BIN): $(TEST_SRC:tests/%.c=build/tests/%.o) $(STLIB)
 	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+$(TOKENIZER_CHECK): tests/tokenizer_check.c $(STLIB) $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
 
 build/bench/%: bench/%.c $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
@@ -218,6 +224,7 @@ check: setup
 	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh
+	tests/tokenizers.sh
 	tests/plot.sh $(CLI)
 	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) tools/install-check.sh
 
@@ -225,6 +232,11 @@ check: setup
 demo: setup
 	$(MAKE) $(CLI)
 	$(CLI) train
+
+# The fine-tuning demo: chat data, a tokenizer, prompt masking, exact match.
+demo-sft: setup
+	$(MAKE) $(CLI)
+	BIN=$(CLI) tools/sft-demo.sh
 
 setup:
 	@tools/setup.sh

@@ -521,8 +521,12 @@ MT_API mt_status mt_config_load(mt_model_config *cfg, const char *dir);
 MT_API mt_status mt_model_load(mt_model *model, const char *dir);
 
 /* Writes config.json and model.safetensors (bf16 in bf16 mode, fp32 in fp32
- * mode) into dir, which is created if missing. Files are written under
- * temporary names, synced, then renamed over the old ones. */
+ * mode) into dir, which is created if missing, and (0.2) the tokenizer files
+ * of the folder the model was last loaded from (tokenizer.json,
+ * tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+ * generation_config.json, those that exist), so that the folder is a whole
+ * model. Files are written under temporary names, synced, then renamed over
+ * the old ones. */
 MT_API mt_status mt_model_save(mt_model *model, const char *dir);
 
 /* ---- resume checkpoints ------------------------------------------------------------ */
@@ -576,6 +580,9 @@ typedef enum mt_token_format {
     MT_TOKENS_U16 = 1,  /* raw little-endian uint16 (refused when every other value is 0, as in uint32 data) */
     MT_TOKENS_U32 = 2,  /* raw little-endian uint32 */
     MT_TOKENS_LLMC = 3, /* llm.c .bin: 256 int32 header (magic 20240520, version 1: uint16 or 2: uint32, count) */
+    MT_TOKENS_DOCS = 4, /* 0.2: documents with a loss mask ("MTTOKENS" header, megatrain prepare; docs/data.md):
+                           a window is one document (or a piece of one longer than seq_len + 1 tokens),
+                           padded; tokens the mask leaves out and the padding are not targets */
     MT_TOKENS_MAX_ENUM = 0x7FFFFFFF
 } mt_token_format;
 
@@ -614,6 +621,11 @@ MT_API mt_status mt_dataset_open(mt_dataset **out, const char *path, const mt_da
 MT_API void mt_dataset_close(mt_dataset *ds); /* NULL ok */
 MT_API uint64_t mt_dataset_num_tokens(const mt_dataset *ds);
 MT_API uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split);
+/* 0.2: the documents of an MT_TOKENS_DOCS file (0 for a token stream), and
+ * the padded positions of a split's windows, which nothing learns (0 for a
+ * token stream, whose windows are full). */
+MT_API uint64_t mt_dataset_num_documents(const mt_dataset *ds);
+MT_API uint64_t mt_dataset_padding(const mt_dataset *ds, mt_split split);
 
 /* Fills n_seq sequences starting at window `position` of the split (training
  * positions run on past the end into the next epochs; held-out ones wrap):
@@ -621,6 +633,60 @@ MT_API uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split);
  * each. The next call's position is position + n_seq. */
 MT_API mt_status mt_dataset_read(const mt_dataset *ds, mt_split split, uint64_t position, uint32_t n_seq,
                                  int32_t *tokens, int32_t *targets);
+
+/* ---- tokenizers (0.2) ------------------------------------------------------------- */
+
+/* A Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3, Qwen2 and
+ * Qwen3: NFC, the Split pre-tokenizer's regex, added and special tokens) and
+ * SentencePiece-style BPE with byte fallback (Llama 2, Mistral). Anything
+ * else in the file (another model type, normalizer, pre-tokenizer,
+ * post-processor or decoder) is refused at load with a message naming it.
+ * Read-only after load: one tokenizer may serve several threads at once.
+ * Failed calls leave their message in mt_last_errmsg(). */
+typedef struct mt_tokenizer mt_tokenizer;
+
+/* path: a tokenizer.json, or a folder that holds one (a model folder). On
+ * failure *out is NULL. */
+MT_API mt_status mt_tokenizer_load(mt_tokenizer **out, const char *path);
+MT_API void mt_tokenizer_free(mt_tokenizer *tok); /* NULL ok */
+
+/* Flags of mt_tokenizer_encode, or-ed together. */
+typedef enum mt_encode_flag {
+    MT_ENCODE_SPECIAL = 1,     /* added tokens marked special ("<|im_start|>") in the text become their ids;
+                                  without it they are text like any other */
+    MT_ENCODE_ADD_SPECIAL = 2, /* the post-processor's template around the text (Llama 2's <s>) */
+    MT_ENCODE_MAX_ENUM = 0x7FFFFFFF
+} mt_encode_flag;
+
+/* Encodes len bytes of UTF-8 text (mt_encode_flag flags). Writes at most cap
+ * ids into ids (which may be NULL when cap is 0) and the number the text
+ * needs into *n_ids, which may exceed cap: then call again with room for
+ * them. MT_ERR_INVALID_ARGUMENT for text that is not valid UTF-8. */
+MT_API mt_status mt_tokenizer_encode(const mt_tokenizer *tok, const char *text, size_t len, uint32_t flags,
+                                     int32_t *ids, size_t cap, size_t *n_ids);
+
+/* Flags of mt_tokenizer_decode. */
+typedef enum mt_decode_flag {
+    MT_DECODE_SKIP_SPECIAL = 1, /* leave out added tokens marked special */
+    MT_DECODE_MAX_ENUM = 0x7FFFFFFF
+} mt_decode_flag;
+
+/* Decodes n ids into UTF-8 text (mt_decode_flag flags; bytes that do not
+ * form UTF-8 become U+FFFD, as transformers does). Writes at most cap bytes
+ * and a terminating NUL when there is room for it, and the text's length
+ * (without the NUL) into *len, which may exceed cap. MT_ERR_INVALID_ARGUMENT
+ * for an id outside the vocabulary. */
+MT_API mt_status mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n, uint32_t flags,
+                                     char *text, size_t cap, size_t *len);
+
+/* The number of ids: the largest id of the vocabulary and the added tokens,
+ * plus one. 0 for NULL. */
+MT_API uint32_t mt_tokenizer_vocab_size(const mt_tokenizer *tok);
+/* The id of a token as the vocabulary spells it ("<|im_end|>", "\u0120the",
+ * "\u2581the"), -1 when there is none. */
+MT_API int32_t mt_tokenizer_token_to_id(const mt_tokenizer *tok, const char *token);
+/* The vocabulary's spelling of id, NULL outside it; valid as long as tok. */
+MT_API const char *mt_tokenizer_id_to_token(const mt_tokenizer *tok, int32_t id);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,14 @@
 #define LLMC_MAGIC 20240520
 #define LLMC_HEADER_BYTES 1024u /* 256 int32 */
 
+/* megatrain's document file (docs/data.md): a 64-byte header, the tokens,
+ * the end of each document, and a bit per token that says whether it is a
+ * target of the loss. */
+#define DOCS_MAGIC "MTTOKENS"
+#define DOCS_VERSION 1u
+#define DOCS_HEADER_BYTES 64u
+#define DOCS_HAS_MASK 1u
+
 /* The stream of mt_rng_u64 that keys the shuffle of epoch e is SHUFFLE_STREAM + e. */
 #define SHUFFLE_STREAM 0x5348554646ull /* "SHUFF" */
 #define FEISTEL_ROUNDS 6
@@ -41,6 +49,13 @@ struct mt_dataset {
     uint64_t n_train; /* windows [0, n_train) */
     uint64_t n_heldout; /* windows [n_train, n_windows) */
     uint64_t seed;
+    /* document files: a window is one piece of one document (all of it when
+     * it fits seq_len + 1 tokens), padded to seq_len */
+    const unsigned char *mask; /* bit i: token i is a target; NULL: all are */
+    uint64_t n_docs;
+    uint64_t *win_start;       /* [n_windows] first token of each window */
+    uint32_t *win_len;         /* [n_windows] its tokens, 2 .. seq_len + 1 */
+    uint64_t pad[2];           /* padded positions of the train and held-out windows */
 };
 
 /* ---- options ------------------------------------------------------------ */
@@ -63,7 +78,7 @@ static mt_status dataset_import(mt_err err, mt_dataset_options *o, const mt_data
     mt_status st = mt_copy_in(err, o, sizeof *o, src, MT_FIRST_SIZE_DATASET_OPTIONS, "mt_dataset_options");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
-    if (o->format > MT_TOKENS_LLMC)
+    if (o->format > MT_TOKENS_DOCS)
         return BAD("mt_dataset_options.format %u is not an mt_token_format value", o->format);
     if (o->seq_len == 0) return BAD("mt_dataset_options.seq_len is 0: a sequence needs at least one token");
     if (!(o->heldout_fraction >= 0.0f && o->heldout_fraction <= 0.5f))
@@ -93,6 +108,13 @@ static inline uint32_t le32(uint32_t v)
     return v;
 }
 
+static uint64_t load_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
 static uint32_t header_word(const unsigned char *p, int i)
 {
     uint32_t v;
@@ -102,6 +124,7 @@ static uint32_t header_word(const unsigned char *p, int i)
 
 static const char *format_name(uint32_t format, uint32_t tok_bytes)
 {
+    if (format == MT_TOKENS_DOCS) return tok_bytes == 2 ? "megatrain documents, uint16" : "megatrain documents, uint32";
     if (format == MT_TOKENS_LLMC) return tok_bytes == 2 ? "llm.c version 1, uint16" : "llm.c version 2, uint32";
     return tok_bytes == 2 ? "raw uint16" : "raw uint32";
 }
@@ -153,6 +176,73 @@ static uint64_t scan_u32(const uint32_t *t, uint64_t n, uint64_t limit, uint32_t
 
 /* ---- open / close --------------------------------------------------------- */
 
+/* A document file: every size and offset checked against the file's length
+ * before anything is read through them. */
+static mt_status parse_docs(mt_err err, mt_dataset *ds, const char *path)
+{
+    const unsigned char *p = ds->map;
+    const uint64_t size = ds->map_size;
+    if (size < DOCS_HEADER_BYTES || memcmp(p, DOCS_MAGIC, 8))
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' is not a megatrain document file (no %s header)", path,
+                       DOCS_MAGIC);
+    const uint32_t version = header_word(p, 2), tok_bytes = header_word(p, 3), flags = header_word(p, 9);
+    const uint64_t n_tokens = load_le64(p + 16), n_docs = load_le64(p + 24);
+    if (version != DOCS_VERSION)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' is a megatrain document file of version %u; this library "
+                       "reads version %u", path, version, DOCS_VERSION);
+    if (tok_bytes != 2 && tok_bytes != 4)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' says its tokens have %u bytes (2 or 4)", path, tok_bytes);
+    if (flags & ~DOCS_HAS_MASK)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' has unknown flags 0x%x", path, flags & ~DOCS_HAS_MASK);
+    for (unsigned i = 40; i < DOCS_HEADER_BYTES; i++)
+        if (p[i]) return mt_fail(err, MT_ERR_FORMAT, "token file '%s': header byte %u is reserved and not zero", path, i);
+    /* sizes in 64 bits with room to spare: counts above 2^56 are refused first */
+    if (n_tokens >> 56 || n_docs >> 56 || n_docs > n_tokens)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' announces %llu tokens in %llu documents", path,
+                       (unsigned long long)n_tokens, (unsigned long long)n_docs);
+    const uint64_t tok_end = DOCS_HEADER_BYTES + (n_tokens * tok_bytes + 7) / 8 * 8;
+    const uint64_t docs_end = tok_end + n_docs * 8;
+    const uint64_t want = docs_end + ((flags & DOCS_HAS_MASK) ? (n_tokens + 7) / 8 : 0);
+    if (size != want)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' is %llu bytes, but its header (%llu tokens of %u bytes, %llu "
+                       "documents%s) makes %llu: %s",
+                       path, (unsigned long long)size, (unsigned long long)n_tokens, tok_bytes,
+                       (unsigned long long)n_docs, (flags & DOCS_HAS_MASK) ? ", a loss mask" : "",
+                       (unsigned long long)want, size < want ? "truncated" : "longer than its header says");
+    uint64_t prev = 0;
+    for (uint64_t d = 0; d < n_docs; d++) {
+        const uint64_t end = load_le64(p + tok_end + 8 * d);
+        if (end <= prev || end > n_tokens)
+            return mt_fail(err, MT_ERR_FORMAT, "token file '%s': document %llu ends at token %llu, after %llu and within "
+                           "%llu tokens it must", path, (unsigned long long)d, (unsigned long long)end,
+                           (unsigned long long)prev, (unsigned long long)n_tokens);
+        prev = end;
+    }
+    if (n_docs == 0 || prev != n_tokens)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s': its documents cover %llu of its %llu tokens", path,
+                       (unsigned long long)prev, (unsigned long long)n_tokens);
+    ds->tok_bytes = tok_bytes;
+    ds->tok = p + DOCS_HEADER_BYTES;
+    ds->n_tokens = n_tokens;
+    ds->n_docs = n_docs;
+    ds->mask = (flags & DOCS_HAS_MASK) ? p + docs_end : NULL;
+    return MT_OK;
+}
+
+static uint32_t token_at(const mt_dataset *ds, uint64_t i)
+{
+    return ds->tok_bytes == 2 ? le16(((const uint16_t *)(const void *)ds->tok)[i])
+                              : le32(((const uint32_t *)(const void *)ds->tok)[i]);
+}
+
+static int is_target(const mt_dataset *ds, uint64_t i) { return !ds->mask || (ds->mask[i / 8] >> (i % 8) & 1); }
+
+static uint64_t doc_end(const mt_dataset *ds, uint64_t d)
+{
+    const uint64_t tok_end = (ds->n_tokens * ds->tok_bytes + 7) / 8 * 8;
+    return load_le64(ds->tok + tok_end + 8 * d);
+}
+
 /* A raw file of uint32 ids read as uint16 shows a zero in every other
  * position (the high halves, little-endian): for a real uint16 stream that
  * would mean token 0 at every odd position. Looks at up to the first 2^20
@@ -180,7 +270,9 @@ static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint
     const uint64_t size = ds->map_size;
     const int automatic = *format == MT_TOKENS_AUTO;
     if (automatic) {
-        *format = size >= LLMC_HEADER_BYTES && header_word(p, 0) == LLMC_MAGIC ? MT_TOKENS_LLMC : MT_TOKENS_U16;
+        *format = size >= DOCS_HEADER_BYTES && !memcmp(p, DOCS_MAGIC, 8)                 ? MT_TOKENS_DOCS
+                  : size >= LLMC_HEADER_BYTES && header_word(p, 0) == LLMC_MAGIC ? MT_TOKENS_LLMC
+                                                                                   : MT_TOKENS_U16;
         /* a raw file is taken for uint16 only where nothing says otherwise */
         if (*format == MT_TOKENS_U16 && vocab_size > 0x10000)
             return mt_fail(err, MT_ERR_FORMAT,
@@ -205,6 +297,8 @@ static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint
         ds->n_tokens = size / ds->tok_bytes;
         return MT_OK;
     }
+
+    if (*format == MT_TOKENS_DOCS) return parse_docs(err, ds, path);
 
     /* llm.c */
     if (size < LLMC_HEADER_BYTES)
@@ -257,9 +351,58 @@ static mt_status check_tokens(mt_err err, const mt_dataset *ds, const char *path
                    path, value, (unsigned long long)at);
 }
 
+/* A document file's windows: each document whole when it fits seq_len + 1
+ * tokens, else in pieces of seq_len + 1 that overlap by one token (as a
+ * stream's windows do), so no document is cut that fits; pieces without a
+ * target are left out. Held out: the last documents' windows. */
+static mt_status cut_doc_windows(mt_err err, mt_dataset *ds, const char *path, const mt_dataset_options *o)
+{
+    const uint32_t L = o->seq_len;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        uint64_t n = 0, start = 0, held_from = 0;
+        const uint64_t held_docs = (uint64_t)((double)o->heldout_fraction * (double)ds->n_docs + 0.5);
+        for (uint64_t d = 0; d < ds->n_docs; d++) {
+            const uint64_t end = doc_end(ds, d);
+            const int held = d >= ds->n_docs - held_docs;
+            if (d == ds->n_docs - held_docs) held_from = n;
+            for (uint64_t a = start; a + 1 < end; a += L) {
+                const uint64_t c = MT_MIN((uint64_t)L + 1, end - a);
+                int targets = 0;
+                for (uint64_t k = a + 1; k < a + c && !targets; k++) targets = is_target(ds, k);
+                if (!targets) continue;
+                if (pass) {
+                    ds->win_start[n] = a;
+                    ds->win_len[n] = (uint32_t)c;
+                    ds->pad[held] += L - (c - 1);
+                }
+                n++;
+            }
+            start = end;
+        }
+        if (!pass) {
+            if (n == 0)
+                return mt_fail(err, MT_ERR_FORMAT, "token file '%s': none of its %llu documents has a token to learn",
+                               path, (unsigned long long)ds->n_docs);
+            if (!(ds->win_start = malloc(n * sizeof *ds->win_start)) || !(ds->win_len = malloc(n * sizeof *ds->win_len)))
+                return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the windows of '%s'", path);
+            ds->n_windows = n;
+        } else {
+            ds->n_heldout = held_docs ? n - held_from : 0;
+        }
+    }
+    if (ds->n_heldout >= ds->n_windows)
+        return mt_fail(err, MT_ERR_FORMAT, "token file '%s' holds %llu document(s); holding out %g of them leaves no "
+                       "training window", path, (unsigned long long)ds->n_docs, (double)o->heldout_fraction);
+    ds->n_train = ds->n_windows - ds->n_heldout;
+    ds->seq_len = L;
+    ds->seed = o->seed;
+    return MT_OK;
+}
+
 /* Windows and the split. */
 static mt_status cut_windows(mt_err err, mt_dataset *ds, const char *path, const mt_dataset_options *o)
 {
+    if (ds->n_docs) return cut_doc_windows(err, ds, path, o);
     if (ds->n_tokens < (uint64_t)o->seq_len + 1)
         return mt_fail(err, MT_ERR_FORMAT,
                        "token file '%s' holds %llu tokens, too short for one window of seq_len + 1 = %llu tokens",
@@ -343,10 +486,19 @@ void mt_dataset_close(mt_dataset *ds)
 {
     if (!ds) return;
     if (ds->map) munmap((void *)ds->map, ds->map_size);
+    free(ds->win_start);
+    free(ds->win_len);
     free(ds);
 }
 
 uint64_t mt_dataset_num_tokens(const mt_dataset *ds) { return ds ? ds->n_tokens : 0; }
+
+uint64_t mt_dataset_padding(const mt_dataset *ds, mt_split split)
+{
+    return ds && (split == MT_SPLIT_TRAIN || split == MT_SPLIT_HELDOUT) ? ds->pad[split] : 0;
+}
+
+uint64_t mt_dataset_num_documents(const mt_dataset *ds) { return ds ? ds->n_docs : 0; }
 
 uint64_t mt_dataset_num_windows(const mt_dataset *ds, mt_split split)
 {
@@ -410,6 +562,19 @@ static uint64_t shuffle(const feistel *f, uint64_t k, uint64_t n)
 static void copy_window(const mt_dataset *ds, uint64_t w, int32_t *tokens, int32_t *targets)
 {
     const uint32_t L = ds->seq_len;
+    if (ds->n_docs) { /* a document's piece, then padding that nothing learns */
+        const uint64_t a = ds->win_start[w];
+        const uint32_t c = ds->win_len[w];
+        for (uint32_t j = 0; j + 1 < c; j++) {
+            tokens[j] = (int32_t)token_at(ds, a + j);
+            targets[j] = is_target(ds, a + j + 1) ? (int32_t)token_at(ds, a + j + 1) : MT_IGNORE_INDEX;
+        }
+        for (uint32_t j = c - 1; j < L; j++) {
+            tokens[j] = 0;
+            targets[j] = MT_IGNORE_INDEX;
+        }
+        return;
+    }
     const uint64_t first = w * L;
     if (ds->tok_bytes == 2) {
         const uint16_t *t = (const uint16_t *)(const void *)ds->tok + first;

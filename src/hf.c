@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- config.json ----------------------------------------------------------- */
 
@@ -338,6 +339,31 @@ mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int w
     return st;
 }
 
+/* The files of a tokenizer that a model folder carries beside the model:
+ * copied from the folder the model was loaded from, so that the saved folder
+ * is a whole model for transformers. */
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                              "tokenizer.model", "generation_config.json"};
+
+static mt_status copy_tokenizer(mt_err err, const char *from, const char *to)
+{
+    char a[4096], b[4096], ra[4096], rb[4096];
+    if (realpath(from, ra) && realpath(to, rb) && !strcmp(ra, rb)) return MT_OK; /* saved where it came from */
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++) {
+        mt_path_join(a, sizeof a, from, TOKENIZER_FILES[i]);
+        mt_path_join(b, sizeof b, to, TOKENIZER_FILES[i]);
+        struct stat sb;
+        if (stat(a, &sb) != 0) continue;
+        char *data;
+        size_t len;
+        mt_status st = mt_read_small_file(err, a, &data, &len);
+        if (!st) st = mt_write_file_atomic(err, b, data, len);
+        if (st) return st;
+        free(data);
+    }
+    return MT_OK;
+}
+
 mt_status mt_model_save(mt_model *m, const char *dir)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
@@ -350,7 +376,7 @@ mt_status mt_model_save(mt_model *m, const char *dir)
     mt_status st;
     if ((st = mt_mkdir_p(err, dir)) ||
         (st = mt_save_tensors(err, m, path, 0, m->cfg.precision == MT_PRECISION_FP32 ? MT_ST_F32 : MT_ST_BF16)) ||
-        (st = mt_write_config(err, &m->cfg, dir)))
+        (st = mt_write_config(err, &m->cfg, dir)) || (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
         return st;
     return mt_sync_dir(err, dir);
 }
@@ -417,9 +443,13 @@ mt_status mt_model_load(mt_model *m, const char *dir)
     if (!st) st = mt_st_index(err, &s);
     const int weights = 0;
     if (!st) st = mt_load_tensors(err, m, &s, &weights, 1, s.n_files == 1 ? s.files[0].path : dir, 1, 0);
+    char *source = NULL;
+    if (!st && !(source = strdup(dir))) st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     if (!st) {
         zero_moments(m);
         m->step = 0;
+        free(m->source_dir);
+        m->source_dir = source;
     }
     mt_st_free(&s);
     return st;

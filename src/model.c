@@ -135,6 +135,7 @@ void mt_model_destroy(mt_model *m)
     mt_pool_destroy(m->pool);
     mt_layout_free(&m->layout);
     free(m->caller_json);
+    free(m->source_dir);
     free(m);
 }
 

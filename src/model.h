@@ -31,6 +31,7 @@ struct mt_model {
     uint32_t mlp_piece_tokens; /* tests: the CUDA backend's MLP tokens per piece (0: its own choice) */
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
     char *caller_json;     /* the last mt_checkpoint_load's mt_checkpoint_info.caller_json */
+    char *source_dir;      /* the folder of the last mt_model_load: its tokenizer files go with each save */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }

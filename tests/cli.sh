@@ -19,7 +19,7 @@ has() { # description, text expected in the last output
 }
 
 expect "no arguments" 2 "$BIN"
-for c in train eval sample plan plot info; do
+for c in prepare train eval sample plan plot sft-data info; do
   expect "$c --help" 0 "$BIN" $c --help
   has "$c --help" "usage: megatrain $c"
 done
@@ -79,6 +79,7 @@ expect "info" 0 "$BIN" info
 has "info" "libmegatrain"
 
 . tests/cli_runs.sh
+. tests/cli_text.sh
 
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

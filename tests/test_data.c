@@ -715,8 +715,8 @@ Test(data, refuses_bad_options)
         o = options(MT_TOKENS_AUTO, 4, bad_fractions[i]);
         expect_option_refusal(p, &o, "heldout_fraction");
     }
-    o = options(4, 4, 0.0f);
-    expect_option_refusal(p, &o, "format 4");
+    o = options(MT_TOKENS_DOCS + 1, 4, 0.0f);
+    expect_option_refusal(p, &o, "format 5");
     o = options(MT_TOKENS_AUTO, 4, 0.0f);
     o.reserved0 = 1;
     expect_option_refusal(p, &o, "reserved0");
@@ -837,4 +837,162 @@ Test(data, raw_width_is_never_guessed_wrong)
     check_heldout_window(ds, tok, L);
     mt_dataset_close(ds);
     free(tok);
+}
+
+/* ---- megatrain document files (MT_TOKENS_DOCS) ---------------------------------- */
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* A document file as docs/data.md lays it out: tokens of `bytes` bytes, the
+ * end of each document, and the mask (NULL: none) of which tokens are targets. */
+static void write_docs(const char *path, const uint32_t *tok, size_t n, const uint64_t *ends, size_t n_docs,
+                       const unsigned char *mask, int bytes)
+{
+    const size_t tok_bytes = (n * (size_t)bytes + 7) / 8 * 8;
+    const size_t size = 64 + tok_bytes + 8 * n_docs + (mask ? (n + 7) / 8 : 0);
+    unsigned char *b = calloc(1, size);
+    cr_assert_not_null(b);
+    memcpy(b, "MTTOKENS", 8);
+    put_le32(b + 8, 1);
+    put_le32(b + 12, (uint32_t)bytes);
+    put_le64(b + 16, n);
+    put_le64(b + 24, n_docs);
+    put_le32(b + 32, 0);
+    put_le32(b + 36, mask ? 1 : 0);
+    for (size_t i = 0; i < n; i++) (bytes == 2 ? put_le16 : put_le32)(b + 64 + (size_t)bytes * i, tok[i]);
+    for (size_t d = 0; d < n_docs; d++) put_le64(b + 64 + tok_bytes + 8 * d, ends[d]);
+    if (mask)
+        for (size_t i = 0; i < n; i++)
+            if (mask[i]) b[64 + tok_bytes + 8 * n_docs + i / 8] |= (unsigned char)(1u << (i % 8));
+    write_bytes(path, b, size);
+    free(b);
+}
+
+/* Documents of 4, 7 (a prompt of 3 masked out), 13 and 2 tokens with seq_len
+ * 6: windows are the documents, padded, except the 13-token one, which does
+ * not fit 7 tokens and comes in two pieces of 7 overlapping by one token;
+ * targets only where the mask says; the padding reported. */
+Test(data, documents_are_windows_padded_and_masked)
+{
+    char p[256];
+    enum { N = 26 };
+    uint32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = 100 + (uint32_t)i;
+    const uint64_t ends[] = {4, 11, 24, 26};
+    unsigned char mask[N];
+    for (int i = 0; i < N; i++) mask[i] = !(i >= 4 && i < 7); /* the second document's prompt */
+    for (int bytes = 2; bytes <= 4; bytes += 2) {
+        write_docs(tmp_path(p, "docs.mt"), tok, N, ends, 4, mask, bytes);
+        const uint32_t formats[] = {MT_TOKENS_AUTO, MT_TOKENS_DOCS};
+        for (int f = 0; f < 2; f++) {
+            mt_dataset_options o = options(formats[f], 6, 0.25f); /* 1 of 4 documents held out */
+            o.vocab_size = 200;
+            mt_dataset *ds = open_ok(p, &o);
+            cr_assert_eq(mt_dataset_num_documents(ds), 4);
+            cr_assert_eq(mt_dataset_num_tokens(ds), N);
+            /* windows: [0,4) | [4,11) | [11,18) [17,24) | held out: [24,26) */
+            cr_assert_eq(mt_dataset_num_windows(ds, MT_SPLIT_TRAIN), 4);
+            cr_assert_eq(mt_dataset_num_windows(ds, MT_SPLIT_HELDOUT), 1);
+            cr_assert_eq(mt_dataset_padding(ds, MT_SPLIT_TRAIN), (6 - 3) + (6 - 6) + 0 + (6 - 6));
+            cr_assert_eq(mt_dataset_padding(ds, MT_SPLIT_HELDOUT), 6 - 1);
+            int32_t t[6], g[6];
+            cr_assert_eq(mt_dataset_read(ds, MT_SPLIT_HELDOUT, 0, 1, t, g), MT_OK);
+            cr_assert_eq(t[0], 124);
+            cr_assert_eq(g[0], 125);
+            for (int j = 1; j < 6; j++) cr_assert(t[j] == 0 && g[j] == MT_IGNORE_INDEX, "padding at %d", j);
+            /* every training window once per epoch: find each by its first token */
+            int seen[4] = {0};
+            for (int w = 0; w < 4; w++) {
+                cr_assert_eq(mt_dataset_read(ds, MT_SPLIT_TRAIN, (uint64_t)w, 1, t, g), MT_OK);
+                const uint32_t first = (uint32_t)t[0] - 100;
+                const uint64_t starts[] = {0, 4, 11, 17}, lens[] = {4, 7, 7, 7};
+                int k = 0;
+                while (k < 4 && starts[k] != first) k++;
+                cr_assert_lt(k, 4, "a window starting at token %u", first);
+                seen[k]++;
+                for (uint64_t j = 0; j < 6; j++) {
+                    if (j + 1 < lens[k]) {
+                        const uint64_t at = starts[k] + j;
+                        cr_assert_eq(t[j], (int32_t)tok[at], "window %d input %llu", k, (unsigned long long)j);
+                        cr_assert_eq(g[j], mask[at + 1] ? (int32_t)tok[at + 1] : MT_IGNORE_INDEX, "window %d target %llu", k,
+                                     (unsigned long long)j);
+                    } else {
+                        cr_assert(t[j] == 0 && g[j] == MT_IGNORE_INDEX, "window %d padding %llu", k, (unsigned long long)j);
+                    }
+                }
+            }
+            for (int k = 0; k < 4; k++) cr_assert_eq(seen[k], 1, "window %d", k);
+            mt_dataset_close(ds);
+        }
+    }
+}
+
+/* A piece with no target (a long prompt) is not a window; a file without
+ * any target is refused. */
+Test(data, documents_without_targets)
+{
+    char p[256];
+    enum { N = 12 };
+    uint32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint32_t)i + 1;
+    const uint64_t ends[] = {N};
+    unsigned char mask[N] = {0};
+    mask[10] = mask[11] = 1; /* only the end of the document is learnt */
+    write_docs(tmp_path(p, "prompt.mt"), tok, N, ends, 1, mask, 2);
+    mt_dataset_options o = options(MT_TOKENS_AUTO, 4, 0.0f);
+    mt_dataset *ds = open_ok(p, &o);
+    /* pieces [0,5) [4,9) [8,12): only the last has targets */
+    cr_assert_eq(mt_dataset_num_windows(ds, MT_SPLIT_TRAIN), 1);
+    mt_dataset_close(ds);
+    memset(mask, 0, sizeof mask);
+    write_docs(p, tok, N, ends, 1, mask, 2);
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "has a token to learn"), "%s", mt_last_errmsg());
+}
+
+/* Corrupt document files are refused with the file's name and the problem. */
+Test(data, bad_document_files)
+{
+    char p[256];
+    uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const uint64_t ends[] = {3, 8}, bad_order[] = {5, 3}, short_cover[] = {3, 7};
+    struct {
+        const uint64_t *ends;
+        const char *why;
+    } cases[] = {{bad_order, "document 1 ends at token 3"}, {short_cover, "cover 7 of its 8 tokens"}};
+    mt_dataset_options o = options(MT_TOKENS_DOCS, 4, 0.0f);
+    mt_dataset *ds = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_docs(tmp_path(p, "bad.mt"), tok, 8, cases[i].ends, 2, NULL, 4);
+        cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+        cr_assert(strstr(mt_last_errmsg(), cases[i].why), "%s", mt_last_errmsg());
+        cr_assert(strstr(mt_last_errmsg(), "bad.mt"), "%s", mt_last_errmsg());
+    }
+    /* a truncated file, a bad version, a reserved byte, a vocabulary check */
+    write_docs(p, tok, 8, ends, 2, NULL, 4);
+    FILE *f = fopen(p, "rb");
+    unsigned char b[200];
+    size_t n = fread(b, 1, sizeof b, f);
+    fclose(f);
+    write_bytes(p, b, n - 3);
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "truncated"), "%s", mt_last_errmsg());
+    b[8] = 9;
+    write_bytes(p, b, n);
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "version 9"), "%s", mt_last_errmsg());
+    b[8] = 1;
+    b[50] = 1;
+    write_bytes(p, b, n);
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "header byte 50 is reserved"), "%s", mt_last_errmsg());
+    b[50] = 0;
+    write_bytes(p, b, n);
+    o.vocab_size = 8;
+    cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "token id 8"), "%s", mt_last_errmsg());
+    cr_assert_null(ds);
 }

@@ -940,3 +940,51 @@ Test(hf, save_failure_is_an_io_error)
     mt_model_destroy(other);
     mt_model_destroy(m);
 }
+
+static int same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    while (same) {
+        int x = fgetc(fa), y = fgetc(fb);
+        same = x == y;
+        if (x == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* A model loaded from a folder with a tokenizer saves the tokenizer's files
+ * with itself, so the saved folder is a whole model; saving into the folder
+ * it came from leaves them be; a model never loaded saves none. */
+Test(hf, save_carries_the_tokenizer_files)
+{
+    mt_model_config c = llama_gqa(MT_PRECISION_BF16);
+    mt_model *m = make(&c);
+    char src[256], dst[256], a[512], b[512];
+    tmp_path(src, "with-tokenizer");
+    tmp_path(dst, "saved");
+    cr_assert_eq(mt_model_save(m, src), MT_OK, "%s", mt_model_errmsg(m));
+    snprintf(a, sizeof a, "%s/tokenizer.json", dst);
+    struct stat sb;
+    cr_assert_neq(stat(a, &sb), 0, "a model never loaded has no tokenizer to save");
+    write_text(src, "tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}");
+    write_text(src, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    mt_model *n = make(&c);
+    cr_assert_eq(mt_model_load(n, src), MT_OK, "%s", mt_model_errmsg(n));
+    cr_assert_eq(mt_model_save(n, dst), MT_OK, "%s", mt_model_errmsg(n));
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
+        cr_assert(same_file(a, b), "%s was not carried along", files[i]);
+    }
+    snprintf(b, sizeof b, "%s/special_tokens_map.json", dst);
+    cr_assert_neq(stat(b, &sb), 0, "only the files that exist");
+    cr_assert_eq(mt_model_save(n, src), MT_OK, "saving where it came from: %s", mt_model_errmsg(n));
+    snprintf(a, sizeof a, "%s/tokenizer.json", src);
+    cr_assert_eq(stat(a, &sb), 0);
+    mt_model_destroy(n);
+    mt_model_destroy(m);
+}

@@ -27,14 +27,15 @@ soname=$(readelf -d "$prefix/lib/libmegatrain.so" | sed -n 's/.*SONAME.*\[\(.*\)
 pc="$prefix/lib/pkgconfig/megatrain.pc"
 grep -q '^libdir=${prefix}/lib$' "$pc" && grep -q '^includedir=${prefix}/include$' "$pc" ||
   fail "megatrain.pc does not write its paths relative to \${prefix}: $(grep dir= "$pc" | tr '\n' ' ')"
-grep -q '^Requires.private: libcjson numa$' "$pc" || fail "megatrain.pc lacks Requires.private: libcjson numa"
+grep -q '^Requires.private: libcjson numa libpcre2-8 libutf8proc$' "$pc" ||
+  fail "megatrain.pc lacks Requires.private: libcjson numa libpcre2-8 libutf8proc"
 ! grep -q cuda/ "$pc" || fail "megatrain.pc names a CUDA directory: $(grep cuda/ "$pc")"
 man=$prefix/share/man/man1/megatrain.1
 [ -f "$man" ] || fail "no man page at share/man/man1/megatrain.1"
 if command -v groff >/dev/null 2>&1; then
   warnings=$(groff -man -ww -z "$man" 2>&1) && [ -z "$warnings" ] || fail "the man page has roff warnings: $warnings"
 fi
-for cmd in train eval sample plan plot; do
+for cmd in prepare train eval sample plan plot sft-data; do
   for opt in $("$prefix/bin/megatrain" "$cmd" --help 2>&1 | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
     grep -q -- "$(printf '%s' "$opt" | sed 's/-/\\\\-/g')" "$man" || fail "the man page does not describe megatrain $cmd $opt"
   done

@@ -1,6 +1,7 @@
 /* Writes the seed inputs of the fuzz targets into DIR/<target>/ (what
  * tests/fuzz/corpus holds): the tiny model's own files (fuzz_model.h), the
- * configs of the parity fixtures, and token files of each format.
+ * configs of the parity fixtures, token files of each format, and the small
+ * tokenizer.json files of tests/fixtures/tokenizers with a text.
  *   build/fuzz/seeds DIR [FIXTURE_CONFIG.json ...] */
 #include "fuzz_model.h"
 
@@ -107,6 +108,24 @@ int main(int argc, char **argv)
         const size_t body = version == 1 ? sizeof u16 : sizeof u32;
         memcpy(file + 1024, version == 1 ? (const void *)u16 : (const void *)u32, body);
         put_tokens(out, version == 1 ? "llmc_v1" : "llmc_v2", (const uint8_t[4]){3, 9, 0, 1}, file, 1024 + body);
+    }
+    /* tokenizers: each small tokenizer.json that loads, then a text that reaches their added tokens,
+     * byte fallback and unknown characters */
+    static const char *const tokenizers[] = {"bytelevel", "sentencepiece", "metaspace"};
+    static const char text[] = "the cat <|im_start|>in [MASK] the <w> hat\xc3\xa9 123\n\thello  world \xe2\x82\xac "
+                               "\xf0\x9f\x98\x80<s>hi there</s>";
+    for (size_t i = 0; i < sizeof tokenizers / sizeof *tokenizers; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "tests/fixtures/tokenizers/%s.json", tokenizers[i]);
+        unsigned char *json = fuzz_read(".", name, &n);
+        unsigned char *both = malloc(n + 4 + sizeof text - 1);
+        if (!both) abort();
+        memcpy(both, json, n);
+        memcpy(both + n, "\n--\n", 4);
+        memcpy(both + n + 4, text, sizeof text - 1);
+        put(out, "tokenizer", tokenizers[i], both, n + 4 + sizeof text - 1);
+        free(both);
+        free(json);
     }
     printf("seeds: written under %s\n", out);
     return 0;

@@ -13,6 +13,8 @@ int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
+int cmd_sft_data(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 
 /* Exit statuses besides 0 and 1: a usage error; a run stopped by SIGINT or

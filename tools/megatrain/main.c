@@ -16,11 +16,13 @@ static const char usage[] =
     "usage: megatrain <command> [options]\n"
     "\n"
     "commands:\n"
+    "  prepare  tokenize text, chat and instruction data (JSONL) into a token file with a loss mask\n"
     "  train    train a model (with no options: the built-in arithmetic demo)\n"
     "  eval     loss on a token file, or the demo's held-out accuracy\n"
     "  sample   complete a prompt with a trained model\n"
     "  plan     the memory a model would need, per tier\n"
     "  plot     draw the loss curves of training logs (train --log-file) as an SVG\n"
+    "  sft-data write the fine-tuning demo's conversations and tokenizer (tools/sft-demo.sh)\n"
     "  info     library version, backend, machine\n"
     "\n"
     "`megatrain <command> --help` describes each one.\n";
@@ -171,8 +173,8 @@ int main(int argc, char **argv)
         return 0;
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"train", cmd_train}, {"eval", cmd_eval}, {"sample", cmd_sample}, {"plan", cmd_plan}, {"plot", cmd_plot},
-        {"info", cmd_info},
+        {"prepare", cmd_prepare}, {"train", cmd_train}, {"eval", cmd_eval}, {"sample", cmd_sample}, {"plan", cmd_plan}, {"plot", cmd_plot},
+        {"sft-data", cmd_sft_data}, {"info", cmd_info},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -8,10 +8,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct train_args {
-    const char *data, *model_dir, *config, *out, *resume, *checkpoints, *log_file;
+    const char *data, *model_dir, *config, *tokenizer, *out, *resume, *checkpoints, *log_file;
     int steps, seq_len, micro_batch, grad_accum, log_every, save_every, eval_every, eval_batches;
     int layers, hidden, heads, kv_heads, ffn, vocab;
     uint32_t format;
@@ -34,7 +35,8 @@ static const char train_help[] =
     "  --format F         its format: auto (default: llm.c .bin by its header, else raw uint16), u16, u32, llmc\n"
     "  --model DIR        start from this Hugging Face model folder\n"
     "  --config FILE      a new model described by a Hugging Face config.json (the file or its folder)\n"
-    "  --vocab N          the vocabulary of a new model (default 32000)\n"
+    "  --vocab N          the vocabulary of a new model (default 32000; with --tokenizer, its own)\n"
+    "  --tokenizer DIR    the tokenizer of a new model (a tokenizer.json or its folder): saved with the model\n"
     "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model (over --config)\n"
     "  --fp32             train in fp32 instead of bf16\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
@@ -96,6 +98,7 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--format", &v)) a->format = cli_token_format(v);
         else if (cli_opt(argc, argv, &i, "--model", &v)) a->model_dir = v;
         else if (cli_opt(argc, argv, &i, "--config", &v)) a->config = v;
+        else if (cli_opt(argc, argv, &i, "--tokenizer", &v)) a->tokenizer = v;
         else if (cli_opt(argc, argv, &i, "--vocab", &v)) a->vocab = (int)cli_int("--vocab", v, 2, 1 << 24);
         else if (cli_opt(argc, argv, &i, "--out", &v)) a->out = v;
         else if (cli_opt(argc, argv, &i, "--resume", &v)) a->resume = v;
@@ -132,8 +135,10 @@ static void parse_train(int argc, char **argv, train_args *a)
     if (a->resume && a->model_dir) cli_die("train: --resume continues a run; it takes no --model");
     if (a->config && a->model_dir) cli_die("train: --model brings its own config.json; --config is for a new model");
     if (a->resume && a->restart) cli_die("train: --resume continues a run and --restart starts one over: pick one");
-    if (!a->data && (a->config || a->vocab > 0))
-        cli_die("train: --config and --vocab describe a model for --data; the demo has its own");
+    if (!a->data && (a->config || a->vocab > 0 || a->tokenizer))
+        cli_die("train: --config, --vocab and --tokenizer describe a model for --data; the demo has its own");
+    if (a->tokenizer && a->model_dir)
+        cli_die("train: --model brings its own tokenizer (saved with the model); --tokenizer is for a new model");
 }
 
 #define DEFAULT(x, d) ((x) < 0 ? (d) : (x))
@@ -236,12 +241,43 @@ static int write_demo_marker(const char *dir)
 }
 
 /* The model (and the demo's marker) into dir; 0, or -1 with why filled. */
+/* A new model's tokenizer (--tokenizer: a tokenizer.json or its folder) into
+ * dir, as mt_model_save carries a loaded model's: tokenizer.json and the
+ * config files beside it. */
+static int copy_tokenizer(const char *from, const char *dir, char *why, size_t n)
+{
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+    struct stat sb;
+    const int folder = stat(from, &sb) == 0 && S_ISDIR(sb.st_mode);
+    const char *slash = strrchr(from, '/');
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[2100], dst[2100];
+        if (folder) snprintf(src, sizeof src, "%s/%s", from, files[i]);
+        else if (i == 0) snprintf(src, sizeof src, "%s", from);
+        else snprintf(src, sizeof src, "%.*s%s", slash ? (int)(slash - from + 1) : 0, from, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        FILE *f = fopen(src, "r");
+        if (!f) continue; /* the config files are optional */
+        char *text = NULL;
+        size_t cap = 0;
+        const int bad = getdelim(&text, &cap, '\0', f) < 0 || run_write_atomic(dst, text);
+        fclose(f);
+        free(text);
+        if (bad) {
+            snprintf(why, n, "cannot copy %s to %s: %s", src, dst, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int save_model_to(run *r, const char *dir, char *why, size_t n)
 {
     if (mt_model_save(r->m, dir) != MT_OK) {
         snprintf(why, n, "%s", mt_model_errmsg(r->m));
         return -1;
     }
+    if (r->a->tokenizer && copy_tokenizer(r->a->tokenizer, dir, why, n)) return -1;
     if (r->demo && write_demo_marker(dir)) {
         snprintf(why, n, "cannot write %s/%s: %s", dir, DEMO_MARKER, strerror(errno));
         return -1;
@@ -254,7 +290,7 @@ static int save_model_to(run *r, const char *dir, char *why, size_t n)
  * 0 only when --out has it. */
 static int save_model(run *r)
 {
-    char why[1024];
+    char why[4400];
     if (save_model_to(r, r->out, why, sizeof why) == 0) {
         printf("saved the model to %s/\n", r->out);
         return 0;
@@ -570,6 +606,15 @@ static int train_data(train_args *a)
     mt_model_config_init(&cfg);
     if (a->model_dir) cli_config_load(&cfg, a->model_dir);
     else if (a->config) cli_config_load(&cfg, a->config);
+    if (a->tokenizer) {
+        mt_tokenizer *t;
+        if (mt_tokenizer_load(&t, a->tokenizer) != MT_OK) cli_die("%s", mt_last_errmsg());
+        if (a->vocab < 0 && !a->config) cfg.vocab_size = mt_tokenizer_vocab_size(t);
+        else if (cfg.vocab_size < mt_tokenizer_vocab_size(t))
+            cli_die("train: the tokenizer has %u ids, more than the model's vocab_size %u", mt_tokenizer_vocab_size(t),
+                    cfg.vocab_size);
+        mt_tokenizer_free(t);
+    }
     if (!a->model_dir) {
         if (a->vocab > 0) cfg.vocab_size = (uint32_t)a->vocab;
         if (a->hidden > 0) cfg.hidden_size = (uint32_t)a->hidden;
@@ -599,6 +644,12 @@ static int train_data(train_args *a)
            mt_model_num_params(r.m) / 1e6, a->data, (unsigned long long)mt_dataset_num_tokens(r.src.ds),
            (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_TRAIN),
            (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_HELDOUT), r.S);
+    if (mt_dataset_num_documents(r.src.ds)) {
+        /* one document to a window, padded, until attention keeps packed documents apart */
+        const uint64_t w = mt_dataset_num_windows(r.src.ds, MT_SPLIT_TRAIN), pad = mt_dataset_padding(r.src.ds, MT_SPLIT_TRAIN);
+        printf("  %llu documents, one to a window: %.1f%% of the training positions are padding\n",
+               (unsigned long long)mt_dataset_num_documents(r.src.ds), w ? 100.0 * (double)pad / ((double)w * r.S) : 0.0);
+    }
     int rc = train_model(&r, &o);
     mt_model_destroy(r.m);
     mt_dataset_close(r.src.ds);

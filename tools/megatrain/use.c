@@ -1,7 +1,10 @@
 /* megatrain eval / sample / plan: using a saved model, and planning one. */
 #define _GNU_SOURCE
-#include "cli.h"
+#include "chat.h"
 
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,32 +84,91 @@ static int sample_ids(mt_model *m, const char *list, int max_new)
     return rc;
 }
 
+static const char sample_help[] =
+    "usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n"
+    "       megatrain sample --model DIR [--chat] [--system TEXT] [--chat-format F] [--max-new N]\n"
+    "                        [--temperature T] [--top-p P] [--seed N] [--cpu] PROMPT\n"
+    "       megatrain sample --model DIR --ids 1,2,3 [--max-new N] [--cpu]\n"
+    "\n"
+    "Completes a prompt with the model in DIR (default megatrain-demo).\n"
+    "For the arithmetic demo, PROMPT is a problem such as \"57+68=\"; without one,\n"
+    "problems are read from standard input, one per line. A model folder with a\n"
+    "tokenizer.json takes PROMPT as text and prints the text it writes: greedy, or\n"
+    "with --temperature above 0 sampled from the likeliest tokens that make up\n"
+    "--top-p of the probability (default 1), reproducibly for a --seed. --chat\n"
+    "wraps PROMPT as a user's message in the model's chat format (from its\n"
+    "tokenizer_config.json, or --chat-format chatml|llama3|mistral) and stops at\n"
+    "the end of the assistant's turn. Any other model folder takes its prompt as\n"
+    "token ids (--ids) and prints the ids it generates.\n";
+
+static int has_tokenizer(const char *dir)
+{
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    return stat(path, &sb) == 0;
+}
+
+/* A text model's continuation of prompt (or its answer, with chat). */
+static int sample_text(mt_model *m, const char *dir, const char *prompt, int chat, chat_format f, const char *system,
+                       gen_options *o)
+{
+    mt_tokenizer *t;
+    if (mt_tokenizer_load(&t, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
+    char eos[256] = "";
+    chat_config(dir, &f, eos, sizeof eos);
+    const char *end = chat ? chat_end_of_turn(f, eos) : eos;
+    o->stop[0] = *eos ? mt_tokenizer_token_to_id(t, eos) : -1;
+    o->stop[1] = end && *end ? mt_tokenizer_token_to_id(t, end) : -1;
+    char *text = chat ? chat_prompt(f, system, prompt) : strdup(prompt);
+    if (!text) cli_die("out of memory");
+    if (!chat) fputs(prompt, stdout);
+    o->echo = 1;
+    /* a chat prompt carries its special tokens; a plain one gets the
+     * tokenizer's own (Llama 2's <s>) */
+    char *out = generate(m, t, text, chat ? MT_ENCODE_SPECIAL : MT_ENCODE_ADD_SPECIAL, o);
+    putchar('\n');
+    const int rc = out ? 0 : 1;
+    free(out);
+    free(text);
+    mt_tokenizer_free(t);
+    return rc;
+}
+
 int cmd_sample(int argc, char **argv)
 {
-    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL;
-    int cpu = 0, max_new = 16;
+    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL, *system = NULL;
+    int cpu = 0, max_new = -1, chat = 0;
+    chat_format f = CHAT_AUTO;
+    gen_options o = {.temperature = 0, .top_p = 1, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n"
-                 "       megatrain sample --model DIR --ids 1,2,3 [--max-new N] [--cpu]\n\n"
-                 "Completes a prompt greedily with the model in DIR (default megatrain-demo).\n"
-                 "For the arithmetic demo, PROMPT is a problem such as \"57+68=\"; without one,\n"
-                 "problems are read from standard input, one per line. Any other model folder\n"
-                 "takes its prompt as token ids (--ids) and prints the ids it generates.");
+            fputs(sample_help, stdout);
             return 0;
         } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
         else if (cli_opt(argc, argv, &i, "--ids", &v)) ids = v;
         else if (cli_opt(argc, argv, &i, "--max-new", &v)) max_new = (int)cli_int("--max-new", v, 1, 1 << 20);
+        else if (cli_opt(argc, argv, &i, "--temperature", &v)) o.temperature = cli_float("--temperature", v, 0, 100);
+        else if (cli_opt(argc, argv, &i, "--top-p", &v)) o.top_p = cli_float("--top-p", v, 1e-6, 1);
+        else if (cli_opt(argc, argv, &i, "--seed", &v)) o.seed = (uint64_t)cli_int("--seed", v, 0, INT64_MAX);
+        else if (cli_opt(argc, argv, &i, "--system", &v)) system = v;
+        else if (cli_opt(argc, argv, &i, "--chat-format", &v)) f = chat_format_named(v);
+        else if (cli_flag(argv, i, "--chat")) chat = 1;
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
         else if (argv[i][0] == '-' && argv[i][1] == '-') cli_die("sample: unknown option '%s'", argv[i]);
         else prompt = argv[i];
     }
-    if (!ids && !is_demo(dir))
-        cli_die("sample: %s is not the arithmetic demo; give the prompt as token ids with --ids", dir);
+    const int text = !ids && has_tokenizer(dir);
+    if (!ids && !text && !is_demo(dir))
+        cli_die("sample: %s has no tokenizer.json and is not the arithmetic demo; give the prompt as token ids with "
+                "--ids",
+                dir);
+    if (text && !prompt) cli_die("sample: give the prompt");
     mt_model *m = open_model(dir, cpu);
-    if (ids) {
-        int rc = sample_ids(m, ids, max_new);
+    if (ids || text) {
+        o.max_new = max_new > 0 ? max_new : ids ? 16 : 128;
+        int rc = ids ? sample_ids(m, ids, o.max_new) : sample_text(m, dir, prompt, chat, f, system, &o);
         mt_model_destroy(m);
         return rc;
     }
@@ -133,21 +195,91 @@ int cmd_sample(int argc, char **argv)
     return rc;
 }
 
+/* The last run of digits in s, or -1: a worked answer's result. */
+static long last_number(const char *s)
+{
+    long v = -1;
+    for (const char *p = s; *p; p++)
+        if (isdigit((unsigned char)*p) && (p == s || !isdigit((unsigned char)p[-1]))) v = strtol(p, NULL, 10);
+    return v;
+}
+
+/* Exact match on a JSONL file's answers: each assistant turn (or completion)
+ * generated greedily from what comes before it, compared with the file's. */
+static int eval_jsonl(mt_model *m, const char *dir, const char *path, chat_format f, int show)
+{
+    mt_tokenizer *t;
+    if (mt_tokenizer_load(&t, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
+    char eos[256] = "";
+    chat_config(dir, &f, eos, sizeof eos);
+    FILE *in = fopen(path, "r");
+    if (!in) cli_die("cannot open %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long no = 0, n = 0, exact = 0, answer = 0;
+    gen_options o = {.max_new = 256, .top_p = 1, .stop = {-1, -1}};
+    o.stop[0] = *eos ? mt_tokenizer_token_to_id(t, eos) : -1;
+    while (getline(&line, &cap, in) > 0) {
+        no++;
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt"), *comp = cJSON_GetObjectItemCaseSensitive(j, "completion");
+        if (!cJSON_IsArray(msgs) && !(cJSON_IsString(prompt) && cJSON_IsString(comp)))
+            cli_die("%s:%ld: a record with \"messages\", or \"prompt\" and \"completion\"", path, no);
+        const int turns = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 1;
+        for (int k = 0; k < turns; k++) {
+            const cJSON *e = cJSON_IsArray(msgs) ? cJSON_GetArrayItem(msgs, k) : NULL;
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            if (e && !(cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && cJSON_IsString(content)))
+                continue;
+            char *text = e ? chat_render(f, msgs, k) : strdup(prompt->valuestring);
+            const char *want = e ? content->valuestring : comp->valuestring;
+            const char *end = e ? chat_end_of_turn(f, eos) : eos;
+            o.stop[1] = end && *end ? mt_tokenizer_token_to_id(t, end) : -1;
+            char *got = generate(m, t, text, e ? MT_ENCODE_SPECIAL : MT_ENCODE_ADD_SPECIAL, &o);
+            if (!got) cli_die("%s:%ld: generation failed", path, no);
+            n++;
+            exact += !strcmp(got, want);
+            answer += last_number(got) == last_number(want) && last_number(want) >= 0;
+            if (show && n <= show) printf("  %s\n    -> %s%s\n", want, got, strcmp(got, want) ? "   (differs)" : "");
+            free(got);
+            free(text);
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(in);
+    mt_tokenizer_free(t);
+    if (!n) cli_die("%s holds no answer to check", path);
+    printf("exact match: %.1f%% (%ld of %ld answers of %s); final number right: %.1f%%\n", 100.0 * exact / n, exact, n,
+           path, 100.0 * answer / n);
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv)
 {
-    const char *dir = "megatrain-demo", *data = NULL;
-    int cpu = 0, seq_len = 1024, batches = 16;
+    const char *dir = "megatrain-demo", *data = NULL, *jsonl = NULL;
+    int cpu = 0, seq_len = 1024, batches = 16, show = 3;
     uint32_t format = MT_TOKENS_AUTO;
+    chat_format chat = CHAT_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
-            puts("usage: megatrain eval [--model DIR] [--data FILE [--format F] [--seq-len N] [--batches N]] [--cpu]\n\n"
+            puts("usage: megatrain eval [--model DIR] [--data FILE [--format F] [--seq-len N] [--batches N]] [--cpu]\n"
+                 "       megatrain eval --model DIR --jsonl FILE [--chat-format F] [--show N] [--cpu]\n\n"
                  "With --data: the mean loss of the model in DIR on the file's held-out windows.\n"
-                 "Without: the arithmetic demo's exact-match accuracy on its held-out problems.");
+                 "With --jsonl: exact-match accuracy of the answers the model writes (greedily) to a file of\n"
+                 "conversations or prompt/completion pairs, each assistant turn generated from what comes\n"
+                 "before it in the model's chat format; --show N prints the first N answers (default 3).\n"
+                 "Without either: the arithmetic demo's exact-match accuracy on its held-out problems.");
             return 0;
         } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
         else if (cli_opt(argc, argv, &i, "--data", &v)) data = v;
         else if (cli_opt(argc, argv, &i, "--format", &v)) format = cli_token_format(v);
+        else if (cli_opt(argc, argv, &i, "--jsonl", &v)) jsonl = v;
+        else if (cli_opt(argc, argv, &i, "--show", &v)) show = (int)cli_int("--show", v, 0, 1 << 20);
+        else if (cli_opt(argc, argv, &i, "--chat-format", &v)) chat = chat_format_named(v);
         else if (cli_opt(argc, argv, &i, "--seq-len", &v)) seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--batches", &v)) batches = (int)cli_int("--batches", v, 1, 1 << 20);
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
@@ -155,7 +287,9 @@ int cmd_eval(int argc, char **argv)
     }
     mt_model *m = open_model(dir, cpu);
     int rc = 0;
-    if (!data) {
+    if (jsonl) {
+        rc = eval_jsonl(m, dir, jsonl, chat, show);
+    } else if (!data) {
         if (!is_demo(dir)) cli_die("eval: %s is not a demo model: give --data", dir);
         demo_data d;
         if (demo_data_make(&d, DEMO_LO, DEMO_HI, DEMO_HELDOUT, 1)) cli_die("out of memory");

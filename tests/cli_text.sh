@@ -1,0 +1,66 @@
+# Sourced by tests/cli.sh: from text to a fine-tuned model. The demo's data
+# and tokenizer (sft-data), prepare and its loss mask, training a new model
+# with a tokenizer, sample and eval with text, the tokenizer saved with the
+# model. Uses cli.sh's $BIN, $dir, ok, bad, expect and has.
+
+t="$dir/sft"
+expect "sft-data" 0 "$BIN" sft-data "$t/data" --conversations 200 --heldout 20
+has "sft-data" "byte-level BPE"
+[ -f "$t/data/tokenizer.json" ] && [ -f "$t/data/tokenizer_config.json" ] && ok || bad "sft-data: no tokenizer"
+[ "$(wc -l < "$t/data/train.jsonl")" -eq 200 ] && ok || bad "sft-data: train.jsonl"
+
+# the mask: only the assistant's content and its end-of-turn token are learnt
+expect "prepare" 0 "$BIN" prepare --tokenizer "$t/data" -o "$t/train.mt" --show 1 "$t/data/train.jsonl"
+has "prepare" "200 documents"
+has "prepare" "chat format chatml"
+python3 - "$dir/out" "$t/data/train.jsonl" <<'PY' && ok || bad "prepare --show: the learnt spans"
+import json, re, sys
+out = open(sys.argv[1]).read()
+doc = out.split("--- document 1:")[1].split("\n", 1)[1]
+learnt = re.findall(r"\[\[(.*?)\]\]", doc, re.S)
+first = json.loads(open(sys.argv[2]).readline())
+want = [m["content"] + "<|im_end|>" for m in first["messages"] if m["role"] == "assistant"]
+assert learnt == want, (learnt, want)
+assert re.sub(r"\[\[|\]\]", "", doc).startswith("<|im_start|>user\n" + first["messages"][0]["content"] + "<|im_end|>\n")
+PY
+printf '%s\n' '{"prompt": "Q: 2+2", "completion": " 4"}' '{"text": "plain"}' '' > "$t/mixed.jsonl"
+expect "prepare: prompt/completion and text" 0 "$BIN" prepare --tokenizer "$t/data/tokenizer.json" -o "$t/mixed.mt" --show 2 "$t/mixed.jsonl"
+has "prepare: completion" "Q: 2+2\[\[ 4<|endoftext|>\]\]"
+has "prepare: text" "\[\[plain<|endoftext|>\]\]"
+printf '%s\n' '{"prompt": "x", "completion": " y"}' '{"messages": [{"role": "robot", "content": "hi"}]}' > "$t/bad.jsonl"
+expect "prepare: a bad role" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/bad.jsonl"
+has "prepare: a bad role" "bad.jsonl:2: role \"robot\""
+[ ! -e "$t/bad.mt" ] && ok || bad "prepare: a refused input left a file"
+printf '%s\n' '{"messages": [' > "$t/broken.jsonl"
+expect "prepare: broken JSON" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/broken.jsonl"
+has "prepare: broken JSON" "broken.jsonl:1: not a JSON object"
+expect "prepare: no chat format" 1 "$BIN" prepare --tokenizer "$t/data" --chat-format none -o "$t/bad.mt" "$t/data/train.jsonl"
+has "prepare: no chat format" "messages need a chat format"
+
+# a new model with the tokenizer, a few steps; the folder carries the tokenizer
+small="--layers 1 --hidden 32 --heads 2 --ffn 64 --seq-len 160 --micro-batch 4 --steps 3 --cpu --threads 1"
+expect "train on a document file" 0 "$BIN" train --data "$t/train.mt" --tokenizer "$t/data" $small --out "$t/model"
+has "train on a document file" "200 documents, one to a window"
+has "train on a document file" "of the training positions are padding"
+cmp -s "$t/data/tokenizer.json" "$t/model/tokenizer.json" && cmp -s "$t/data/tokenizer_config.json" "$t/model/tokenizer_config.json" &&
+  ok || bad "the tokenizer was not saved with the new model"
+python3 - "$t/data/tokenizer.json" "$t/model/config.json" <<'PY' && ok || bad "the vocabulary is not the tokenizer's"
+import json, sys
+t = json.load(open(sys.argv[1]))
+ids = [*t["model"]["vocab"].values(), *(a["id"] for a in t["added_tokens"])]
+assert json.load(open(sys.argv[2]))["vocab_size"] == max(ids) + 1
+PY
+# fine-tuning that folder: mt_model_save carries its tokenizer along
+expect "fine-tune the folder" 0 "$BIN" train --model "$t/model" --data "$t/train.mt" --seq-len 160 --micro-batch 4 \
+  --steps 2 --cpu --threads 1 --out "$t/tuned"
+cmp -s "$t/data/tokenizer.json" "$t/tuned/tokenizer.json" && ok || bad "the tokenizer did not follow the model"
+
+# text in, text out
+expect "sample --chat" 0 "$BIN" sample --model "$t/tuned" --chat --max-new 8 --cpu "Ann has 12 pens and gets 30 more. How many now?"
+expect "sample, sampled" 0 "$BIN" sample --model "$t/tuned" --temperature 0.8 --top-p 0.9 --seed 5 --max-new 12 --cpu "Ann has"
+cp "$dir/out" "$t/s1"
+expect "sample, the same seed" 0 "$BIN" sample --model "$t/tuned" --temperature 0.8 --top-p 0.9 --seed 5 --max-new 12 --cpu "Ann has"
+cmp -s "$dir/out" "$t/s1" && ok || bad "sampling with one seed differs"
+head -c 7 "$dir/out" | grep -q "^Ann has" && ok || bad "sample: the prompt is not printed first"
+expect "eval --jsonl" 0 "$BIN" eval --model "$t/tuned" --jsonl "$t/data/heldout.jsonl" --show 1 --cpu
+has "eval --jsonl" "exact match: .* (.* of 20 answers"
