@@ -2106,9 +2106,11 @@ typedef struct chain {
     size_t n, cap;
 } chain;
 
-/* Records b[from, b.n) as the next string. */
+/* Records b[from, b.n) as the next string. The buffer exists even when
+ * every string is empty, so that a string's address is never NULL + 0. */
 static int chain_close(chain *c, size_t from)
 {
+    if (!c->b.p && tbuf_reserve(&c->b, 1)) return -1;
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 64;
         size_t *o = realloc(c->off, cap * sizeof *o);
@@ -2313,7 +2315,7 @@ mt_status mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_
     if (bad) {
         st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "mt_tokenizer_decode: out of host memory");
     } else {
-        if (cap) memcpy(text, tmp.p, MT_MIN(cap, tmp.n));
+        if (cap && tmp.n) memcpy(text, tmp.p, MT_MIN(cap, tmp.n));
         if (tmp.n < cap) text[tmp.n] = '\0';
         *len = tmp.n;
     }
