@@ -20,7 +20,7 @@ run() {
 run "$BIN" sft-data "$dir/data"
 run "$BIN" prepare --tokenizer "$dir/data" -o "$dir/train.mt" "$dir/data/train.jsonl"
 run "$BIN" train --data "$dir/train.mt" --tokenizer "$dir/data" --layers 4 --hidden 128 --heads 4 --ffn 384 \
-  --seq-len 200 --micro-batch 16 --steps "$STEPS" --lr 3e-3 --warmup 50 --eval-every 200 --log-every 100 \
+  --seq-len 192 --micro-batch 16 --steps "$STEPS" --lr 3e-3 --warmup 50 --eval-every 300 --log-every 100 \
   --log-file "$dir/run.jsonl" --out "$dir/model" --cpu --restart
 run "$BIN" eval --model "$dir/model" --jsonl "$dir/data/heldout.jsonl" --cpu
 run "$BIN" sample --model "$dir/model" --chat --cpu "Nora has 38 stamps and gets 27 more. How many now?"

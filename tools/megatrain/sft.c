@@ -45,10 +45,10 @@ static void problem(uint64_t *rng, int heldout, char *q, size_t qn, char *a, siz
     } while ((next_u64(&(uint64_t){(uint64_t)(add * 10000 + x * 100 + y)}) % 20 == 0) != heldout);
     if (add) {
         snprintf(q, qn, "%s has %d %s and gets %d more. How many now?", who, x, what, y);
-        snprintf(a, an, "%d + %d = %d %s.", x, y, x + y, what);
+        snprintf(a, an, "%d + %d = %d.", x, y, x + y);
     } else {
         snprintf(q, qn, "%s has %d %s and gives away %d. How many are left?", who, x, what, y);
-        snprintf(a, an, "%d - %d = %d %s.", x, y, x - y, what);
+        snprintf(a, an, "%d - %d = %d.", x, y, x - y);
     }
 }
 
