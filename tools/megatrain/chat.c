@@ -54,31 +54,17 @@ void chat_config(const char *tok_path, chat_format *f, char *eos, size_t eos_len
 
 char *chat_prompt(chat_format f, const char *system, const char *user)
 {
-    char *out = NULL;
-    int n = -1;
-    switch (f) {
-    case CHAT_CHATML:
-        n = system ? asprintf(&out, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-                              system, user)
-                   : asprintf(&out, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
-        break;
-    case CHAT_LLAMA3:
-        n = system ? asprintf(&out,
-                              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>"
-                              "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>"
-                              "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                              system, user)
-                   : asprintf(&out,
-                              "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>"
-                              "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                              user);
-        break;
-    case CHAT_MISTRAL:
-        n = system ? asprintf(&out, "<s>[INST] %s\n\n%s [/INST]", system, user) : asprintf(&out, "<s>[INST] %s [/INST]", user);
-        break;
-    default: cli_die("no chat format to render a prompt in: give --chat-format");
-    }
-    if (n < 0) cli_die("out of memory");
+    /* the conversation of one question, rendered as any other */
+    cJSON *msgs = cJSON_CreateArray(), *m;
+    if (!msgs) cli_die("out of memory");
+    if (system && (!(m = cJSON_CreateObject()) || !cJSON_AddStringToObject(m, "role", "system") ||
+                   !cJSON_AddStringToObject(m, "content", system) || !cJSON_AddItemToArray(msgs, m)))
+        cli_die("out of memory");
+    if (!(m = cJSON_CreateObject()) || !cJSON_AddStringToObject(m, "role", "user") ||
+        !cJSON_AddStringToObject(m, "content", user) || !cJSON_AddItemToArray(msgs, m))
+        cli_die("out of memory");
+    char *out = chat_render(f, msgs, cJSON_GetArraySize(msgs));
+    cJSON_Delete(msgs);
     return out;
 }
 
