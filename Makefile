@@ -30,7 +30,7 @@ endif
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY
+BASE_CFLAGS := -std=c11 -fPIC -fvisibility=hidden -pthread $(WARN) -Iinclude -Isrc -I. -DMT_BUILDING_LIBRARY
 DEPFLAGS = -MMD -MP
 LDLIBS_PRIV := -lcjson -lnuma -lpcre2-8 -lutf8proc -lpthread -lm
 # these ship .pc files: the static link asks pkg-config for them
@@ -43,13 +43,13 @@ ISA_avx2 := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma
 ISA_avx512bf16 := $(ISA_avx512) -mavx512bf16
 
-SRC := $(sort $(wildcard src/*.c))
+SRC := $(sort $(wildcard src/*/*.c))
 OBJ := $(SRC:src/%.c=build/src/%.o)
 
 ifeq ($(CUDA),1)
 NVCCFLAGS ?= -O3 -g -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
-  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc -DMT_BUILDING_LIBRARY
-CU_SRC := $(sort $(wildcard cuda/*.cu))
+  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc -I. -DMT_BUILDING_LIBRARY
+CU_SRC := $(sort $(wildcard cuda/*/*.cu))
 CU_OBJ := $(CU_SRC:cuda/%.cu=build/cuda/%.o)
 BASE_CFLAGS += -DMT_HAVE_CUDA=1
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -153,7 +153,7 @@ FUZZ_REPLAY := $(FUZZ_NAMES:%=build/fuzz/replay_%)
 FUZZ_HDR := $(wildcard tests/fuzz/*.h)
 FUZZ_CC ?= clang
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_LIB_CFLAGS := -std=c11 -pthread $(WARN) -Iinclude -Isrc -DMT_BUILDING_LIBRARY -g -O1 $(FUZZ_SAN)
+FUZZ_LIB_CFLAGS := -std=c11 -pthread $(WARN) -Iinclude -Isrc -I. -DMT_BUILDING_LIBRARY -g -O1 $(FUZZ_SAN)
 FUZZ_LIB_OBJ := $(SRC:src/%.c=build/fuzz/lib/%.o)
 FUZZ_SECONDS ?= 60
 FUZZ_FIXTURE_CONFIGS := $(sort $(wildcard tests/fixtures/*/model/config.json))

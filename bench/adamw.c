@@ -27,9 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "adamw.h"
-#include "bf16.h"
-#include "threadpool.h"
+#include "optim/adamw.h"
+#include "core/bf16.h"
+#include "core/threadpool.h"
 
 #define MAX_RUNS 64
 #define MAX_THREADS 1024

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cpu_ops.h"
+#include "cpu/cpu_ops.h"
 
 static double now(void)
 {

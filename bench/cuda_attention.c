@@ -21,7 +21,7 @@
 #include <time.h>
 
 #ifdef MT_HAVE_CUDA
-#include "../cuda/attention.h"
+#include "cuda/kernels/attention.h"
 
 #define MAX_LIST 16
 

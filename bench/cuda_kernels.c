@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 
 #define PEAK_GBS 4800.0
 

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "bf16.h"
-#include "cpu_ops.h"
+#include "core/bf16.h"
+#include "cpu/cpu_ops.h"
 
 /* ---- JSON ------------------------------------------------------------------------ */
 

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 /* Relative to the repository root, where `make test` runs the suite. */
 #define PARITY_FIXTURE_ROOT "tests/fixtures"

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adamw.h"
-#include "bf16.h"
-#include "threadpool.h"
+#include "optim/adamw.h"
+#include "core/bf16.h"
+#include "core/threadpool.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 

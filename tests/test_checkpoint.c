@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 enum { V = 50, B = 2, S = 12, N_TOK = B * S };
 

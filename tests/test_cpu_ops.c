@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
-#include "cpu_ops.h"
+#include "core/bf16.h"
+#include "cpu/cpu_ops.h"
 #include "rng.h"
 
 #define FD_H 1e-2

@@ -35,11 +35,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
-#include "cpu_ops.h"
+#include "core/bf16.h"
+#include "cpu/cpu_ops.h"
 
 #ifdef MT_HAVE_CUDA
-#include "../cuda/attention.h"
+#include "cuda/kernels/attention.h"
 #include "rng.h"
 
 /* ---- helpers ------------------------------------------------------------------ */

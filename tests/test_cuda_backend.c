@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_host.h"
-#include "engine.h"
+#include "device/device.h"
+#include "engine/engine.h"
 
 
 enum { V = 211 };

@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cuda/kernels.h"
-#include "adamw.h"
-#include "bf16.h"
-#include "cpu_ops.h"
+#include "cuda/kernels/kernels.h"
+#include "optim/adamw.h"
+#include "core/bf16.h"
+#include "cpu/cpu_ops.h"
 #include "rng.h"
 
 #define U24 5.9604644775390625e-08 /* 2^-24 */

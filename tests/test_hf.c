@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "bf16.h"
-#include "model.h"
+#include "core/bf16.h"
+#include "engine/model.h"
 
 /* ---- a temporary directory per test ------------------------------------------ */
 

@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 static mt_model *make(void)
 {

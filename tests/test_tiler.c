@@ -4,11 +4,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "bf16.h"
-#include "layout.h"
-#include "model.h"
-#include "plan.h"
-#include "threadpool.h"
+#include "core/bf16.h"
+#include "model/layout.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "core/threadpool.h"
 
 static mt_model_config small_config(int precision, int tied, int bias)
 {

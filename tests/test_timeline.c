@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "timeline.h"
+#include "engine/timeline.h"
 
 TestSuite(timeline);
 

@@ -94,7 +94,7 @@ variant() { # NAME PYTHON-SNIPPET -> builds $work/NAME/lib/libmegatrain.so.*
   v=$work/$1
   mkdir -p "$v"
   cp -R "$top/src" "$top/include" "$top/tools" "$top/Makefile" "$v/"
-  (cd "$v" && python3 -c "$2" && tools/abi-layout.py > src/abi_layout.h &&
+  (cd "$v" && python3 -c "$2" && tools/abi-layout.py > src/core/abi_layout.h &&
     make -s CUDA=0 OPT=-O0 CFLAGS=-g "lib/libmegatrain.so.$version" >"$v/build.log" 2>&1) ||
     { cat "$v/build.log"; echo "abi-check: the variant $1 did not build"; exit 1; }
 }
@@ -132,7 +132,7 @@ sub('include/megatrain.h', '''    uint32_t reserved0;    /* zero */
     uint32_t reserved1;
 } mt_optim_config;''')
 sub('include/megatrain.h', 'MT_API float mt_lr_at(', 'MT_API int32_t mt_new_function(void);\nMT_API float mt_lr_at(')
-open('src/new_function.c', 'w').write('#include \"internal.h\"\nint32_t mt_new_function(void) { return 1; }\n')
+open('src/core/new_function.c', 'w').write('#include \"core/internal.h\"\nint32_t mt_new_function(void) { return 1; }\n')
 open('src/megatrain.map', 'a').write('MEGATRAIN_9.9 {\n  global:\n    mt_new_function;\n} MEGATRAIN_0.1;\n')"
   expect pass appended "an appended field and a new function in a new node"
 
@@ -144,7 +144,7 @@ open('src/megatrain.map', 'a').write('MEGATRAIN_9.9 {\n  global:\n    mt_new_fun
     sed 's/^/abi-check: selftest: against the grown library: /'
 
   # not allowed (a field inserted before the end of an option struct is
-  # refused earlier, by src/abi.c's assertions, so these go where only
+  # refused earlier, by src/core/abi.c's assertions, so these go where only
   # abidiff sees them)
   variant inserted "$EDIT
 sub('include/megatrain.h', '''    double weights_end;
@@ -167,7 +167,7 @@ sub('include/megatrain.h', '    uint32_t warmup_steps;', '    float warmup_steps
   variant signature "$EDIT
 sub('include/megatrain.h', 'MT_API float mt_lr_at(const mt_optim_config *opt, uint64_t step);',
     'MT_API float mt_lr_at(const mt_optim_config *opt, uint32_t step);')
-sub('src/options.c', 'float mt_lr_at(const mt_optim_config *src, uint64_t step)',
+sub('src/core/options.c', 'float mt_lr_at(const mt_optim_config *src, uint64_t step)',
     'float mt_lr_at(const mt_optim_config *src, uint32_t step)')"
   expect fail signature "mt_lr_at's step narrowed to 32 bits"
 

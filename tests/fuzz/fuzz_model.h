@@ -6,7 +6,7 @@
 #define MT_FUZZ_MODEL_H
 
 #include "fuzz.h"
-#include "model.h"
+#include "engine/model.h"
 
 static inline mt_model *fuzz_model_create(mt_precision precision)
 {

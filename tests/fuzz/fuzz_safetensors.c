@@ -3,8 +3,8 @@
  * tensor converted to fp32 and bf16 (mt_st_read), which reads every byte
  * its data_offsets claim. */
 #include "fuzz.h"
-#include "safetensors.h"
-#include "threadpool.h"
+#include "io/safetensors.h"
+#include "core/threadpool.h"
 
 static mt_pool *pool;
 

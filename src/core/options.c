@@ -1,0 +1,268 @@
+/* The public option structs: defaults, size-checked copies, validation, and
+ * the learning-rate schedule. */
+#include "core/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+mt_status mt_copy_in(mt_err err, void *dst, size_t dst_size, const void *src, size_t min_size, const char *what)
+{
+    if (!src) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    uint32_t size;
+    memcpy(&size, src, sizeof size);
+    if (size < min_size)
+        return mt_fail(err, MT_ERR_STRUCT_SIZE,
+                       "%s.struct_size is %u, but the smallest this library accepts is %zu: "
+                       "initialise the struct with its _init() function",
+                       what, size, min_size);
+    if (size > dst_size) {
+        const unsigned char *tail = (const unsigned char *)src + dst_size;
+        for (size_t i = 0; i < size - dst_size; i++)
+            if (tail[i])
+                return mt_fail(err, MT_ERR_STRUCT_SIZE,
+                               "%s.struct_size is %u, this library (%s) knows the first %zu bytes, and byte %zu "
+                               "is not zero: the caller uses a field this version does not have",
+                               what, size, mt_version_string(), dst_size, dst_size + i);
+    }
+    memcpy(dst, src, MT_MIN(size, dst_size));
+    memcpy(dst, &(uint32_t){(uint32_t)dst_size}, sizeof(uint32_t));
+    return MT_OK;
+}
+
+mt_status mt_copy_out(mt_err err, void *dst, const void *src, size_t src_size, size_t min_size, const char *what)
+{
+    if (!dst) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    uint32_t size;
+    memcpy(&size, dst, sizeof size);
+    if (size < min_size)
+        return mt_fail(err, MT_ERR_STRUCT_SIZE,
+                       "%s.struct_size is %u, but the smallest this library accepts is %zu: "
+                       "initialise the struct with its _init() function",
+                       what, size, min_size);
+    memcpy((char *)dst + sizeof size, (const char *)src + sizeof size, MT_MIN(size, src_size) - sizeof size);
+    return MT_OK;
+}
+
+/* ---- defaults ---------------------------------------------------------- */
+
+void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known)
+{
+    if (!p || size < sizeof size) return;
+    memset(p, 0, size);
+    if (defaults) memcpy(p, defaults, MT_MIN((size_t)size, known));
+    memcpy(p, &size, sizeof size);
+}
+
+void mt_model_config_init_sized(mt_model_config *p, uint32_t size)
+{
+    mt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = MT_ARCH_LLAMA;
+    c.vocab_size = 32000;
+    c.hidden_size = 512;
+    c.intermediate_size = 1408;
+    c.num_hidden_layers = 8;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 2048;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.rope_scaling = MT_ROPE_SCALING_NONE;
+    c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.0f;
+    c.rope_high_freq_factor = 4.0f;
+    c.rope_original_max_position = 8192;
+    c.precision = MT_PRECISION_BF16;
+    c.seed = 1;
+    c.initializer_range = 0.02f;
+    mt_struct_init(p, size, &c, sizeof c);
+}
+
+void mt_offload_policy_init_sized(mt_offload_policy *p, uint32_t size)
+{
+    mt_offload_policy d;
+    memset(&d, 0, sizeof d);
+    d.backend = MT_BACKEND_AUTO;
+    d.weight_slots = 2;
+    d.numa_node = -1;
+    d.activations = MT_PLACE_AUTO;
+    d.pin_host = MT_PIN_AUTO;
+    d.log_level = MT_LOG_WARN;
+    d.recompute = MT_RECOMPUTE_AUTO;
+    mt_struct_init(p, size, &d, sizeof d);
+}
+
+void mt_optim_config_init_sized(mt_optim_config *p, uint32_t size)
+{
+    mt_optim_config o;
+    memset(&o, 0, sizeof o);
+    o.schedule = MT_LR_COSINE;
+    o.lr = 3e-4f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.1f;
+    o.grad_clip = 1.0f;
+    o.min_lr_ratio = 0.1f;
+    o.warmup_steps = 0;
+    o.total_steps = 1000;
+    mt_struct_init(p, size, &o, sizeof o);
+}
+
+void mt_batch_shape_init_sized(mt_batch_shape *p, uint32_t size)
+{
+    mt_batch_shape s;
+    memset(&s, 0, sizeof s);
+    s.micro_batch_size = 1;
+    s.seq_len = 1024;
+    s.num_micro_batches = 1;
+    mt_struct_init(p, size, &s, sizeof s);
+}
+
+void mt_memory_plan_init_sized(mt_memory_plan *p, uint32_t size) { mt_struct_init(p, size, NULL, 0); }
+
+/* ---- validation ---------------------------------------------------------- */
+
+/* Limits that keep every size computation inside 64 bits and reject typos:
+ * far above any model this design can train on one machine. */
+#define MAX_VOCAB (1u << 24)
+#define MAX_HIDDEN (1u << 17)
+#define MAX_LAYERS 4096u
+#define MAX_HEADS 1024u
+#define MAX_HEAD_DIM 1024u
+
+mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config *src)
+{
+    mt_model_config_init(c);
+    mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
+    if (st) return st;
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+    if (c->arch > MT_ARCH_MISTRAL) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
+    if (c->precision > MT_PRECISION_FP32)
+        return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
+    if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)
+        return BAD("vocab_size %u is outside [2, %u]", c->vocab_size, MAX_VOCAB);
+    if (c->hidden_size == 0 || c->hidden_size > MAX_HIDDEN)
+        return BAD("hidden_size %u is outside [1, %u]", c->hidden_size, MAX_HIDDEN);
+    if (c->intermediate_size == 0 || c->intermediate_size > 8 * MAX_HIDDEN)
+        return BAD("intermediate_size %u is outside [1, %u]", c->intermediate_size, 8 * MAX_HIDDEN);
+    if (c->num_hidden_layers == 0 || c->num_hidden_layers > MAX_LAYERS)
+        return BAD("num_hidden_layers %u is outside [1, %u]", c->num_hidden_layers, MAX_LAYERS);
+    if (c->num_attention_heads == 0 || c->num_attention_heads > MAX_HEADS)
+        return BAD("num_attention_heads %u is outside [1, %u]", c->num_attention_heads, MAX_HEADS);
+    if (c->num_key_value_heads == 0 || c->num_attention_heads % c->num_key_value_heads)
+        return BAD("num_key_value_heads %u must divide num_attention_heads %u", c->num_key_value_heads,
+                   c->num_attention_heads);
+    if (c->head_dim == 0) {
+        if (c->hidden_size % c->num_attention_heads)
+            return BAD("hidden_size %u is not a multiple of num_attention_heads %u (set head_dim)", c->hidden_size,
+                       c->num_attention_heads);
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    }
+    if (c->head_dim > MAX_HEAD_DIM || c->head_dim % 2)
+        return BAD("head_dim %u must be even and at most %u", c->head_dim, MAX_HEAD_DIM);
+    if (c->max_position_embeddings == 0) return BAD("max_position_embeddings is 0");
+    if (!(c->rms_norm_eps > 0.0f) || !isfinite(c->rms_norm_eps))
+        return BAD("rms_norm_eps %g must be a positive finite number", (double)c->rms_norm_eps);
+    if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
+        return BAD("rope_theta %g must be a finite number above 1", (double)c->rope_theta);
+    if (c->rope_scaling > MT_ROPE_SCALING_LLAMA3)
+        return BAD("rope_scaling %u is not an mt_rope_scaling value", c->rope_scaling);
+    if (c->rope_scaling == MT_ROPE_SCALING_LLAMA3 &&
+        (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
+         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position == 0))
+        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_position > 0 (got %g, %g, %g, %u)",
+                   (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
+                   c->rope_original_max_position);
+    if (!(c->initializer_range >= 0.0f) || !isfinite(c->initializer_range))
+        return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
+    if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
+#undef BAD
+    return MT_OK;
+}
+
+mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_policy *src)
+{
+    mt_offload_policy_init(p);
+    if (!src) return MT_OK; /* NULL policy: the defaults */
+    mt_status st = mt_copy_in(err, p, sizeof *p, src, MT_FIRST_SIZE_OFFLOAD_POLICY, "mt_offload_policy");
+    if (st) return st;
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+    if (p->backend > MT_BACKEND_CUDA) return BAD("mt_offload_policy.backend %u is not an mt_backend value", p->backend);
+    if (p->device < 0) return BAD("mt_offload_policy.device %d is negative", p->device);
+    if (p->weight_slots < 2 || p->weight_slots > 16)
+        return BAD("mt_offload_policy.weight_slots %u is outside [2, 16]", p->weight_slots);
+    if (p->numa_node < -1) return BAD("mt_offload_policy.numa_node %d: use -1 for automatic", p->numa_node);
+    if (p->optimizer_threads > 4096)
+        return BAD("mt_offload_policy.optimizer_threads %u is absurd", p->optimizer_threads);
+    if (p->activations > MT_PLACE_HOST)
+        return BAD("mt_offload_policy.activations %u is not an mt_placement value", p->activations);
+    if (p->pin_host > MT_PIN_NEVER) return BAD("mt_offload_policy.pin_host %u is not an mt_pinning value", p->pin_host);
+    if (p->log_level > MT_LOG_ERROR + 1) return BAD("mt_offload_policy.log_level %u is not an mt_log_level", p->log_level);
+    if (p->timeline > 1) return BAD("mt_offload_policy.timeline %u is not 0 or 1", p->timeline);
+    if (p->recompute > MT_RECOMPUTE_FULL)
+        return BAD("mt_offload_policy.recompute %u is not an mt_recompute value", p->recompute);
+    if (p->reserved1) return BAD("mt_offload_policy.reserved1 must be zero");
+#undef BAD
+    return MT_OK;
+}
+
+mt_status mt_optim_import(mt_err err, mt_optim_config *o, const mt_optim_config *src)
+{
+    mt_optim_config_init(o);
+    mt_status st = mt_copy_in(err, o, sizeof *o, src, MT_FIRST_SIZE_OPTIM_CONFIG, "mt_optim_config");
+    if (st) return st;
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+    if (o->schedule > MT_LR_COSINE) return BAD("mt_optim_config.schedule %u is not an mt_lr_schedule", o->schedule);
+    if (!(o->lr >= 0.0f) || !isfinite(o->lr)) return BAD("lr %g must be finite and >= 0", (double)o->lr);
+    if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f)) return BAD("beta1 %g is outside [0, 1)", (double)o->beta1);
+    if (!(o->beta2 >= 0.0f && o->beta2 < 1.0f)) return BAD("beta2 %g is outside [0, 1)", (double)o->beta2);
+    if (!(o->eps > 0.0f) || !isfinite(o->eps)) return BAD("eps %g must be positive and finite", (double)o->eps);
+    if (!(o->weight_decay >= 0.0f) || !isfinite(o->weight_decay))
+        return BAD("weight_decay %g must be finite and >= 0", (double)o->weight_decay);
+    if (!(o->grad_clip >= 0.0f) || !isfinite(o->grad_clip))
+        return BAD("grad_clip %g must be finite and >= 0 (0 disables clipping)", (double)o->grad_clip);
+    if (!(o->min_lr_ratio >= 0.0f && o->min_lr_ratio <= 1.0f))
+        return BAD("min_lr_ratio %g is outside [0, 1]", (double)o->min_lr_ratio);
+    if (o->schedule == MT_LR_COSINE && o->total_steps == 0) return BAD("a cosine schedule needs total_steps > 0");
+    if (o->reserved0) return BAD("mt_optim_config.reserved0 must be zero");
+#undef BAD
+    return MT_OK;
+}
+
+mt_status mt_shape_import(mt_err err, mt_batch_shape *s, const mt_batch_shape *src)
+{
+    mt_batch_shape_init(s);
+    if (!src) return MT_OK;
+    mt_status st = mt_copy_in(err, s, sizeof *s, src, MT_FIRST_SIZE_BATCH_SHAPE, "mt_batch_shape");
+    if (st) return st;
+    if (s->micro_batch_size == 0 || s->seq_len == 0 || s->num_micro_batches == 0)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                       "mt_batch_shape needs micro_batch_size, seq_len and num_micro_batches > 0 (got %u, %u, %u)",
+                       s->micro_batch_size, s->seq_len, s->num_micro_batches);
+    if ((uint64_t)s->micro_batch_size * s->seq_len > (1u << 30))
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "a micro-batch of %u x %u tokens is absurd",
+                       s->micro_batch_size, s->seq_len);
+    return MT_OK;
+}
+
+/* ---- learning-rate schedule -------------------------------------------------- */
+
+/* Linear warm-up from lr/warmup to lr over warmup_steps (step 0 gets
+ * lr/warmup, as the common `(step+1)/warmup` ramp), then constant or a cosine
+ * decay from lr to lr*min_lr_ratio at total_steps, constant after. */
+float mt_lr_at(const mt_optim_config *src, uint64_t step)
+{
+    mt_optim_config o;
+    mt_err none = {0};
+    if (mt_optim_import(none, &o, src) != MT_OK) return NAN;
+    if (step < o.warmup_steps) return o.lr * (float)((double)(step + 1) / (double)o.warmup_steps);
+    if (o.schedule == MT_LR_CONSTANT) return o.lr;
+    uint64_t decay = o.total_steps > o.warmup_steps ? o.total_steps - o.warmup_steps : 0;
+    double progress = decay ? (double)(step - o.warmup_steps) / (double)decay : 1.0;
+    if (progress > 1.0) progress = 1.0;
+    double floor_lr = (double)o.lr * o.min_lr_ratio;
+    double cosv = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
+    return (float)(floor_lr + ((double)o.lr - floor_lr) * cosv);
+}

@@ -1,0 +1,92 @@
+/* The private interface between the scheduler (engine.c) and a compute
+ * backend (CPU: cpu_backend.c; CUDA: cuda/). The scheduler decides the order
+ * of everything: which unit's weights go into which slot when, which
+ * micro-batch runs through which unit, when gradients go back. A backend
+ * owns the memory of the computation (weight slots, activation checkpoints,
+ * per-micro-batch gradients of the hidden state, gradient accumulators,
+ * scratch) and carries out each call, possibly asynchronously: calls are
+ * issued in order and a backend must make each one see the effects of the
+ * ones before it (on a GPU, by stream order and events). Only sync() and
+ * the results it returns wait for the work.
+ *
+ * Units: 0 the embedding, 1..L the decoder layers, L+1 the head. A micro-
+ * batch's hidden state enters unit u as checkpoint u-1 (the embedding's
+ * output is checkpoint 0, the head's input is checkpoint L). */
+#ifndef MT_BACKEND_H
+#define MT_BACKEND_H
+
+#include "core/internal.h"
+#include "model/layout.h"
+#include "memory/tiler.h"
+#include "engine/timeline.h"
+
+typedef struct mt_be mt_be;
+
+typedef struct mt_be_shape {
+    int n_seq;     /* sequences per micro-batch */
+    int seq_len;
+    int n_micro;   /* micro-batches held at once (checkpoints for all of them) */
+    int want_grad; /* training (grad buffers) or evaluation only */
+} mt_be_shape;
+
+typedef struct mt_be_ops {
+    const char *name;
+    void (*destroy)(mt_be *be);
+    /* Allocates what batches of this shape need; the previous allocation,
+     * if any, is released first. */
+    mt_status (*reserve)(mt_be *be, const mt_be_shape *shape, mt_err err);
+    /* The step's inputs: tokens and targets of micro-batch mb (n_seq * seq_len each; targets may be NULL). */
+    void (*set_tokens)(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets);
+    /* Copies unit's weights from its host tile (the bf16 block, or the fp32
+     * master in fp32 mode) into slot, after the slot's previous user released it. */
+    void (*load_weights)(mt_be *be, int slot, int unit);
+    /* A visit of unit in phase (mt_phase) begins: its compute waits for the
+     * weights in slot (-1: none) and for the checkpoints it reads. */
+    void (*begin_visit)(mt_be *be, int slot, int unit, int phase);
+    /* The visit's compute is issued: the slot (-1: none) is free for the
+     * next load once that compute is done. */
+    void (*end_visit)(mt_be *be, int slot);
+    /* Forward of micro-batch mb through unit (embedding or layer): reads
+     * checkpoint unit-1 (or the tokens), writes checkpoint unit. */
+    void (*forward)(mt_be *be, int slot, int unit, int mb);
+    /* The head on micro-batch mb: adds the cross-entropy sum (scaled by
+     * loss_scale for the gradients) to the step's loss, and with grads the
+     * gradient of the hidden state into the micro-batch's grad buffer and the
+     * head's weight gradients into the accumulator. */
+    void (*head)(mt_be *be, int slot, int mb, float loss_scale, int want_grad);
+    /* Next-token logits at the last position of each sequence of mb: out[n_seq * V] (host). */
+    void (*head_logits)(mt_be *be, int slot, int mb, float *out);
+    /* Backward of micro-batch mb through unit: recompute the forward from
+     * checkpoint unit-1, take the grad buffer as the output gradient and leave
+     * the input gradient in it; weight gradients add into the accumulator. */
+    void (*backward)(mt_be *be, int slot, int unit, int mb);
+    /* Zero the gradient accumulator before unit's first micro-batch. */
+    void (*begin_grads)(mt_be *be, int unit);
+    /* After unit's last micro-batch: add the accumulator's squared norm to
+     * the step's total and copy the gradients into the unit's host tile. */
+    void (*send_grads)(mt_be *be, int unit);
+    /* Waits for all work issued. Returns the step's loss sum and squared
+     * gradient norm, and resets both for the next step. */
+    mt_status (*sync)(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err);
+    /* Timing, NULL where a backend keeps none. trace_start at the start of a
+     * step, with nothing running: the origin is now; t->level MARKS asks for
+     * mark_head alone, FULL also for every visit and copy, which the backend
+     * appends to t as it issues them, with their device times filled in by
+     * trace_read after sync(). Nonzero when the events cannot be had. */
+    int (*trace_start)(mt_be *be, mt_trace *t);
+    void (*mark_head)(mt_be *be);
+    int (*trace_read)(mt_be *be);
+} mt_be_ops;
+
+struct mt_be {
+    const mt_be_ops *ops;
+};
+
+typedef struct mt_model mt_model;
+
+/* The CPU backend; NULL when out of memory. */
+mt_be *mt_cpu_backend_create(mt_model *m);
+/* The CUDA backend on the policy's device; NULL with the reason in err. */
+mt_be *mt_cuda_backend_create(mt_model *m, mt_err err);
+
+#endif

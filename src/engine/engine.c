@@ -1,0 +1,480 @@
+/* The scheduler: one optimizer step as a fixed sequence of unit visits,
+ * layer-major over the micro-batches, with each unit's weights loaded into
+ * one of K slots K-1 visits ahead; then exact clipping and AdamW on the host.
+ *
+ *   forward   units 0 .. L        (embedding, layers), every micro-batch
+ *   head      unit L+1            loss and its gradient, every micro-batch
+ *   backward  units L .. 1, 0     recompute + backward, every micro-batch;
+ *                                 gradients accumulated, then sent to the tile
+ *
+ * So each unit's weights cross to the device twice per step (once for the
+ * embedding, whose backward needs none) and its gradients come back once,
+ * whatever the number of micro-batches. */
+#include "optim/adamw.h"
+#include "engine/backend.h"
+#include "cpu/cpu_ops.h"
+#include "device/device.h"
+#include "engine/engine.h"
+#include "engine/plan.h"
+#include "core/sysinfo.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A visit's phase: mt_phase, or the head computing logits only. */
+enum { PH_FORWARD = MT_PHASE_FORWARD, PH_HEAD = MT_PHASE_HEAD, PH_BACKWARD = MT_PHASE_BACKWARD, PH_HEAD_LOGITS };
+
+typedef struct visit {
+    int unit;
+    int phase;
+    int needs_weights;
+} visit;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits for the previous step's update of unit before its weights are
+ * loaded; a full trace keeps the time the wait took. */
+static void await_unit(mt_model *m, mt_trace *t, int unit)
+{
+    const int full = t && t->level == MT_TRACE_FULL;
+    const double a = full ? now() : 0;
+    if (mt_optimizer_await_unit(m, unit) && full && t->n_opt < t->cap_opt)
+        t->opt[t->n_opt++] = (mt_trace_span){a - t->origin, now() - t->origin};
+}
+
+/* The caller's abort callback (mt_offload_policy), asked before each
+ * micro-batch of each visit: nonzero stops the work. */
+static int abort_requested(const mt_model *m)
+{
+    return m->pol.abort_callback && m->pol.abort_callback(m->pol.abort_user_data);
+}
+
+/* Runs visits[0..n) over n_micro micro-batches with K slots; a step passes
+ * its trace t, evaluations NULL. Returns nonzero when the abort callback
+ * stopped it: what was issued is left to finish, nothing more is issued
+ * (no gradient reaches a host tile after the stop), and the caller still
+ * calls sync(). */
+static int run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_micro, float loss_scale,
+                      float *logits_out)
+{
+    mt_be *be = m->be;
+    const int full = t && t->level == MT_TRACE_FULL;
+    const int K = (int)m->pol.weight_slots;
+    int loads[2 * 4096 + 8], n_loads = 0; /* visits that need weights, in order */
+    for (int i = 0; i < n; i++)
+        if (v[i].needs_weights) loads[n_loads++] = i;
+    for (int j = 0; j < K - 1 && j < n_loads; j++) {
+        await_unit(m, t, v[loads[j]].unit);
+        be->ops->load_weights(be, j % K, v[loads[j]].unit);
+    }
+    int li = 0;
+    for (int i = 0; i < n; i++) {
+        int slot = -1, ahead = -1; /* the visit whose load this one starts, K-1 ahead */
+        if (v[i].needs_weights) {
+            slot = li % K;
+            if (li + K - 1 < n_loads) ahead = loads[li + K - 1];
+            li++;
+        }
+        const int u = v[i].unit;
+        const int phase = v[i].phase == PH_HEAD_LOGITS ? PH_HEAD : v[i].phase;
+        if (full && t->n_visits < t->cap_visits)
+            t->visit[t->n_visits++] = (mt_trace_visit){u, phase, now() - t->origin, 0, 0, -1, -1};
+        if (abort_requested(m)) return 1;
+        be->ops->begin_visit(be, slot, u, phase);
+        int stop = 0; /* set by a poll between micro-batches: the visit ends without sending gradients */
+        switch (v[i].phase) {
+        case PH_FORWARD:
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++) be->ops->forward(be, slot, u, mb);
+            break;
+        case PH_HEAD:
+            if (t) { /* the device's time replaces the host's where it keeps one */
+                t->head_start = now() - t->origin;
+                if (t->level >= MT_TRACE_MARKS) be->ops->mark_head(be);
+            }
+            if (loss_scale != 0) be->ops->begin_grads(be, u);
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++)
+                be->ops->head(be, slot, mb, loss_scale, loss_scale != 0);
+            if (loss_scale != 0 && !stop) be->ops->send_grads(be, u);
+            break;
+        case PH_HEAD_LOGITS:
+            for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++)
+                be->ops->head_logits(be, slot, mb, logits_out + (size_t)mb * m->be_shape.n_seq * m->cfg.vocab_size);
+            break;
+        case PH_BACKWARD:
+            be->ops->begin_grads(be, u);
+            for (int mb = n_micro - 1; mb >= 0 && !(stop = mb < n_micro - 1 && abort_requested(m)); mb--)
+                be->ops->backward(be, slot, u, mb);
+            if (!stop) be->ops->send_grads(be, u);
+            break;
+        }
+        be->ops->end_visit(be, slot);
+        if (stop) return 1;
+        /* Only now wait for the optimizer to finish the unit ahead (the
+         * previous step's update), so the GPU has this visit queued while the
+         * host waits; the load goes into the slot the last visit freed. */
+        if (ahead >= 0) {
+            await_unit(m, t, v[ahead].unit);
+            be->ops->load_weights(be, (li + K - 2) % K, v[ahead].unit);
+        }
+    }
+    return 0;
+}
+
+static mt_status fail_aborted(mt_model *m, const char *call)
+{
+    return mt_fail(mt_model_err(m), MT_ERR_ABORTED, "%s: stopped by the abort callback after step %llu; the model is as "
+                   "before the call", call, (unsigned long long)m->step);
+}
+
+/* The visit list of a step (train), an evaluation or a logits pass. */
+static int build_visits(const mt_model *m, visit *v, int phase_head, int train)
+{
+    const int L = (int)m->cfg.num_hidden_layers;
+    int n = 0;
+    for (int u = 0; u <= L; u++) v[n++] = (visit){u, PH_FORWARD, 1};
+    v[n++] = (visit){L + 1, phase_head, 1};
+    if (train) {
+        for (int u = L; u >= 1; u--) v[n++] = (visit){u, PH_BACKWARD, 1};
+        v[n++] = (visit){0, PH_BACKWARD, 0};
+    }
+    return n;
+}
+
+/* Makes the backend ready for this shape: created on first use, reserved
+ * again when the shape changes or training needs gradient buffers that an
+ * evaluation-only reservation lacks. The activations are checked against
+ * the host budget first (what the tiles leave of it). */
+static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int want_grad)
+{
+    mt_err err = mt_model_err(m);
+    if (!m->be) {
+        if (m->backend == MT_BACKEND_CUDA) {
+            if (!(m->be = mt_cuda_backend_create(m, err))) return mt_fail(err, MT_ERR_DEVICE, "%s", m->errmsg);
+        } else if (!(m->be = mt_cpu_backend_create(m))) {
+            return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the backend");
+        }
+        memset(&m->be_shape, 0, sizeof m->be_shape);
+    }
+    const mt_be_shape *have = &m->be_shape;
+    if (have->n_seq == n_seq && have->seq_len == seq_len && have->n_micro == n_micro && have->want_grad >= want_grad)
+        return MT_OK;
+    mt_batch_shape bs;
+    mt_batch_shape_init(&bs);
+    bs.micro_batch_size = (uint32_t)n_seq;
+    bs.seq_len = (uint32_t)seq_len;
+    bs.num_micro_batches = (uint32_t)n_micro;
+    mt_offload_policy pol = m->pol;
+    if (!pol.host_budget_bytes) pol.host_budget_bytes = mt_sys_mem_available() + m->layout.tile_bytes;
+    mt_memory_plan plan;
+    mt_status st = mt_plan_compute(err, &plan, &m->cfg, &pol, &bs, m->backend, &m->layout);
+    if (st) return st;
+    memset(&m->be_shape, 0, sizeof m->be_shape);
+    mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
+    if ((st = m->be->ops->reserve(m->be, &s, err))) return st;
+    m->be_shape = s;
+    return MT_OK;
+}
+
+/* Checks a batch and counts its target tokens. */
+static mt_status check_batch(mt_model *m, mt_batch *b, const mt_batch *src, int need_targets, uint64_t *n_targets)
+{
+    mt_err err = mt_model_err(m);
+    mt_batch_init(b);
+    mt_status st = mt_copy_in(err, b, sizeof *b, src, MT_FIRST_SIZE_BATCH, "mt_batch");
+    if (st) return st;
+    if (!b->micro_batch_size || !b->seq_len || !b->num_micro_batches)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch needs micro_batch_size, seq_len and num_micro_batches > 0");
+    if (b->seq_len > m->cfg.max_position_embeddings)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "seq_len %u exceeds the model's max_position_embeddings %u",
+                       b->seq_len, m->cfg.max_position_embeddings);
+    if ((uint64_t)b->micro_batch_size * b->seq_len > (1u << 24) || b->num_micro_batches > 4096)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch of %u x %u x %u tokens is too large", b->num_micro_batches,
+                       b->micro_batch_size, b->seq_len);
+    if (!b->tokens) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.tokens is NULL");
+    if (need_targets && !b->targets) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.targets is NULL");
+    const size_t n = (size_t)b->num_micro_batches * b->micro_batch_size * b->seq_len;
+    const int32_t V = (int32_t)m->cfg.vocab_size;
+    uint64_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= V)
+            return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "token id %d at position %zu is outside the vocabulary [0, %d)",
+                           b->tokens[i], i, V);
+        if (b->targets) {
+            int32_t t = b->targets[i];
+            if (t == MT_IGNORE_INDEX) continue;
+            if (t < 0 || t >= V)
+                return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                               "target id %d at position %zu is outside the vocabulary [0, %d) and not %d", t, i, V,
+                               MT_IGNORE_INDEX);
+            count++;
+        }
+    }
+    if (need_targets && count == 0)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "every target of the batch is MT_IGNORE_INDEX: nothing to learn");
+    *n_targets = count;
+    return MT_OK;
+}
+
+static void stage_tokens(mt_model *m, const mt_batch *b)
+{
+    const size_t per = (size_t)b->micro_batch_size * b->seq_len;
+    for (uint32_t mb = 0; mb < b->num_micro_batches; mb++)
+        m->be->ops->set_tokens(m->be, (int)mb, b->tokens + mb * per, b->targets ? b->targets + mb * per : NULL);
+}
+
+/* After a failed step in bf16 mode the weight blocks hold gradients: put
+ * the weights back from the master copy. */
+static void restore_weights(mt_model *m)
+{
+    for (int ui = 0; ui < m->layout.n_units; ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        const mt_tile *tl = &m->tiles.tile[ui];
+        uint16_t *w = mt_tile_weights_bf16(tl, u);
+        if (w) mt_cpu_convert(m->pool, w, 1, mt_tile_master(tl, u), 0, u->padded);
+    }
+}
+
+/* ---- public entry points ------------------------------------------------------- */
+
+/* Starts the step's trace, with nothing running on the backend: FULL with
+ * the policy's timeline, else the head mark alone (mt_step_stats' split),
+ * where the backend keeps time. */
+static void trace_start(mt_model *m)
+{
+    mt_trace *t = &m->trace;
+    mt_be *be = m->be;
+    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 3;
+    int level = !be->ops->trace_start ? MT_TRACE_OFF : m->pol.timeline ? MT_TRACE_FULL : MT_TRACE_MARKS;
+    if (mt_trace_reset(t, level, n_visits, n_visits + 3 * L + 8)) level = MT_TRACE_MARKS;
+    t->level = level;
+    t->origin = now();
+    if (level && be->ops->trace_start(be, t)) t->level = MT_TRACE_OFF;
+}
+
+mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, double *loss, double *norm,
+                          double *t_head)
+{
+    mt_err err = mt_model_err(m);
+    mt_status st;
+    if ((st = prepare(m, (int)b->micro_batch_size, (int)b->seq_len, (int)b->num_micro_batches, 1))) return st;
+    trace_start(m);
+    stage_tokens(m, b);
+    visit v[2 * 4096 + 8];
+    const int n = build_visits(m, v, PH_HEAD, 1);
+    const int stopped = run_visits(m, &m->trace, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
+    double loss_sum, sumsq;
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    if (stopped) return fail_aborted(m, "mt_step");
+    mt_trace *t = &m->trace;
+    if (t->level && m->be->ops->trace_read(m->be)) t->level = MT_TRACE_OFF; /* no device times: host ones stay */
+    if (t_head) *t_head = t->origin + t->head_start;
+    *loss = loss_sum / (double)n_targets;
+    *norm = sqrt(sumsq);
+    return MT_OK;
+}
+
+static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    const double t0 = now();
+    mt_batch b;
+    mt_optim_config o;
+    uint64_t n_targets = 0;
+    mt_status st;
+    if ((st = check_batch(m, &b, batch_in, 1, &n_targets)) || (st = mt_optim_import(err, &o, opt_in))) return st;
+    if (stats) {
+        mt_step_stats probe;
+        mt_step_stats_init(&probe);
+        if ((st = mt_copy_out(err, stats, &probe, sizeof probe, MT_FIRST_SIZE_STEP_STATS, "mt_step_stats"))) return st;
+    }
+    double loss, norm, t_head = t0;
+    m->trace_valid = 0;
+    if ((st = mt_engine_grads(m, &b, n_targets, &loss, &norm, &t_head))) {
+        mt_optimizer_drain(m); /* a failure can come before every unit was awaited */
+        restore_weights(m);
+        return st;
+    }
+    const double t_bwd = now();
+    if (!isfinite(loss) || !isfinite(norm)) {
+        restore_weights(m);
+        return mt_fail(err, MT_ERR_NONFINITE, "step %llu: loss %g, gradient norm %g: weights left unchanged",
+                       (unsigned long long)m->step + 1, loss, norm);
+    }
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
+    float scale = 1.0f;
+    if (o.grad_clip > 0 && norm > o.grad_clip) scale = (float)((double)o.grad_clip / (norm + 1e-6));
+    const float lr = mt_lr_at(&o, m->step);
+    const double t = (double)(m->step + 1);
+    const mt_adamw_hyper h = {lr, o.beta1, o.beta2, o.eps, o.weight_decay, (float)(1.0 - pow((double)o.beta1, t)),
+                              (float)(1.0 - pow((double)o.beta2, t)), scale};
+    /* With a GPU the update runs behind the next step's forward, which waits
+     * for each unit before loading it; the CPU backend needs the cores itself. */
+    mt_optimizer_drain(m);
+    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(m, &h, o.weight_decay, 1) != 0)
+        mt_optimizer_run(m, &h, o.weight_decay, 0);
+    m->step++;
+    const double t_end = now();
+    if (m->trace.level == MT_TRACE_FULL) {
+        m->trace_before = m->trace.origin - t0;
+        m->trace_after = t_end - m->trace.origin;
+        m->trace_valid = 1;
+    }
+    if (stats) {
+        mt_step_stats s;
+        mt_step_stats_init(&s);
+        s.step = m->step;
+        s.loss = loss;
+        s.grad_norm = norm;
+        s.lr = lr;
+        s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
+        s.target_tokens = n_targets;
+        s.seconds = t_end - t0;
+        s.forward_seconds = t_head - t0;
+        s.backward_seconds = t_bwd - t_head;
+        s.optimizer_seconds = t_end - t_bwd;
+        mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_STEP_STATS, "mt_step_stats");
+    }
+    return MT_OK;
+}
+
+static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m);
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    const double t0 = now();
+    mt_batch b;
+    uint64_t n_targets = 0;
+    mt_status st;
+    if ((st = check_batch(m, &b, batch_in, 1, &n_targets))) return st;
+    if (!stats) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_eval: stats is NULL");
+    mt_eval_stats s;
+    mt_eval_stats_init(&s);
+    if ((st = mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats"))) return st;
+    if ((st = prepare(m, (int)b.micro_batch_size, (int)b.seq_len, (int)b.num_micro_batches, 0))) return st;
+    stage_tokens(m, &b);
+    visit v[4096 + 8];
+    int n = build_visits(m, v, PH_HEAD, 0);
+    const int stopped = run_visits(m, NULL, v, n, (int)b.num_micro_batches, 0.0f, NULL);
+    double loss_sum, sumsq;
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    if (stopped) return fail_aborted(m, "mt_eval");
+    s.loss = loss_sum / (double)n_targets;
+    s.tokens = (uint64_t)b.num_micro_batches * b.micro_batch_size * b.seq_len;
+    s.target_tokens = n_targets;
+    s.seconds = now() - t0;
+    return mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats");
+}
+
+static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m);
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_logits: out is NULL");
+    mt_batch req, b;
+    mt_batch_init(&req);
+    req.micro_batch_size = n_seq;
+    req.seq_len = seq_len;
+    req.num_micro_batches = 1;
+    req.tokens = tokens;
+    uint64_t n_targets;
+    mt_status st;
+    if ((st = check_batch(m, &b, &req, 0, &n_targets))) return st;
+    if ((st = prepare(m, (int)n_seq, (int)seq_len, 1, 0))) return st;
+    stage_tokens(m, &b);
+    visit v[4096 + 8];
+    int n = build_visits(m, v, PH_HEAD_LOGITS, 0);
+    const int stopped = run_visits(m, NULL, v, n, 1, 0.0f, out);
+    double loss_sum, sumsq;
+    if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
+    return stopped ? fail_aborted(m, "mt_model_logits") : MT_OK;
+}
+
+/* The entry points that reach the backend make the policy's device current
+ * on the caller's thread for the call and leave the caller's own current
+ * device as they found it (cuda_host.h). */
+mt_status mt_step(mt_model *m, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = step(m, batch, opt, stats);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+mt_status mt_eval(mt_model *m, const mt_batch *batch, mt_eval_stats *stats)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = eval(m, batch, stats);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+{
+    const int prev = mt_engine_enter(m);
+    const mt_status st = logits(m, tokens, n_seq, seq_len, out);
+    mt_cuda_restore_device(prev);
+    return st;
+}
+
+int mt_engine_enter(const mt_model *m)
+{
+    return m && m->backend == MT_BACKEND_CUDA ? mt_cuda_use_device(m->pol.device) : -1;
+}
+
+uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }
+
+void mt_timeline_init_sized(mt_timeline *t, uint32_t size) { mt_struct_init(t, size, NULL, 0); }
+
+mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: out is NULL");
+    /* a caller built against 0.1 passes 0.1's size and gets 0.1's layout */
+    uint32_t size;
+    memcpy(&size, out, sizeof size);
+    const int v0_1 = size == MT_SIZE_TIMELINE_0_1;
+    mt_timeline tl;
+    mt_timeline_init(&tl);
+    mt_status st = v0_1 ? MT_OK : mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
+    if (st) return st;
+    if (!m->pol.timeline || m->backend != MT_BACKEND_CUDA)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "mt_model_timeline needs the CUDA backend and mt_offload_policy.timeline set when the model is "
+                       "created");
+    if (!m->trace_valid)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: no step recorded yet (or the last one failed)");
+    if (v0_1) {
+        const uint32_t n = visits ? MT_MIN(cap, (uint32_t)m->trace.n_visits) : 0;
+        mt_timeline_visit *vis = n ? calloc(n, sizeof *vis) : NULL;
+        if (n && !vis) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "mt_model_timeline: out of host memory");
+        mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, vis, n);
+        tl.step = m->step;
+        mt_timeline_to_0_1((mt_timeline_0_1 *)out, &tl, (mt_timeline_visit_0_1 *)visits, vis, n);
+        free(vis);
+        return MT_OK;
+    }
+    mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, visits, cap);
+    tl.step = m->step;
+    return mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
+}
+
+void mt_batch_init_sized(mt_batch *b, uint32_t size) { mt_struct_init(b, size, NULL, 0); }
+
+void mt_step_stats_init_sized(mt_step_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }
+
+void mt_eval_stats_init_sized(mt_eval_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }

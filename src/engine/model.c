@@ -1,0 +1,153 @@
+/* Creating and destroying models: plan, allocate, initialise. */
+#include "engine/model.h"
+#include "core/bf16.h"
+#include "device/device.h"
+#include "engine/engine.h"
+#include "engine/plan.h"
+#include "core/rng.h"
+#include "core/sysinfo.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- weight initialisation ------------------------------------------------- */
+
+#define INIT_CHUNK (1u << 20) /* elements per parallel task */
+
+typedef struct init_job {
+    const mt_model_config *cfg;
+    const mt_unit_desc *unit;
+    const mt_tile *tile;
+    uint64_t stream_base; /* distinct per unit */
+    size_t n_tasks;
+    size_t task_tensor[MT_MAX_UNIT_TENSORS + 1]; /* first task of each tensor */
+} init_job;
+
+/* Matrices ~ N(0, initializer_range), norms 1, biases 0, as transformers'
+ * _init_weights does for Llama-family models. */
+static void init_task(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const init_job *j = ctx;
+    int ti = 0;
+    while (j->task_tensor[ti + 1] <= task) ti++;
+    const mt_tensor_desc *t = &j->unit->tensors[ti];
+    uint64_t lo = (uint64_t)(task - j->task_tensor[ti]) * INIT_CHUNK, hi = MT_MIN(lo + INIT_CHUNK, t->numel);
+    float *master = mt_tile_master(j->tile, j->unit) + t->offset;
+    uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit);
+    const int is_norm = t->role == MT_T_ATTN_NORM || t->role == MT_T_MLP_NORM || t->role == MT_T_FINAL_NORM;
+    const int is_bias = t->role == MT_T_Q_BIAS || t->role == MT_T_K_BIAS || t->role == MT_T_V_BIAS;
+    const double std = j->cfg->initializer_range;
+    for (uint64_t i = lo; i < hi; i++) {
+        float x = is_norm ? 1.0f : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));
+        master[i] = x;
+        if (w) w[t->offset + i] = mt_f32_to_bf16(x);
+    }
+}
+
+static void init_weights(mt_model *m)
+{
+    for (int u = 0; u < m->layout.n_units; u++) {
+        init_job j = {.cfg = &m->cfg, .unit = &m->layout.units[u], .tile = &m->tiles.tile[u],
+                      .stream_base = (uint64_t)u * 64};
+        for (int t = 0; t < j.unit->n_tensors; t++) {
+            j.task_tensor[t] = j.n_tasks;
+            j.n_tasks += (j.unit->tensors[t].numel + INIT_CHUNK - 1) / INIT_CHUNK;
+        }
+        j.task_tensor[j.unit->n_tensors] = j.n_tasks;
+        mt_pool_run(m->pool, j.n_tasks, init_task, &j);
+    }
+}
+
+/* ---- create / destroy ------------------------------------------------------------ */
+
+static int pool_threads(const mt_offload_policy *pol, int node, int *cpus, int max)
+{
+    int n = mt_sys_node_cpus(node, cpus, max);
+    if (pol->optimizer_threads && (int)pol->optimizer_threads < n) n = (int)pol->optimizer_threads;
+    return n;
+}
+
+mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_offload_policy *pol)
+{
+    mt_err err = mt_err_thread();
+    mt_err_clear(err);
+    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_create: out is NULL");
+    *out = NULL;
+    mt_model *m = calloc(1, sizeof *m);
+    if (!m) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the model handle");
+    mt_optimizer_init(&m->opt);
+    mt_status st;
+    char why[256], b1[32];
+    if ((st = mt_config_import(err, &m->cfg, cfg)) || (st = mt_policy_import(err, &m->pol, pol))) goto fail;
+    m->log = (mt_logger){m->pol.log_callback, m->pol.log_user_data, (mt_log_level)m->pol.log_level};
+    if ((st = mt_resolve_backend(err, &m->pol, &m->backend, why, sizeof why))) goto fail;
+    if (m->backend == MT_BACKEND_CUDA) {
+        char name[128];
+        mt_cuda_device_name(m->pol.device, name, sizeof name);
+        mt_log(&m->log, MT_LOG_INFO, "backend: CUDA on device %d, %s", m->pol.device, name);
+    } else {
+        mt_log(&m->log, MT_LOG_INFO, "backend: CPU (%s)", why);
+    }
+
+    if (mt_layout_build(&m->layout, &m->cfg)) {
+        st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the model layout");
+        goto fail;
+    }
+    mt_memory_plan plan;
+    if ((st = mt_plan_compute(err, &plan, &m->cfg, &m->pol, NULL, m->backend, &m->layout))) goto fail;
+
+    int node = m->pol.numa_node;
+    if (node < 0 && m->backend == MT_BACKEND_CUDA) node = mt_cuda_device_numa_node(m->pol.device);
+    int cpus[1024];
+    int nthreads = pool_threads(&m->pol, node, cpus, 1024);
+    m->pool = mt_pool_create(nthreads, cpus);
+    if (!m->pool) {
+        st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot start %d optimizer threads", nthreads);
+        goto fail;
+    }
+    if ((st = mt_tiles_map(&m->tiles, &m->layout, node, err))) goto fail;
+    init_weights(m);
+    const int pin = m->pol.pin_host == MT_PIN_ALWAYS || (m->pol.pin_host == MT_PIN_AUTO && m->backend == MT_BACKEND_CUDA);
+    if (pin && (st = mt_tiles_pin(&m->tiles, m->pol.pin_host == MT_PIN_ALWAYS, &m->log, err))) goto fail;
+    mt_log(&m->log, MT_LOG_INFO, "model: %llu parameters in %d units, %s of host tiles (%s%s), %d threads",
+           (unsigned long long)m->layout.num_params, m->layout.n_units,
+           mt_fmt_bytes(b1, sizeof b1, m->layout.tile_bytes), m->tiles.pinned ? "pinned" : "pageable",
+           m->tiles.numa_node >= 0 ? ", NUMA-bound" : "", mt_pool_size(m->pool));
+    *out = m;
+    return MT_OK;
+fail:
+    mt_model_destroy(m);
+    return st;
+}
+
+void mt_model_destroy(mt_model *m)
+{
+    if (!m) return;
+    mt_optimizer_fini(m);
+    mt_trace_free(&m->trace);
+    if (m->be) {
+        const int prev = mt_engine_enter(m);
+        m->be->ops->destroy(m->be);
+        mt_cuda_restore_device(prev);
+    }
+    mt_tiles_free(&m->tiles);
+    mt_pool_destroy(m->pool);
+    mt_layout_free(&m->layout);
+    free(m->caller_json);
+    free(m->source_dir);
+    free(m);
+}
+
+const char *mt_model_errmsg(const mt_model *m) { return m ? m->errmsg : "model is NULL"; }
+
+mt_status mt_model_get_config(const mt_model *m, mt_model_config *out)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_model *mm = (mt_model *)m; /* only its message buffer changes */
+    return mt_copy_out(mt_model_err(mm), out, &m->cfg, sizeof m->cfg, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
+}
+
+uint64_t mt_model_num_params(const mt_model *m) { return m ? m->layout.num_params : 0; }
+
+mt_backend mt_model_backend(const mt_model *m) { return m ? m->backend : MT_BACKEND_CPU; }

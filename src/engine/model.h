@@ -1,0 +1,39 @@
+/* The model handle: configuration, host tiles, the thread pool and the
+ * backend state. */
+#ifndef MT_MODEL_H
+#define MT_MODEL_H
+
+#include "core/internal.h"
+#include "model/layout.h"
+#include "core/threadpool.h"
+#include "memory/tiler.h"
+#include "engine/backend.h"
+#include "optim/optimizer.h"
+#include "engine/timeline.h"
+
+struct mt_model {
+    mt_model_config cfg;   /* validated, head_dim resolved */
+    mt_offload_policy pol; /* validated */
+    mt_backend backend;    /* CPU or CUDA, resolved */
+    mt_logger log;
+    char errmsg[MT_ERRMSG_MAX];
+    mt_layout layout;
+    mt_tiles tiles;
+    mt_pool *pool;         /* optimizer and CPU-backend threads, created once */
+    uint64_t step;         /* optimizer steps taken */
+    mt_be *be;             /* created at the first step, evaluation or logits */
+    mt_be_shape be_shape;  /* what be is reserved for */
+    mt_optimizer opt;      /* AdamW, possibly still running behind the last step */
+    mt_trace trace;        /* the last step's events (timeline.h) */
+    double trace_before;   /* host seconds of that step before the trace's origin */
+    double trace_after;    /* and after it */
+    int trace_valid;       /* the last step left a whole FULL trace */
+    uint32_t mlp_piece_tokens; /* tests: the CUDA backend's MLP tokens per piece (0: its own choice) */
+    uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
+    char *caller_json;     /* the last mt_checkpoint_load's mt_checkpoint_info.caller_json */
+    char *source_dir;      /* the folder of the last mt_model_load: its tokenizer files go with each save */
+};
+
+static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }
+
+#endif

@@ -1,0 +1,456 @@
+#define _GNU_SOURCE
+/* Hugging Face model folders: config.json, model.safetensors (or shards
+ * listed by model.safetensors.index.json). See docs/formats.md. */
+#include "io/hf.h"
+#include "io/fileio.h"
+#include "engine/model.h"
+#include "io/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- config.json ----------------------------------------------------------- */
+
+/* An unsigned integer field. required: absence is an error; else *out keeps its value. */
+static mt_status get_u32(mt_err err, const cJSON *o, const char *key, uint32_t *out, int required, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return mt_fail(err, MT_ERR_FORMAT, "%s lacks \"%s\"", path, key);
+        return MT_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 4294967295.0 ||
+        v->valuedouble != floor(v->valuedouble))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
+    *out = (uint32_t)v->valuedouble;
+    return MT_OK;
+}
+
+static mt_status get_float(mt_err err, const cJSON *o, const char *key, float *out, int required, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return mt_fail(err, MT_ERR_FORMAT, "%s lacks \"%s\"", path, key);
+        return MT_OK;
+    }
+    if (!cJSON_IsNumber(v)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be a number", path, key);
+    *out = (float)v->valuedouble;
+    return MT_OK;
+}
+
+static mt_status get_bool(mt_err err, const cJSON *o, const char *key, uint32_t *out, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return MT_OK;
+    if (!cJSON_IsBool(v)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be true or false", path, key);
+    *out = cJSON_IsTrue(v) ? 1u : 0u;
+    return MT_OK;
+}
+
+static const struct {
+    const char *architecture, *model_type;
+    mt_arch arch;
+} ARCHS[] = {
+    {"LlamaForCausalLM", "llama", MT_ARCH_LLAMA},
+    {"Qwen2ForCausalLM", "qwen2", MT_ARCH_QWEN2},
+    {"MistralForCausalLM", "mistral", MT_ARCH_MISTRAL},
+};
+#define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
+
+static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+{
+    mt_status st;
+    /* architecture */
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    int found = -1;
+    if (archs && !cJSON_IsNull(archs)) {
+        if (!cJSON_IsArray(archs) || cJSON_GetArraySize(archs) < 1)
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a non-empty list of names", path);
+        const cJSON *a0 = cJSON_GetArrayItem(archs, 0);
+        if (!cJSON_IsString(a0))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a list of names", path);
+        for (size_t i = 0; i < N_ARCHS; i++)
+            if (!strcmp(a0->valuestring, ARCHS[i].architecture)) found = (int)i;
+        if (found < 0)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: architecture %s is not supported (LlamaForCausalLM, Qwen2ForCausalLM, "
+                           "MistralForCausalLM are)",
+                           path, a0->valuestring);
+    } else if (cJSON_IsString(mtype)) {
+        for (size_t i = 0; i < N_ARCHS; i++)
+            if (!strcmp(mtype->valuestring, ARCHS[i].model_type)) found = (int)i;
+        if (found < 0)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: model_type %s is not supported (llama, qwen2, mistral are)", path,
+                           mtype->valuestring);
+    } else {
+        return mt_fail(err, MT_ERR_FORMAT, "%s names neither \"architectures\" nor \"model_type\"", path);
+    }
+    c->arch = ARCHS[found].arch;
+
+    /* shape */
+    if ((st = get_u32(err, j, "vocab_size", &c->vocab_size, 1, path)) ||
+        (st = get_u32(err, j, "hidden_size", &c->hidden_size, 1, path)) ||
+        (st = get_u32(err, j, "intermediate_size", &c->intermediate_size, 1, path)) ||
+        (st = get_u32(err, j, "num_hidden_layers", &c->num_hidden_layers, 1, path)) ||
+        (st = get_u32(err, j, "num_attention_heads", &c->num_attention_heads, 1, path)))
+        return st;
+    c->num_key_value_heads = c->num_attention_heads;
+    c->head_dim = 0;
+    if ((st = get_u32(err, j, "num_key_value_heads", &c->num_key_value_heads, 0, path)) ||
+        (st = get_u32(err, j, "head_dim", &c->head_dim, 0, path)) ||
+        (st = get_u32(err, j, "max_position_embeddings", &c->max_position_embeddings, 1, path)) ||
+        (st = get_float(err, j, "rms_norm_eps", &c->rms_norm_eps, 0, path)))
+        return st;
+    c->rope_theta = 10000.0f;
+    if ((st = get_float(err, j, "rope_theta", &c->rope_theta, 0, path))) return st;
+    c->tie_word_embeddings = 0;
+    if ((st = get_bool(err, j, "tie_word_embeddings", &c->tie_word_embeddings, path))) return st;
+
+    /* biases */
+    c->attention_bias = 0;
+    if (c->arch == MT_ARCH_QWEN2) {
+        c->attention_bias = 1; /* Qwen2 always has q/k/v biases */
+    } else if ((st = get_bool(err, j, "attention_bias", &c->attention_bias, path))) {
+        return st;
+    }
+    uint32_t mlp_bias = 0;
+    if ((st = get_bool(err, j, "mlp_bias", &mlp_bias, path))) return st;
+    if (mlp_bias) return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: mlp_bias true is not supported", path);
+
+    /* activation */
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (act && !cJSON_IsNull(act)) {
+        if (!cJSON_IsString(act)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"hidden_act\" must be a string", path);
+        if (strcmp(act->valuestring, "silu") != 0)
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu is)", path,
+                           act->valuestring);
+    }
+
+    /* sliding-window attention */
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (sw && !cJSON_IsNull(sw)) {
+        if (c->arch == MT_ARCH_QWEN2) {
+            uint32_t use = 0;
+            if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
+            if (use)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: use_sliding_window true (sliding_window attention) is not supported", path);
+        } else {
+            /* Mistral (and Llama configs that carry it) apply the window whenever it is set: only a
+             * window that covers every position is harmless. */
+            uint32_t w = 0;
+            if ((st = get_u32(err, j, "sliding_window", &w, 0, path))) return st;
+            if (w < c->max_position_embeddings)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: sliding_window %u (shorter than max_position_embeddings %u) is not supported",
+                               path, w, c->max_position_embeddings);
+        }
+    }
+
+    /* rope scaling: "rope_scaling" (transformers 4), or "rope_parameters",
+     * which transformers 5 writes instead of both rope_theta and rope_scaling */
+    c->rope_scaling = MT_ROPE_SCALING_NONE;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_parameters\" must be an object or null", path);
+        if ((st = get_float(err, rp, "rope_theta", &c->rope_theta, 0, path))) return st;
+        if (!rs || cJSON_IsNull(rs)) rs = rp; /* rope_type default | llama3 with the same four fields */
+    }
+    if (rs && !cJSON_IsNull(rs)) {
+        if (!cJSON_IsObject(rs)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (!cJSON_IsString(t))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" has no \"rope_type\" (or \"type\")", path);
+        if (!strcmp(t->valuestring, "llama3")) {
+            c->rope_scaling = MT_ROPE_SCALING_LLAMA3;
+            if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path)) ||
+                (st = get_float(err, rs, "low_freq_factor", &c->rope_low_freq_factor, 1, path)) ||
+                (st = get_float(err, rs, "high_freq_factor", &c->rope_high_freq_factor, 1, path)) ||
+                (st = get_u32(err, rs, "original_max_position_embeddings", &c->rope_original_max_position, 1, path)))
+                return st;
+        } else if (strcmp(t->valuestring, "default") != 0) {
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: rope_scaling type %s is not supported (only llama3 is)", path, t->valuestring);
+        }
+    }
+    return MT_OK;
+}
+
+mt_status mt_config_load(mt_model_config *cfg, const char *dir)
+{
+    mt_err err = mt_err_thread();
+    mt_err_clear(err);
+    if (!cfg) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_config_load: cfg is NULL");
+    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_config_load: dir is NULL");
+    mt_model_config caller;
+    mt_model_config_init(&caller);
+    mt_status st = mt_copy_in(err, &caller, sizeof caller, cfg, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
+    if (st) return st;
+
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.precision = caller.precision;
+    c.seed = caller.seed;
+    c.initializer_range = caller.initializer_range;
+
+    char path[4096];
+    mt_path_join(path, sizeof path, dir, "config.json");
+    cJSON *j;
+    if ((st = mt_parse_json_file(err, path, &j))) return st;
+    st = config_from_json(err, &c, j, path);
+    cJSON_Delete(j);
+    if (st) return st;
+
+    mt_model_config check;
+    char why[MT_ERRMSG_MAX];
+    if ((st = mt_config_import((mt_err){why}, &check, &c)))
+        return mt_fail(err, st, "%s describes an impossible model: %s", path, why);
+    return mt_copy_out(err, cfg, &c, sizeof c, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+/* The shortest decimal that reads back as the same float, as a JSON number. */
+static cJSON *float_number(float f)
+{
+    char s[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(s, sizeof s, "%.*g", prec, (double)f);
+        if (strtof(s, NULL) == f) break;
+    }
+    return cJSON_CreateNumber(strtod(s, NULL));
+}
+
+char *mt_config_json_text(const mt_model_config *c)
+{
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    int ai = 0;
+    for (size_t i = 0; i < N_ARCHS; i++)
+        if (ARCHS[i].arch == (mt_arch)c->arch) ai = (int)i;
+    const char *names[1] = {ARCHS[ai].architecture};
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(names, 1));
+    cJSON_AddStringToObject(j, "model_type", ARCHS[ai].model_type);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddItemToObject(j, "rms_norm_eps", float_number(c->rms_norm_eps));
+    cJSON_AddItemToObject(j, "rope_theta", float_number(c->rope_theta));
+    if (c->rope_scaling == MT_ROPE_SCALING_LLAMA3) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddItemToObject(rs, "factor", float_number(c->rope_factor));
+        cJSON_AddItemToObject(rs, "low_freq_factor", float_number(c->rope_low_freq_factor));
+        cJSON_AddItemToObject(rs, "high_freq_factor", float_number(c->rope_high_freq_factor));
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_position);
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
+    if (c->arch != MT_ARCH_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
+    cJSON_AddBoolToObject(j, "mlp_bias", 0);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
+    if (c->arch == MT_ARCH_QWEN2) cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+    if (c->arch != MT_ARCH_LLAMA) cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddStringToObject(j, "torch_dtype", c->precision == MT_PRECISION_FP32 ? "float32" : "bfloat16");
+    cJSON_AddItemToObject(j, "initializer_range", float_number(c->initializer_range));
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+int mt_tensor_ndim(const mt_tensor_desc *t)
+{
+    mt_tensor_role r = t->role;
+    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_BIAS ||
+                   r == MT_T_K_BIAS || r == MT_T_V_BIAS
+               ? 1
+               : 2;
+}
+
+mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128])
+{
+    mt_st_write_req *r = calloc(MT_MAX(mt_tensor_count(m), (size_t)1), sizeof *r);
+    if (!r) return NULL;
+    static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
+    size_t k = 0;
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *ud = &m->layout.units[u];
+        const mt_tile *tl = &m->tiles.tile[u];
+        const float *base = which == 0 ? mt_tile_master(tl, ud) : which == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
+        for (int i = 0; i < ud->n_tensors; i++, k++) {
+            const mt_tensor_desc *t = &ud->tensors[i];
+            snprintf(names[k], sizeof names[k], "%s%s", t->name, suffix[which]);
+            r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {t->rows, t->cols}, t->numel, base + t->offset};
+        }
+    }
+    return r;
+}
+
+size_t mt_tensor_count(const mt_model *m)
+{
+    size_t n = 0;
+    for (int u = 0; u < m->layout.n_units; u++) n += (size_t)m->layout.units[u].n_tensors;
+    return n;
+}
+
+mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *dir)
+{
+    char *text = mt_config_json_text(cfg), path[4096];
+    if (!text) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory building config.json");
+    size_t n = strlen(text);
+    char *line = malloc(n + 2);
+    if (!line) {
+        cJSON_free(text);
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory building config.json");
+    }
+    memcpy(line, text, n);
+    line[n] = '\n';
+    cJSON_free(text);
+    mt_path_join(path, sizeof path, dir, "config.json");
+    mt_status st = mt_write_file_atomic(err, path, line, n + 1);
+    free(line);
+    return st;
+}
+
+mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int which, int dtype)
+{
+    size_t n = mt_tensor_count(m);
+    char(*names)[128] = malloc(MT_MAX(n, (size_t)1) * sizeof *names);
+    mt_st_write_req *req = names ? mt_tensor_write_list(m, which, dtype, names) : NULL;
+    mt_status st = req ? mt_st_write(err, path, req, n)
+                       : mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory writing %s", path);
+    free(req);
+    free(names);
+    return st;
+}
+
+/* The files of a tokenizer that a model folder carries beside the model:
+ * copied from the folder the model was loaded from, so that the saved folder
+ * is a whole model for transformers. */
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                              "tokenizer.model", "generation_config.json"};
+
+static mt_status copy_tokenizer(mt_err err, const char *from, const char *to)
+{
+    char a[4096], b[4096], ra[4096], rb[4096];
+    if (realpath(from, ra) && realpath(to, rb) && !strcmp(ra, rb)) return MT_OK; /* saved where it came from */
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++) {
+        mt_path_join(a, sizeof a, from, TOKENIZER_FILES[i]);
+        mt_path_join(b, sizeof b, to, TOKENIZER_FILES[i]);
+        struct stat sb;
+        if (stat(a, &sb) != 0) continue;
+        char *data;
+        size_t len;
+        mt_status st = mt_read_small_file(err, a, &data, &len);
+        if (!st) st = mt_write_file_atomic(err, b, data, len);
+        if (st) return st;
+        free(data);
+    }
+    return MT_OK;
+}
+
+mt_status mt_model_save(mt_model *m, const char *dir)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_save: dir is NULL");
+    char path[4096];
+    mt_path_join(path, sizeof path, dir, "model.safetensors");
+    mt_status st;
+    if ((st = mt_mkdir_p(err, dir)) ||
+        (st = mt_save_tensors(err, m, path, 0, m->cfg.precision == MT_PRECISION_FP32 ? MT_ST_F32 : MT_ST_BF16)) ||
+        (st = mt_write_config(err, &m->cfg, dir)) || (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
+        return st;
+    return mt_sync_dir(err, dir);
+}
+
+/* ---- reading --------------------------------------------------------------------- */
+
+mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
+                          int write_bf16, int dry_run)
+{
+    static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
+    const size_t n = mt_tensor_count(m) * (size_t)n_which;
+    mt_st_read_req *req = calloc(MT_MAX(n, (size_t)1), sizeof *req);
+    if (!req) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    mt_status st = MT_OK;
+    size_t k = 0;
+    /* validate everything before touching the model */
+    for (int w = 0; w < n_which; w++)
+        for (int u = 0; u < m->layout.n_units && !st; u++) {
+            const mt_unit_desc *ud = &m->layout.units[u];
+            const mt_tile *tl = &m->tiles.tile[u];
+            float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
+            uint16_t *bf = write_bf16 && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
+            for (int i = 0; i < ud->n_tensors && !st; i++, k++) {
+                const mt_tensor_desc *t = &ud->tensors[i];
+                char name[128];
+                snprintf(name, sizeof name, "%s%s", t->name, suffix[which[w]]);
+                const uint64_t dims[2] = {t->rows, t->cols};
+                mt_st_tensor *src;
+                st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
+                req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL};
+            }
+        }
+    for (size_t i = 0; i < s->n && !st; i++) {
+        const mt_st_tensor *t = &s->t[i];
+        size_t len = strlen(t->name);
+        if (t->used || (len >= 19 && !strcmp(t->name + len - 19, "rotary_emb.inv_freq"))) continue;
+        if (m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
+        st = mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", s->files[t->file].path,
+                     t->name);
+    }
+    if (!st && !dry_run) st = mt_st_read(err, m->pool, req, n);
+    free(req);
+    return st;
+}
+
+static void zero_moments(mt_model *m)
+{
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const mt_unit_desc *ud = &m->layout.units[u];
+        memset(mt_tile_m(&m->tiles.tile[u], ud), 0, ud->padded * 4);
+        memset(mt_tile_v(&m->tiles.tile[u], ud), 0, ud->padded * 4);
+    }
+}
+
+mt_status mt_model_load(mt_model *m, const char *dir)
+{
+    if (!m) return MT_ERR_INVALID_ARGUMENT;
+    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_err err = mt_model_err(m);
+    mt_err_clear(err);
+    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_load: dir is NULL");
+    mt_st_set s = {0};
+    mt_status st = mt_st_open_dir(err, &s, dir);
+    if (!st) st = mt_st_index(err, &s);
+    const int weights = 0;
+    if (!st) st = mt_load_tensors(err, m, &s, &weights, 1, s.n_files == 1 ? s.files[0].path : dir, 1, 0);
+    char *source = NULL;
+    if (!st && !(source = strdup(dir))) st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    if (!st) {
+        zero_moments(m);
+        m->step = 0;
+        free(m->source_dir);
+        m->source_dir = source;
+    }
+    mt_st_free(&s);
+    return st;
+}

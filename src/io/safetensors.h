@@ -1,0 +1,71 @@
+/* safetensors: an 8-byte little-endian header length, a JSON header
+ * {name: {dtype, shape, data_offsets}}, then the raw tensors. */
+#ifndef MT_SAFETENSORS_H
+#define MT_SAFETENSORS_H
+
+#include "core/internal.h"
+#include "core/threadpool.h"
+
+#include <stdint.h>
+
+enum { MT_ST_BF16, MT_ST_F16, MT_ST_F32 };
+
+typedef struct mt_st_tensor {
+    char *name; /* owned */
+    int file;   /* index into the set's files */
+    int dtype;  /* MT_ST_* */
+    int ndim;
+    uint64_t dims[8];
+    uint64_t numel;
+    const unsigned char *data; /* inside the file's mapping */
+    int used;                  /* set by mt_st_expect */
+} mt_st_tensor;
+
+typedef struct mt_st_file {
+    char path[4096];
+    void *map;
+    size_t size;
+} mt_st_file;
+
+/* Tensors of one or more mapped files. Zero-initialise, then add files. */
+typedef struct mt_st_set {
+    mt_st_file *files;
+    int n_files;
+    mt_st_tensor *t;
+    size_t n, cap;
+} mt_st_set;
+
+/* Maps dir/name and adds its tensors (headers fully validated). */
+mt_status mt_st_add_file(mt_err err, mt_st_set *s, const char *dir, const char *name);
+/* dir/model.safetensors, or the shards model.safetensors.index.json lists. */
+mt_status mt_st_open_dir(mt_err err, mt_st_set *s, const char *dir);
+/* Sorts the tensors by name for mt_st_find; refuses a name held twice. */
+mt_status mt_st_index(mt_err err, mt_st_set *s);
+mt_st_tensor *mt_st_find(mt_st_set *s, const char *name);
+/* Finds name with exactly this shape (else a message naming both shapes) and marks it used. */
+mt_status mt_st_expect(mt_err err, mt_st_set *s, const char *name, const uint64_t *dims, int ndim, const char *where,
+                       mt_st_tensor **out);
+void mt_st_free(mt_st_set *s);
+void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd);
+
+/* One tensor converted into fp32 (and, if bf16 is not NULL, its bf16 rounding). */
+typedef struct mt_st_read_req {
+    const mt_st_tensor *src;
+    float *dst;
+    uint16_t *bf16;
+} mt_st_read_req;
+mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_t n);
+
+/* One tensor to write, from fp32 values (rounded to nearest even for BF16). */
+typedef struct mt_st_write_req {
+    const char *name;
+    int dtype; /* MT_ST_F32 or MT_ST_BF16 */
+    int ndim;
+    uint64_t dims[2];
+    uint64_t numel;
+    const float *src;
+} mt_st_write_req;
+/* Writes path.tmp tensor by tensor, fsyncs it and renames it to path. */
+mt_status mt_st_write(mt_err err, const char *path, const mt_st_write_req *t, size_t n);
+
+#endif

@@ -1,0 +1,49 @@
+/* Host tiles: one contiguous, 4 KiB-aligned region per unit holding that
+ * unit's blocks (see layout.h), placed on a NUMA node and page-locked for
+ * DMA when a GPU will read it. */
+#ifndef MT_TILER_H
+#define MT_TILER_H
+
+#include "core/internal.h"
+#include "model/layout.h"
+
+#include <stdint.h>
+
+typedef struct mt_tile {
+    unsigned char *base; /* tile_bytes of the unit, page aligned */
+    uint64_t bytes;
+    int pinned;
+} mt_tile;
+
+typedef struct mt_tiles {
+    int n;
+    mt_tile *tile;
+    int numa_node; /* the node the tiles are bound to; -1 none */
+    int pinned;    /* every tile is page-locked */
+} mt_tiles;
+
+/* Maps the tiles of every unit, zero-filled (by the kernel, lazily), bound to
+ * numa_node when the machine has NUMA (-1: no binding), with transparent huge
+ * pages requested. Nothing is touched yet, so the caller's first writes,
+ * from threads on that node, place the pages. */
+mt_status mt_tiles_map(mt_tiles *ts, const mt_layout *lo, int numa_node, mt_err err);
+/* Page-locks every tile (after the caller has written them). must != 0: a
+ * failure is an error; else it is logged and the tiles stay pageable. */
+mt_status mt_tiles_pin(mt_tiles *ts, int must, const mt_logger *lg, mt_err err);
+void mt_tiles_free(mt_tiles *ts);
+
+static inline float *mt_tile_master(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->master_off); }
+static inline float *mt_tile_m(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->m_off); }
+static inline float *mt_tile_v(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->v_off); }
+/* The streamed bf16 copy; NULL in fp32 mode. */
+static inline uint16_t *mt_tile_weights_bf16(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->weight_bytes ? (uint16_t *)(t->base + u->weight_off) : NULL;
+}
+/* fp32 gradients; NULL in bf16 mode, where they land in the weight block. */
+static inline float *mt_tile_grad_f32(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->grad_bytes ? (float *)(t->base + u->grad_off) : NULL;
+}
+
+#endif

@@ -1,0 +1,120 @@
+#include "model/layout.h"
+#include "core/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void add_tensor(mt_unit_desc *u, mt_tensor_role role, const char *name, uint32_t rows, uint32_t cols, int decay)
+{
+    mt_tensor_desc *t = &u->tensors[u->n_tensors++];
+    t->role = role;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows;
+    t->cols = cols;
+    t->numel = (uint64_t)rows * cols;
+    t->offset = u->padded;
+    t->decay = decay;
+    u->numel += t->numel;
+    u->padded += MT_ALIGN_UP(t->numel, MT_TENSOR_ALIGN_ELEMS);
+}
+
+static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
+{
+    const uint32_t C = c->hidden_size, F = c->intermediate_size;
+    const uint32_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d." s, l), n)
+    add_tensor(u, MT_T_ATTN_NORM, NAME("input_layernorm.weight"), C, 1, 0);
+    add_tensor(u, MT_T_Q, NAME("self_attn.q_proj.weight"), q, C, 1);
+    add_tensor(u, MT_T_K, NAME("self_attn.k_proj.weight"), kv, C, 1);
+    add_tensor(u, MT_T_V, NAME("self_attn.v_proj.weight"), kv, C, 1);
+    if (c->attention_bias) {
+        add_tensor(u, MT_T_Q_BIAS, NAME("self_attn.q_proj.bias"), q, 1, 0);
+        add_tensor(u, MT_T_K_BIAS, NAME("self_attn.k_proj.bias"), kv, 1, 0);
+        add_tensor(u, MT_T_V_BIAS, NAME("self_attn.v_proj.bias"), kv, 1, 0);
+    }
+    add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
+    add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
+    add_tensor(u, MT_T_GATE, NAME("mlp.gate_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_UP, NAME("mlp.up_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_DOWN, NAME("mlp.down_proj.weight"), C, F, 1);
+#undef NAME
+}
+
+/* Places the blocks of a unit inside its tile. bf16 mode: [bf16 weights |
+ * master | m | v], gradients landing in the weight block once the unit's
+ * backward is done (14 bytes per parameter). fp32 mode: the master weights are
+ * what is streamed, and gradients need their own fp32 block: [grad | master |
+ * m | v] (16 bytes per parameter). */
+static void place_blocks(mt_unit_desc *u, int fp32)
+{
+    uint64_t off = 0, f32 = u->padded * 4;
+#define BLOCK(field_off, bytes) (field_off = off, off = MT_ALIGN_UP(off + (bytes), MT_BLOCK_ALIGN_BYTES))
+    if (fp32) {
+        u->weight_bytes = 0;
+        u->grad_bytes = f32;
+        BLOCK(u->grad_off, f32);
+    } else {
+        u->weight_bytes = u->padded * 2;
+        u->grad_bytes = 0;
+        BLOCK(u->weight_off, u->weight_bytes);
+    }
+    BLOCK(u->master_off, f32);
+    BLOCK(u->m_off, f32);
+    BLOCK(u->v_off, f32);
+#undef BLOCK
+    u->tile_bytes = off;
+}
+
+int mt_layout_build(mt_layout *lo, const mt_model_config *c)
+{
+    memset(lo, 0, sizeof *lo);
+    const int L = (int)c->num_hidden_layers;
+    lo->n_units = L + 2;
+    lo->units = calloc((size_t)lo->n_units, sizeof *lo->units);
+    if (!lo->units) return -1;
+    const int fp32 = c->precision == MT_PRECISION_FP32;
+    for (int i = 0; i < lo->n_units; i++) {
+        mt_unit_desc *u = &lo->units[i];
+        u->layer = -1;
+        if (i == 0) {
+            u->kind = MT_UNIT_EMBED;
+            add_tensor(u, MT_T_EMBED, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, 1);
+        } else if (i <= L) {
+            u->kind = MT_UNIT_LAYER;
+            u->layer = i - 1;
+            add_layer_tensors(u, c, i - 1);
+        } else {
+            u->kind = MT_UNIT_HEAD;
+            add_tensor(u, MT_T_FINAL_NORM, "model.norm.weight", c->hidden_size, 1, 0);
+            if (!c->tie_word_embeddings)
+                add_tensor(u, MT_T_LM_HEAD, "lm_head.weight", c->vocab_size, c->hidden_size, 1);
+        }
+        place_blocks(u, fp32);
+        lo->num_params += u->numel;
+        lo->tile_bytes += u->tile_bytes;
+        lo->weight_bytes += u->weight_bytes;
+        lo->grad_bytes += u->grad_bytes;
+        lo->master_bytes += u->padded * 4;
+        lo->optim_bytes += u->padded * 8;
+        lo->largest_unit_padded = MT_MAX(lo->largest_unit_padded, u->padded);
+    }
+    return 0;
+}
+
+void mt_layout_free(mt_layout *lo)
+{
+    if (!lo) return;
+    free(lo->units);
+    lo->units = NULL;
+    lo->n_units = 0;
+}
+
+uint64_t mt_layout_count_params(const mt_model_config *c)
+{
+    const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
+    uint64_t layer = 2 * C + q * C + 2 * kv * C + C * q + 3 * F * C + (c->attention_bias ? q + 2 * kv : 0);
+    return V * C + (uint64_t)c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+}

@@ -1,0 +1,122 @@
+#include "optim/optimizer.h"
+#include "engine/model.h"
+
+#include <string.h>
+
+void mt_optimizer_init(mt_optimizer *o)
+{
+    memset(o, 0, sizeof *o);
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+}
+
+/* AdamW on one unit's tensors: the gradients are in the bf16 weight block
+ * (bf16 mode, overwritten there by the new weights) or the fp32 gradient
+ * block. */
+static void update_unit(mt_model *m, int ui, const mt_adamw_hyper *h, float wd, mt_adamw_kernel_fn k)
+{
+    const mt_unit_desc *u = &m->layout.units[ui];
+    const mt_tile *tl = &m->tiles.tile[ui];
+    mt_adamw_segment seg[MT_MAX_UNIT_TENSORS];
+    uint16_t *w = mt_tile_weights_bf16(tl, u);
+    float *g32 = mt_tile_grad_f32(tl, u);
+    for (int i = 0; i < u->n_tensors; i++) {
+        const mt_tensor_desc *td = &u->tensors[i];
+        seg[i] = (mt_adamw_segment){
+            .master = mt_tile_master(tl, u) + td->offset,
+            .m = mt_tile_m(tl, u) + td->offset,
+            .v = mt_tile_v(tl, u) + td->offset,
+            .grad = w ? (const void *)(w + td->offset) : (const void *)(g32 + td->offset),
+            .grad_is_bf16 = w != NULL,
+            .w_bf16 = w ? w + td->offset : NULL,
+            .n = td->numel,
+            .weight_decay = td->decay ? wd : 0.0f,
+        };
+    }
+    mt_adamw_apply(m->pool, k, h, seg, (size_t)u->n_tensors);
+}
+
+static void *thread_main(void *arg)
+{
+    mt_model *m = arg;
+    mt_optimizer *o = &m->opt;
+    const mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->busy && !o->quit) pthread_cond_wait(&o->cv, &o->mu);
+        if (o->quit) break;
+        const mt_adamw_hyper h = o->h;
+        const float wd = o->weight_decay;
+        pthread_mutex_unlock(&o->mu);
+        for (int u = 0; u < m->layout.n_units; u++) {
+            update_unit(m, u, &h, wd, k);
+            pthread_mutex_lock(&o->mu);
+            o->done = u + 1;
+            pthread_cond_broadcast(&o->cv);
+            pthread_mutex_unlock(&o->mu);
+        }
+        pthread_mutex_lock(&o->mu);
+        o->busy = 0;
+        pthread_cond_broadcast(&o->cv);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async)
+{
+    mt_optimizer *o = &m->opt;
+    if (!async) {
+        const mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
+        for (int u = 0; u < m->layout.n_units; u++) update_unit(m, u, h, wd, k);
+        return 0;
+    }
+    if (!o->started) {
+        if (pthread_create(&o->thread, NULL, thread_main, m) != 0) return -1;
+        o->started = 1;
+    }
+    pthread_mutex_lock(&o->mu);
+    o->h = *h;
+    o->weight_decay = wd;
+    o->done = 0;
+    o->busy = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    return 0;
+}
+
+int mt_optimizer_await_unit(mt_model *m, int unit)
+{
+    mt_optimizer *o = &m->opt;
+    if (!o->started) return 0;
+    int waited = 0;
+    pthread_mutex_lock(&o->mu);
+    while (o->busy && o->done <= unit) pthread_cond_wait(&o->cv, &o->mu), waited = 1;
+    pthread_mutex_unlock(&o->mu);
+    return waited;
+}
+
+void mt_optimizer_drain(mt_model *m)
+{
+    mt_optimizer *o = &m->opt;
+    if (!o->started) return;
+    pthread_mutex_lock(&o->mu);
+    while (o->busy) pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void mt_optimizer_fini(mt_model *m)
+{
+    mt_optimizer *o = &m->opt;
+    if (o->started) {
+        mt_optimizer_drain(m);
+        pthread_mutex_lock(&o->mu);
+        o->quit = 1;
+        pthread_cond_broadcast(&o->cv);
+        pthread_mutex_unlock(&o->mu);
+        pthread_join(o->thread, NULL);
+        o->started = 0;
+    }
+    pthread_cond_destroy(&o->cv);
+    pthread_mutex_destroy(&o->mu);
+}
