@@ -445,31 +445,31 @@ Test(cuda_backend, mlp_in_pieces_matches_whole)
 Test(cuda_backend, callers_current_device_is_kept)
 {
     char why[256] = "";
-    if (mt_cuda_device_count(why, sizeof why) < 2) cr_skip_test("needs two CUDA devices %s", why);
-    const int prev = mt_cuda_use_device(1);
-    cr_assert_eq(mt_cuda_current_device(), 1);
+    if (mt_device_count(why, sizeof why) < 2) cr_skip_test("needs two CUDA devices %s", why);
+    const int prev = mt_device_use(1);
+    cr_assert_eq(mt_device_current(), 1);
     mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
     mt_model *m[2];
     for (int d = 0; d < 2; d++) {
         mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
         p.device = d;
         m[d] = make_with(&c, &p);
-        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_create on device %d", d);
+        cr_assert_eq(mt_device_current(), 1, "after mt_model_create on device %d", d);
         train(m[d], 2);
-        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_step on device %d", d);
+        cr_assert_eq(mt_device_current(), 1, "after mt_step on device %d", d);
         enum { S = 16 };
         int32_t tok[S], tg[S];
         fill(tok, tg, S, 5);
         float lg[V];
         cr_assert_eq(mt_model_logits(m[d], tok, 1, S, lg), MT_OK, "%s", mt_model_errmsg(m[d]));
-        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_logits on device %d", d);
+        cr_assert_eq(mt_device_current(), 1, "after mt_model_logits on device %d", d);
     }
     cr_assert(tiles_equal(m[0], m[1]), "devices 0 and 1 give the same bits");
     for (int d = 0; d < 2; d++) {
         mt_model_destroy(m[d]);
-        cr_assert_eq(mt_cuda_current_device(), 1, "after mt_model_destroy of device %d's model", d);
+        cr_assert_eq(mt_device_current(), 1, "after mt_model_destroy of device %d's model", d);
     }
-    mt_cuda_restore_device(prev);
+    mt_device_restore(prev);
 }
 
 /* The abort callback on the GPU: a step stopped at a poll in the forward

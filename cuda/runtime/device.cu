@@ -11,7 +11,7 @@ static void say(char *why, size_t len, const char *what, cudaError_t e)
     if (why && len) snprintf(why, len, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-extern "C" int mt_cuda_device_count(char *why, size_t why_len)
+extern "C" int mt_device_count(char *why, size_t why_len)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -24,7 +24,7 @@ extern "C" int mt_cuda_device_count(char *why, size_t why_len)
     return n;
 }
 
-extern "C" int mt_cuda_host_register(void *p, size_t n, char *why, size_t why_len)
+extern "C" int mt_device_host_register(void *p, size_t n, char *why, size_t why_len)
 {
     // portable: pinned for every device's context, not only the current one
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
@@ -36,12 +36,12 @@ extern "C" int mt_cuda_host_register(void *p, size_t n, char *why, size_t why_le
     return 0;
 }
 
-extern "C" void mt_cuda_host_unregister(void *p)
+extern "C" void mt_device_host_unregister(void *p)
 {
     if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
-extern "C" int mt_cuda_device_numa_node(int device)
+extern "C" int mt_device_numa_node(int device)
 {
     char bus[32];
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
@@ -60,7 +60,7 @@ extern "C" int mt_cuda_device_numa_node(int device)
     return node;
 }
 
-extern "C" int mt_cuda_use_device(int device)
+extern "C" int mt_device_use(int device)
 {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) {
@@ -74,12 +74,12 @@ extern "C" int mt_cuda_use_device(int device)
     return prev;
 }
 
-extern "C" void mt_cuda_restore_device(int prev)
+extern "C" void mt_device_restore(int prev)
 {
     if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
 }
 
-extern "C" int mt_cuda_current_device(void)
+extern "C" int mt_device_current(void)
 {
     int d = -1;
     if (cudaGetDevice(&d) != cudaSuccess) {
@@ -89,7 +89,7 @@ extern "C" int mt_cuda_current_device(void)
     return d;
 }
 
-extern "C" int mt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
+extern "C" int mt_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     *free_bytes = *total_bytes = 0;
     int prev = 0;
@@ -106,7 +106,7 @@ extern "C" int mt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_by
     return 0;
 }
 
-extern "C" int mt_cuda_device_name(int device, char *buf, size_t len)
+extern "C" int mt_device_name(int device, char *buf, size_t len)
 {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {

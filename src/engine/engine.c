@@ -409,7 +409,7 @@ mt_status mt_step(mt_model *m, const mt_batch *batch, const mt_optim_config *opt
 {
     const int prev = mt_engine_enter(m);
     const mt_status st = step(m, batch, opt, stats);
-    mt_cuda_restore_device(prev);
+    mt_device_restore(prev);
     return st;
 }
 
@@ -417,7 +417,7 @@ mt_status mt_eval(mt_model *m, const mt_batch *batch, mt_eval_stats *stats)
 {
     const int prev = mt_engine_enter(m);
     const mt_status st = eval(m, batch, stats);
-    mt_cuda_restore_device(prev);
+    mt_device_restore(prev);
     return st;
 }
 
@@ -425,13 +425,13 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, ui
 {
     const int prev = mt_engine_enter(m);
     const mt_status st = logits(m, tokens, n_seq, seq_len, out);
-    mt_cuda_restore_device(prev);
+    mt_device_restore(prev);
     return st;
 }
 
 int mt_engine_enter(const mt_model *m)
 {
-    return m && m->backend == MT_BACKEND_CUDA ? mt_cuda_use_device(m->pol.device) : -1;
+    return m && m->backend == MT_BACKEND_CUDA ? mt_device_use(m->pol.device) : -1;
 }
 
 uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }

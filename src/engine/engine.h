@@ -12,7 +12,7 @@ mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, do
                           double *t_head);
 
 /* Makes the model's CUDA device current on the calling thread; returns the
- * device that was, for mt_cuda_restore_device (-1 on the CPU backend). */
+ * device that was, for mt_device_restore (-1 on the CPU backend). */
 int mt_engine_enter(const mt_model *m);
 
 #endif

@@ -84,7 +84,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     if ((st = mt_resolve_backend(err, &m->pol, &m->backend, why, sizeof why))) goto fail;
     if (m->backend == MT_BACKEND_CUDA) {
         char name[128];
-        mt_cuda_device_name(m->pol.device, name, sizeof name);
+        mt_device_name(m->pol.device, name, sizeof name);
         mt_log(&m->log, MT_LOG_INFO, "backend: CUDA on device %d, %s", m->pol.device, name);
     } else {
         mt_log(&m->log, MT_LOG_INFO, "backend: CPU (%s)", why);
@@ -98,7 +98,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     if ((st = mt_plan_compute(err, &plan, &m->cfg, &m->pol, NULL, m->backend, &m->layout))) goto fail;
 
     int node = m->pol.numa_node;
-    if (node < 0 && m->backend == MT_BACKEND_CUDA) node = mt_cuda_device_numa_node(m->pol.device);
+    if (node < 0 && m->backend == MT_BACKEND_CUDA) node = mt_device_numa_node(m->pol.device);
     int cpus[1024];
     int nthreads = pool_threads(&m->pol, node, cpus, 1024);
     m->pool = mt_pool_create(nthreads, cpus);
@@ -129,7 +129,7 @@ void mt_model_destroy(mt_model *m)
     if (m->be) {
         const int prev = mt_engine_enter(m);
         m->be->ops->destroy(m->be);
-        mt_cuda_restore_device(prev);
+        mt_device_restore(prev);
     }
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);

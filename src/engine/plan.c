@@ -12,7 +12,7 @@ mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backen
         snprintf(reason, sizeof reason, "the policy asks for the CPU backend");
         *out = MT_BACKEND_CPU;
     } else {
-        int n = mt_cuda_device_count(reason, sizeof reason);
+        int n = mt_device_count(reason, sizeof reason);
         if (n > 0 && pol->device >= n)
             snprintf(reason, sizeof reason, "device %d requested, but only %d CUDA device(s) present", pol->device, n);
         if (n > pol->device) {
@@ -112,7 +112,7 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *
     uint64_t gpu_budget = pol->gpu_budget_bytes;
     if (backend == MT_BACKEND_CUDA && gpu_budget == 0) {
         size_t fr = 0, tot = 0;
-        if (mt_cuda_mem_info(pol->device, &fr, &tot) == 0) gpu_budget = fr;
+        if (mt_device_mem_info(pol->device, &fr, &tot) == 0) gpu_budget = fr;
     }
     p->gpu_budget_bytes = gpu_budget;
     p->host_budget_bytes = pol->host_budget_bytes ? pol->host_budget_bytes : mt_sys_mem_available();

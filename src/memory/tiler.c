@@ -14,7 +14,7 @@
 static void unmap_tile(mt_tile *t)
 {
     if (!t->base) return;
-    if (t->pinned) mt_cuda_host_unregister(t->base);
+    if (t->pinned) mt_device_host_unregister(t->base);
     munmap(t->base, t->bytes);
     t->base = NULL;
     t->pinned = 0;
@@ -53,10 +53,10 @@ mt_status mt_tiles_pin(mt_tiles *ts, int must, const mt_logger *lg, mt_err err)
     for (int i = 0; i < ts->n; i++) {
         mt_tile *t = &ts->tile[i];
         if (t->pinned) continue;
-        if (mt_cuda_host_register(t->base, t->bytes, why, sizeof why) != 0) {
+        if (mt_device_host_register(t->base, t->bytes, why, sizeof why) != 0) {
             for (int j = 0; j < i; j++)
                 if (ts->tile[j].pinned) {
-                    mt_cuda_host_unregister(ts->tile[j].base);
+                    mt_device_host_unregister(ts->tile[j].base);
                     ts->tile[j].pinned = 0;
                 }
             if (must) return mt_fail(err, MT_ERR_DEVICE, "cannot page-lock host tile %d: %s", i, why);
