@@ -483,7 +483,7 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
         if (!(nr <= norm_max)) norm_max = nr, norm_at = s;
         if (s == 0) loss0 = lr_, norm0 = nr;
     }
-    mt_optimizer_drain(m); /* the CUDA backend runs the last update behind the step */
+    mt_optimizer_drain(&m->opt); /* the CUDA backend runs the last update behind the step */
 
     /* the weights after training, against transformers' (read into CPU models in fp32) */
     char path[1024];
@@ -509,7 +509,7 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
                 parity_use_step(&f, s);
                 cr_assert_eq(mt_step(alt[a], &f.batch, &f.optim, NULL), MT_OK, "%s", mt_model_errmsg(alt[a]));
             }
-            mt_optimizer_drain(alt[a]);
+            mt_optimizer_drain(&alt[a]->opt);
         }
         weight_report r;
         compare_weights(&r, m, want, start, alt, tol->weight_abs, cap);

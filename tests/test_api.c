@@ -540,7 +540,8 @@ Test(api, cuda_backend_without_a_gpu)
 
 /* A plan for a GPU with a given budget is arithmetic: the same numbers on a
  * machine with or without one, for the CUDA backend (device memory counted,
- * tiles pinned); without a budget it needs the device to ask. */
+ * tiles pinned); without a budget it needs the device to ask. A library
+ * built without CUDA says it cannot plan for it. */
 Test(api, plan_for_a_gpu_anywhere)
 {
     mt_model_config c = tiny_config();
@@ -552,6 +553,16 @@ Test(api, plan_for_a_gpu_anywhere)
     s.seq_len = 64;
     mt_memory_plan plan;
     mt_memory_plan_init(&plan);
+#ifndef MT_HAVE_CUDA
+    /* without the CUDA backend there is nobody to ask what it would allocate */
+    cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "built without CUDA"), "%s", mt_last_errmsg());
+    return;
+#endif
+    /* head_dim 8: the CUDA backend's attention cannot run it, and its plan says so */
+    cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "head_dim"), "%s", mt_last_errmsg());
+    c.num_attention_heads = c.num_key_value_heads = 1; /* head_dim 32 */
     cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_OK, "%s", mt_last_errmsg());
     cr_assert_eq(plan.backend, MT_BACKEND_CUDA);
     cr_assert_gt(plan.gpu_bytes, 0);

@@ -173,8 +173,8 @@ Test(cuda_backend, step_matches_cpu_bf16_bias_tied_d128) { step_matches_cpu(MT_P
  * (which run behind mt_step on a library thread) have finished. */
 static int tiles_equal(mt_model *a, mt_model *b)
 {
-    mt_optimizer_drain(a);
-    mt_optimizer_drain(b);
+    mt_optimizer_drain(&a->opt);
+    mt_optimizer_drain(&b->opt);
     for (int u = 0; u < a->layout.n_units; u++)
         if (memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes)) return 0;
     return 1;

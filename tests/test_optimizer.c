@@ -36,10 +36,10 @@ Test(optimizer, async_update_equals_sync_update)
 {
     mt_model *a = make(), *b = make();
     const mt_adamw_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f};
-    cr_assert_eq(mt_optimizer_run(a, &h, 0.1f, 0), 0);
-    cr_assert_eq(mt_optimizer_run(b, &h, 0.1f, 1), 0);
+    cr_assert_eq(mt_optimizer_run(&a->opt, &h, 0.1f, 0), 0);
+    cr_assert_eq(mt_optimizer_run(&b->opt, &h, 0.1f, 1), 0);
     for (int u = 0; u < b->layout.n_units; u++) {
-        mt_optimizer_await_unit(b, u);
+        mt_optimizer_await_unit(&b->opt, u);
         const mt_unit_desc *d = &b->layout.units[u];
         /* once awaited, unit u is final: the same bits as the synchronous run */
         cr_assert_eq(memcmp(mt_tile_master(&a->tiles.tile[u], d), mt_tile_master(&b->tiles.tile[u], d), d->padded * 4), 0,
@@ -48,16 +48,31 @@ Test(optimizer, async_update_equals_sync_update)
                             d->weight_bytes),
                      0, "unit %d bf16", u);
     }
-    mt_optimizer_drain(b);
+    mt_optimizer_drain(&b->opt);
     cr_assert_eq(b->opt.busy, 0);
     /* a second job on the same thread */
-    cr_assert_eq(mt_optimizer_run(a, &h, 0.1f, 0), 0);
-    cr_assert_eq(mt_optimizer_run(b, &h, 0.1f, 1), 0);
-    mt_optimizer_drain(b);
+    cr_assert_eq(mt_optimizer_run(&a->opt, &h, 0.1f, 0), 0);
+    cr_assert_eq(mt_optimizer_run(&b->opt, &h, 0.1f, 1), 0);
+    mt_optimizer_drain(&b->opt);
     for (int u = 0; u < a->layout.n_units; u++)
         cr_assert_eq(memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes), 0);
-    /* destroying a model with a job in flight waits for it */
-    cr_assert_eq(mt_optimizer_run(b, &h, 0.1f, 1), 0);
     mt_model_destroy(b);
+    mt_model_destroy(a);
+}
+
+/* Finishing the optimizer (as mt_model_destroy does first) with a job in
+ * flight waits for the whole job: every unit then holds the update. */
+Test(optimizer, fini_waits_for_the_job_in_flight)
+{
+    mt_model *a = make(), *b = make();
+    const mt_adamw_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f};
+    cr_assert_eq(mt_optimizer_run(&a->opt, &h, 0.1f, 0), 0);
+    cr_assert_eq(mt_optimizer_run(&b->opt, &h, 0.1f, 1), 0);
+    mt_optimizer_fini(&b->opt);
+    cr_assert_eq(b->opt.started, 0, "the thread is gone");
+    for (int u = 0; u < a->layout.n_units; u++)
+        cr_assert_eq(memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes), 0,
+                     "unit %d was not updated before fini returned", u);
+    mt_model_destroy(b); /* finishes again: nothing left to do */
     mt_model_destroy(a);
 }

@@ -1,4 +1,6 @@
-// The CUDA backend: the scheduler's calls carried out on three streams.
+// The CUDA backend: the family's layer template (model/template.h) run on
+// the kernels of cuda/kernels and cuBLASLt GEMMs, with the scheduler's calls
+// carried out on three streams.
 //
 //   h2d      unit weights from their pinned host tile into one of K slots
 //   compute  every kernel and GEMM, in the order the scheduler issues them
@@ -33,6 +35,10 @@
 // projection too). Attention goes first: per byte it saves the most, and
 // more the longer the sequence. As many layers as fit the budget are kept.
 //
+// Memory: one device allocation (the arena) carved by layout_buffers(),
+// which needs() and reserve() both run, so a plan counts exactly what a
+// reservation allocates.
+//
 // Device: every call runs with the policy's device current, which the
 // library's entry points see to (mt_engine_enter); create checks it.
 //
@@ -44,28 +50,33 @@
 
 extern "C" { // the library's own (C) headers
 #include "engine/backend.h"
-#include "cpu/cpu_ops.h" // mt_rope_inv_freq: the same frequencies as the CPU backend
 #include "engine/model.h"
-#include "engine/plan.h" // the MLP's pieces and the head's chunks, by the plan's rules
+#include "engine/plan.h" // the MLP's pieces and the head's chunks
+#include "model/rope.h"
+#include "model/template.h"
 }
 
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define MAX_SLOTS 16
+#define MAX_SLOTS MT_MAX_WEIGHT_SLOTS
 
 struct cu_be {
     mt_be base;
-    mt_model *m;
-    mt_be_shape shape;
-    int T, C, Q, KV, F, V, H, Hkv, D, L, K;
+    mt_model *m;              // tiles and logging; NULL in a backend that only counts (needs)
+    mt_be_request req;        // what the arena is laid out for
+    mt_be_shape shape;        // req.shape
+    const mt_template *tpl;
+    mt_dims d;
+    mt_work w;                // the template's working buffers, in the arena
+    int L, K;
     mt_cu_dtype dt;
     size_t es; // bytes per activation element
-    int chunk; // head tokens per chunk
-    int FT;    // MLP tokens per piece: T, or fewer when T * F elements would not fit MT_MLP_PIECE_BYTES
     mt_gemm *gemm;
     cudaStream_t h2d, comp, d2h;
     cudaEvent_t slot_loaded[MAX_SLOTS], slot_free[MAX_SLOTS], grad_ready[2], grad_sent[2];
@@ -89,12 +100,7 @@ struct cu_be {
     int32_t *tokens, *targets; // (n_micro, T)
     int32_t *pos;   // (T)
     float *inv_freq;// (D/2)
-    // one layer's activations (dt unless noted) and gradients
-    void *xn1, *q, *k, *v, *att, *h, *xn2, *g, *u, *a, *scratch_out;
-    float *lse, *rstd1, *rstd2;
-    void *dy_act, *da, *dg, *du, *datt, *dq, *dk, *dv, *dlogits;
-    float *dxn, *logits;
-    void *attn_ws;
+    void *attn_ws;  // the attention backward's workspace
     size_t attn_ws_bytes;
     void *red_scratch; // reductions' scratch (the largest need)
     double *d_loss, *d_sumsq;
@@ -134,7 +140,7 @@ static void fail_op(cu_be *b, const char *what)
     b->failed = 1;
 }
 
-static const mt_unit_desc *unit_desc(cu_be *b, int u) { return &b->m->layout.units[u]; }
+static const mt_unit_desc *unit_desc(cu_be *b, int u) { return &b->req.layout->units[u]; }
 static void destroy_events(cudaEvent_t *ev, int n);
 
 // ---- the trace -----------------------------------------------------------------------
@@ -240,49 +246,186 @@ static int cu_trace_read(mt_be *be)
     return 0;
 }
 
-// ---- GEMMs ---------------------------------------------------------------------------
+// ---- kernels ---------------------------------------------------------------------------
+//
+// The template's kernel table on the compute stream. A failure is kept (the
+// first one) and reported by sync(): the template never checks.
 
-// y[M,N] = x[M,K] W[N,K]^T (+ bias) + beta y
-static void linear(cu_be *b, void *y, int y_type, const void *x, const void *W, const void *bias, int M, int K, int N,
-                   float beta)
+static cu_be *B(void *kc) { return (cu_be *)kc; }
+static int gemm_type(const cu_be *b, int f32) { return f32 || b->dt == MT_CU_F32 ? MT_GEMM_F32 : MT_GEMM_BF16; }
+
+static void gemm(cu_be *b, const char *what, int ta, int tb, int M, int N, int K, const void *A, const void *Bm,
+                 int c_f32, void *Cm, float beta, const void *bias)
 {
     char why[160];
-    int ab = b->dt == MT_CU_BF16 ? MT_GEMM_BF16 : MT_GEMM_F32;
-    if (mt_gemm_run(b->gemm, b->comp, 0, 1, M, N, K, ab, x, W, y_type, y, beta, bias, why, sizeof why) && !b->failed) {
-        snprintf(b->why, sizeof b->why, "forward GEMM %dx%dx%d: %s", M, N, K, why);
-        b->failed = 1;
-    }
-}
-
-// dx[M,K] = dy[M,N] W[N,K] (+ beta dx)
-static void linear_dx(cu_be *b, void *dx, int dx_type, const void *dy, const void *W, int M, int K, int N, float beta)
-{
-    char why[160];
-    int ab = b->dt == MT_CU_BF16 ? MT_GEMM_BF16 : MT_GEMM_F32;
-    if (mt_gemm_run(b->gemm, b->comp, 0, 0, M, K, N, ab, dy, W, dx_type, dx, beta, NULL, why, sizeof why) &&
+    if (mt_gemm_run(b->gemm, b->comp, ta, tb, M, N, K, gemm_type(b, 0), A, Bm, gemm_type(b, c_f32), Cm, beta, bias, why,
+                    sizeof why) &&
         !b->failed) {
-        snprintf(b->why, sizeof b->why, "input-gradient GEMM %dx%dx%d: %s", M, K, N, why);
+        snprintf(b->why, sizeof b->why, "%s GEMM %dx%dx%d: %s", what, M, N, K, why);
         b->failed = 1;
     }
 }
 
-// dW[N,K] += dy[M,N]^T x[M,K], in fp32
-static void linear_dw(cu_be *b, float *dW, const void *dy, const void *x, int M, int K, int N)
+static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps)
 {
-    char why[160];
-    int ab = b->dt == MT_CU_BF16 ? MT_GEMM_BF16 : MT_GEMM_F32;
-    if (mt_gemm_run(b->gemm, b->comp, 1, 0, N, K, M, ab, dy, x, MT_GEMM_F32, dW, 1.0f, NULL, why, sizeof why) &&
-        !b->failed) {
-        snprintf(b->why, sizeof b->why, "weight-gradient GEMM %dx%dx%d: %s", N, K, M, why);
-        b->failed = 1;
-    }
+    cu_be *b = B(kc);
+    OK(b, mt_cu_rmsnorm(b->comp, b->dt, y, rstd, b->dt, x, w, T, C, eps, NULL), "rmsnorm");
 }
 
-static int act_gemm_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_GEMM_BF16 : MT_GEMM_F32; }
+static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
+                          const float *rstd, int T, int C, float eps)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, dw, dy, b->dt, x, b->dt, w, rstd, T, C, eps, b->red_scratch, NULL),
+       "rmsnorm backward");
+}
+
+// y[M,N] = x[M,K] W[N,K]^T (+ bias) (+ y)
+static void k_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
+                     int accumulate)
+{
+    gemm(B(kc), "forward", 0, 1, M, N, K, x, W, out_f32, y, accumulate ? 1.0f : 0.0f, bias);
+}
+
+// dx[M,K] = dy[M,N] W[N,K] (+ dx)
+static void k_linear_dx(void *kc, void *dx, int out_f32, const void *dy, const void *W, int M, int K, int N,
+                        int accumulate)
+{
+    gemm(B(kc), "input-gradient", 0, 0, M, K, N, dy, W, out_f32, dx, accumulate ? 1.0f : 0.0f, NULL);
+}
+
+// dW[N,K] += dy[M,N]^T x[M,K] in fp32, and db[N] += the column sums of dy
+static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const void *x, int M, int K, int N)
+{
+    cu_be *b = B(kc);
+    gemm(b, "weight-gradient", 1, 0, N, K, M, dy, x, 1, dW, 1.0f, NULL);
+    if (db) OK(b, mt_cu_bias_grad(b->comp, db, b->dt, dy, M, N, b->red_scratch), "bias gradient");
+}
+
+static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos, b->inv_freq, T, nh, D, inverse), inverse ? "rope backward" : "rope");
+}
+
+static int attn_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32; }
+
+static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
+                        int seq_len, int H, int Hkv, int D, float scale)
+{
+    cu_be *b = B(kc);
+    const int rc = mt_cuattn_forward(b->comp, attn_type(b), out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+    if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
+}
+
+static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
+                            int H, int Hkv, int D, float scale)
+{
+    cu_be *b = B(kc);
+    const int rc = mt_cuattn_backward(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len, H,
+                                      Hkv, D, scale, b->attn_ws, b->attn_ws_bytes);
+    if (rc && !b->failed)
+        snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
+}
+
+static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_swiglu(b->comp, b->dt, out, gate, up, n), "swiglu");
+}
+
+static void k_swiglu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                         size_t n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "swiglu backward");
+}
+
+static void k_copy(void *kc, void *dst, const void *src, size_t n)
+{
+    cu_be *b = B(kc);
+    CU(b, cudaMemcpyAsync(dst, src, n * b->es, cudaMemcpyDeviceToDevice, b->comp));
+}
+
+static void k_last_rows(void *kc, void *rows, const void *src, int n, int stride, int C)
+{
+    cu_be *b = B(kc);
+    const size_t row = (size_t)C * b->es;
+    CU(b, cudaMemcpy2DAsync(rows, row, (const char *)src + (size_t)(stride - 1) * row, (size_t)stride * row, row,
+                            (size_t)n, cudaMemcpyDeviceToDevice, b->comp));
+}
+
+static const void *k_as_act(void *kc, void *scratch, const float *src, size_t n)
+{
+    cu_be *b = B(kc);
+    if (b->dt == MT_CU_F32) return src;
+    OK(b, mt_cu_convert(b->comp, b->dt, scratch, MT_CU_F32, src, n), "convert");
+    return scratch;
+}
+
+static void k_zero(void *kc, void *p, size_t bytes)
+{
+    cu_be *b = B(kc);
+    CU(b, cudaMemsetAsync(p, 0, bytes, b->comp));
+}
+
+static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_embedding(b->comp, b->dt, out, tokens, b->dt, wte, T, C, V), "embedding");
+}
+
+static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, b->red_scratch), "embedding backward");
+}
+
+static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_cross_entropy(b->comp, logits, targets, n, V, dscale, MT_IGNORE_INDEX, b->dt, dlogits, b->d_loss, NULL,
+                              b->red_scratch, NULL),
+       "cross-entropy");
+}
+
+static void k_to_host(void *kc, float *dst, const float *src, size_t n)
+{
+    cu_be *b = B(kc);
+    CU(b, cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, b->comp));
+}
+
+static mt_kernels cuda_kernels(void)
+{
+    mt_kernels k;
+    memset(&k, 0, sizeof k);
+    k.rmsnorm = k_rmsnorm;
+    k.rmsnorm_bwd = k_rmsnorm_bwd;
+    k.linear = k_linear;
+    k.linear_dx = k_linear_dx;
+    k.linear_dw = k_linear_dw;
+    k.rope = k_rope;
+    k.attention = k_attention;
+    k.attention_bwd = k_attention_bwd;
+    k.swiglu = k_swiglu;
+    k.swiglu_bwd = k_swiglu_bwd;
+    k.copy = k_copy;
+    k.last_rows = k_last_rows;
+    k.as_act = k_as_act;
+    k.zero = k_zero;
+    k.embedding = k_embedding;
+    k.embedding_bwd = k_embedding_bwd;
+    k.cross_entropy = k_cross_entropy;
+    k.to_host = k_to_host;
+    return k;
+}
+
+static const mt_kernels CUDA_KERNELS = cuda_kernels();
 
 // ---- checkpoints ---------------------------------------------------------------------
 
-static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->T * b->C * b->es; }
+static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->d.T * b->d.C * b->es; }
 
 // Checkpoint idx of micro-batch mb on the device: its own place, or with two
 // rows (host checkpoints, or evaluation, which keeps nothing) row idx % 2.
@@ -290,32 +433,203 @@ static void *ck_at(cu_be *b, int idx, int mb)
 {
     const int rows = b->ck_host || !b->shape.want_grad;
     const size_t row = rows ? (size_t)(idx % 2) : (size_t)idx;
-    return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->T * (size_t)b->C * b->es;
+    return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
 }
 
 static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size_t)idx * ck_row_bytes(b); }
 
 // Where layer unit's activations for micro-batch mb live: kept for the
-// backward, or the one layer's buffers.
-typedef struct layer_acts {
-    void *att;    // attention output (T, Q)
-    float *lse;   // its log-sum-exp (T, H)
-    void *h;      // the residual after attention (T, C)
-    int att_kept; // att and lse hold the forward's values in the backward
-    int h_kept;   // h does
-} layer_acts;
-
-static layer_acts acts_of(cu_be *b, int unit, int mb)
+// backward, or the template's work buffers.
+static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
 {
     const int l = unit - 1;
-    const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->T;
-    layer_acts a = {b->att, b->lse, b->h, l < b->keep_att, l < b->keep_h};
+    const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
+    mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h};
     if (a.att_kept) {
-        a.att = (char *)b->att_keep + i * T * b->Q * b->es;
-        a.lse = b->lse_keep + i * T * b->H;
+        a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
+        a.lse = b->lse_keep + i * T * b->d.H;
     }
-    if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->C * b->es;
+    if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->d.C * b->es;
     return a;
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+// Carves aligned pieces out of one allocation: a first pass only measures.
+typedef struct carver {
+    char *base;
+    size_t off;
+} carver;
+
+static void *carve(carver *c, size_t bytes)
+{
+    size_t at = (c->off + 255) & ~(size_t)255;
+    c->off = at + (bytes ? bytes : 1);
+    return c->base ? c->base + at : NULL;
+}
+
+// The sizes of req's micro-batch.
+static void set_dims(cu_be *b)
+{
+    const mt_model_config *c = b->req.cfg;
+    const mt_be_shape *s = &b->req.shape;
+    mt_dims *d = &b->d;
+    memset(d, 0, sizeof *d);
+    b->shape = *s;
+    b->L = (int)c->num_hidden_layers;
+    b->K = (int)b->req.pol->weight_slots;
+    b->dt = c->precision == MT_PRECISION_FP32 ? MT_CU_F32 : MT_CU_BF16;
+    b->es = b->dt == MT_CU_BF16 ? 2 : 4;
+    b->tpl = mt_template_for(c);
+    d->n_seq = s->n_seq, d->seq_len = s->seq_len, d->T = s->n_seq * s->seq_len;
+    d->C = (int)c->hidden_size, d->H = (int)c->num_attention_heads, d->Hkv = (int)c->num_key_value_heads;
+    d->D = (int)c->head_dim, d->Q = d->H * d->D, d->KV = d->Hkv * d->D;
+    d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
+    d->es = b->es;
+    // the MLP in pieces (plan.h): a 262144-token micro-batch of the Llama-2-7B
+    // shape would otherwise need six 5.4 GiB buffers, and T * F elements past 2^31
+    d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
+                                    : (int)mt_plan_mlp_piece_tokens((uint64_t)d->T, (uint64_t)d->F, b->es);
+    d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, MT_LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
+    d->eps = c->rms_norm_eps;
+    d->attn_scale = 1.0f / sqrtf((float)d->D);
+}
+
+static void layout_buffers(cu_be *b, carver *c)
+{
+    const mt_layout *lo = b->req.layout;
+    const mt_be_shape *s = &b->shape;
+    const mt_dims *d = &b->d;
+    const size_t T = (size_t)d->T, C = (size_t)d->C, Q = (size_t)d->Q;
+    const size_t es = b->es, M = (size_t)s->n_micro;
+    const int tied = b->req.cfg->tie_word_embeddings != 0;
+    size_t slot_elems = lo->largest_unit_padded;
+    if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
+    for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
+    b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
+    const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M;
+    b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
+    b->lse_keep = AM ? (float *)carve(c, AM * T * (size_t)d->H * 4) : NULL;
+    b->h_keep = HM ? carve(c, HM * T * C * es) : NULL;
+    b->tokens = (int32_t *)carve(c, M * T * 4);
+    b->targets = (int32_t *)carve(c, M * T * 4);
+    b->pos = (int32_t *)carve(c, T * 4);
+    b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
+    // the template's working buffers
+    mt_work_buf wb[MT_WORK_MAX_BUFS];
+    const int n = b->tpl->work(d, s->want_grad, wb);
+    for (int i = 0; i < n; i++)
+        *(void **)((char *)&b->w + wb[i].field) = carve(c, (size_t)wb[i].elems * (wb[i].f32 ? 4 : es));
+    b->d_loss = (double *)carve(c, 8);
+    b->d_sumsq = (double *)carve(c, 8);
+    size_t red = mt_cu_sumsq_scratch_bytes();
+    red = MT_MAX(red, mt_cu_cross_entropy_scratch_bytes(d->chunk));
+    if (s->want_grad) {
+        b->acc[0] = (float *)carve(c, lo->largest_unit_padded * 4);
+        b->acc[1] = (float *)carve(c, lo->largest_unit_padded * 4);
+        b->tied_acc = tied ? (float *)carve(c, unit_desc(b, 0)->padded * 4) : NULL;
+        if (b->dt == MT_CU_BF16) {
+            b->stage[0] = carve(c, lo->largest_unit_padded * 2);
+            b->stage[1] = carve(c, lo->largest_unit_padded * 2);
+        }
+        b->dx = (float *)carve(c, M * T * C * 4);
+        b->attn_ws_bytes = mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, d->H, d->Hkv, d->D);
+        b->attn_ws = carve(c, b->attn_ws_bytes);
+        red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T, d->C, NULL));
+        red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(d->T));
+        red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(d->T, d->Q));
+    }
+    b->red_scratch = carve(c, red);
+}
+
+// The arena's bytes with att layers keeping their attention outputs and h
+// their residuals (leaves b->keep_* so).
+static size_t arena_bytes(cu_be *b, int att, int h)
+{
+    carver t = {NULL, 0};
+    b->keep_att = att, b->keep_h = h;
+    layout_buffers(b, &t);
+    return t.off + 256;
+}
+
+// The most layers, up to cap, that keep their attention outputs (residuals:
+// with every layer's attention kept) within room bytes.
+static int most_kept(cu_be *b, size_t room, int cap, int residuals)
+{
+    const int att0 = residuals ? b->L : 0;
+    const size_t base = arena_bytes(b, att0, 0);
+    const size_t one = (residuals ? arena_bytes(b, att0, 1) : arena_bytes(b, 1, 0)) - base;
+    if (room <= base || one == 0) return 0;
+    int n = (int)MT_MIN((size_t)cap, (room - base) / one); // alignment can add a few bytes: check
+    while (n > 0 && arena_bytes(b, residuals ? att0 : n, residuals ? n : 0) > room) n--;
+    return n;
+}
+
+// What b->req needs, with free_b bytes free on the device: decides where the
+// checkpoints go and how many layers keep activations (b->ck_host,
+// b->keep_*), fills *n, and says whether it fits.
+static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
+{
+    const mt_offload_policy *pol = b->req.pol;
+    const mt_be_shape *s = &b->shape;
+    memset(n, 0, sizeof *n);
+    set_dims(b);
+    if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend has no layer template for this architecture");
+    if (b->d.D != 32 && b->d.D != 64 && b->d.D != 128)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend's attention supports head_dim 32, 64 and 128, not %d",
+                       b->d.D);
+    // the budget covers the GEMM workspace (allocated with the backend) and the arena
+    const size_t held = mt_gemm_device_bytes();
+    const uint64_t budget =
+        pol->gpu_budget_bytes ? (pol->gpu_budget_bytes > held ? pol->gpu_budget_bytes - held : 0) : free_b;
+    // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
+    b->ck_host = 0;
+    size_t need = arena_bytes(b, 0, 0);
+    const uint32_t place = pol->activations;
+    if (s->want_grad && b->L >= 2 &&
+        (place == MT_PLACE_HOST || (place == MT_PLACE_AUTO && (need > budget || need > free_b)))) {
+        b->ck_host = 1;
+        need = arena_bytes(b, 0, 0);
+    }
+    // the most kept activations that fit, leaving the device a margin when no budget was set
+    if (s->want_grad && !b->ck_host && pol->recompute == MT_RECOMPUTE_AUTO) {
+        const size_t margin = pol->gpu_budget_bytes ? 0 : (size_t)512 << 20;
+        const size_t room = MT_MIN((size_t)budget, free_b > margin ? free_b - margin : 0);
+        const int cap = b->req.keep_layers_cap ? MT_MIN(b->L, (int)b->req.keep_layers_cap) : b->L;
+        const int att = most_kept(b, room, cap, 0);
+        const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
+        need = arena_bytes(b, att, h);
+    }
+    const size_t row = ck_row_bytes(b);
+    n->device_bytes = need + held;
+    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 2 * sizeof(int32_t) + (b->ck_host ? (uint64_t)(b->L - 1) * row : 0);
+    n->checkpoint_bytes = (uint64_t)(b->ck_host ? b->L + 1 : s->want_grad ? b->L + 1 : 2) * row;
+    n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
+    n->keep_att = b->keep_att, n->keep_h = b->keep_h;
+    char b1[32], b2[32];
+    if (need > budget || need > free_b)
+        return mt_fail(err, MT_ERR_GPU_BUDGET, "a step of %d x %d x %d tokens needs %s of GPU memory, but the %s is %s",
+                       s->n_micro, s->n_seq, s->seq_len, mt_fmt_bytes(b1, sizeof b1, n->device_bytes),
+                       need > budget ? (pol->gpu_budget_bytes ? "policy's GPU budget" : "device's free memory")
+                                     : "device's free memory",
+                       mt_fmt_bytes(b2, sizeof b2, need > budget ? budget + held : free_b + held));
+    return MT_OK;
+}
+
+// The class's needs(): the sizing of reserve() without a device (a plan
+// without free memory to ask about assumes the budget is free).
+static mt_status cu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
+{
+    cu_be *b = (cu_be *)calloc(1, sizeof *b);
+    if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    b->req = *r;
+    const size_t held = mt_gemm_device_bytes();
+    size_t free_b = r->gpu_free;
+    if (!free_b) free_b = r->pol->gpu_budget_bytes > held ? r->pol->gpu_budget_bytes - held : 0;
+    else free_b = free_b > held ? free_b - held : 0;
+    const mt_status st = size_up(b, free_b, n, err);
+    free(b);
+    return st;
 }
 
 // ---- set-up ------------------------------------------------------------------------------
@@ -332,6 +646,7 @@ static void free_device(cu_be *b)
     b->ck_host = 0;
     b->keep_att = b->keep_h = 0;
     memset(&b->shape, 0, sizeof b->shape);
+    memset(&b->base.held, 0, sizeof b->base.held);
 }
 
 static void destroy_events(cudaEvent_t *ev, int n)
@@ -350,6 +665,13 @@ static void destroy_trace_events(cu_be *b)
     b->origin = b->head = NULL;
     b->vev = b->cev = NULL;
     b->cap_vev = b->cap_cev = 0;
+}
+
+static void cu_release(mt_be *be)
+{
+    cu_be *b = (cu_be *)be;
+    cudaDeviceSynchronize(); // not on the hot path: a new batch shape
+    free_device(b);
 }
 
 static void cu_destroy(mt_be *be)
@@ -379,187 +701,29 @@ static void cu_destroy(mt_be *be)
     free(b);
 }
 
-// Carves aligned pieces out of one allocation: a first pass only measures.
-typedef struct carver {
-    char *base;
-    size_t off;
-} carver;
-
-static void *carve(carver *c, size_t bytes)
-{
-    size_t at = (c->off + 255) & ~(size_t)255;
-    c->off = at + (bytes ? bytes : 1);
-    return c->base ? c->base + at : NULL;
-}
-
-static void layout_buffers(cu_be *b, carver *c)
-{
-    const mt_layout *lo = &b->m->layout;
-    const mt_be_shape *s = &b->shape;
-    const size_t T = (size_t)b->T, C = (size_t)b->C, Q = (size_t)b->Q, KV = (size_t)b->KV, F = (size_t)b->F;
-    const size_t es = b->es, M = (size_t)s->n_micro;
-    const int tied = b->m->cfg.tie_word_embeddings != 0;
-    size_t slot_elems = lo->largest_unit_padded;
-    if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
-    for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
-    b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
-    const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M;
-    b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
-    b->lse_keep = AM ? (float *)carve(c, AM * T * (size_t)b->H * 4) : NULL;
-    b->h_keep = HM ? carve(c, HM * T * C * es) : NULL;
-    b->tokens = (int32_t *)carve(c, M * T * 4);
-    b->targets = (int32_t *)carve(c, M * T * 4);
-    b->pos = (int32_t *)carve(c, T * 4);
-    b->inv_freq = (float *)carve(c, (size_t)b->D / 2 * 4);
-    b->xn1 = carve(c, T * C * es);
-    b->q = carve(c, T * Q * es);
-    b->k = carve(c, T * KV * es);
-    b->v = carve(c, T * KV * es);
-    b->att = carve(c, T * Q * es);
-    b->lse = (float *)carve(c, T * (size_t)b->H * 4);
-    b->h = carve(c, T * C * es);
-    b->xn2 = carve(c, T * C * es);
-    const size_t FT = (size_t)b->FT;
-    b->g = carve(c, FT * F * es);
-    b->u = carve(c, FT * F * es);
-    b->a = carve(c, FT * F * es);
-    b->scratch_out = carve(c, T * C * es);
-    b->rstd1 = (float *)carve(c, T * 4);
-    b->rstd2 = (float *)carve(c, T * 4);
-    b->logits = (float *)carve(c, (size_t)b->chunk * (size_t)b->V * 4);
-    b->d_loss = (double *)carve(c, 8);
-    b->d_sumsq = (double *)carve(c, 8);
-    size_t red = mt_cu_sumsq_scratch_bytes();
-    red = MT_MAX(red, mt_cu_cross_entropy_scratch_bytes(b->chunk));
-    if (s->want_grad) {
-        b->acc[0] = (float *)carve(c, lo->largest_unit_padded * 4);
-        b->acc[1] = (float *)carve(c, lo->largest_unit_padded * 4);
-        b->tied_acc = tied ? (float *)carve(c, unit_desc(b, 0)->padded * 4) : NULL;
-        if (b->dt == MT_CU_BF16) {
-            b->stage[0] = carve(c, lo->largest_unit_padded * 2);
-            b->stage[1] = carve(c, lo->largest_unit_padded * 2);
-        }
-        b->dx = (float *)carve(c, M * T * C * 4);
-        b->dy_act = carve(c, T * C * es);
-        b->da = carve(c, FT * F * es);
-        b->dg = carve(c, FT * F * es);
-        b->du = carve(c, FT * F * es);
-        b->datt = carve(c, T * Q * es);
-        b->dq = carve(c, T * Q * es);
-        b->dk = carve(c, T * KV * es);
-        b->dv = carve(c, T * KV * es);
-        b->dxn = (float *)carve(c, T * C * 4);
-        b->dlogits = carve(c, (size_t)b->chunk * (size_t)b->V * es);
-        b->attn_ws_bytes = mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, b->H, b->Hkv, b->D);
-        b->attn_ws = carve(c, b->attn_ws_bytes);
-        red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(b->T, b->C, NULL));
-        red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(b->T));
-        red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(b->T, b->Q));
-    }
-    b->red_scratch = carve(c, red);
-}
-
-// Tokens per MLP piece (plan.h): a 262144-token micro-batch of the
-// Llama-2-7B shape would otherwise need six 5.4 GiB buffers, and T * F
-// elements past 2^31.
-static int mlp_piece_tokens(const cu_be *b)
-{
-    if (b->m->mlp_piece_tokens) return MT_MIN(b->T, (int)b->m->mlp_piece_tokens);
-    return (int)mt_plan_mlp_piece_tokens((uint64_t)b->T, (uint64_t)b->F, b->es);
-}
-
-// The arena's bytes with att layers keeping their attention outputs and h
-// their residuals (leaves b->keep_* so).
-static size_t arena_bytes(cu_be *b, int att, int h)
-{
-    carver t = {NULL, 0};
-    b->keep_att = att, b->keep_h = h;
-    layout_buffers(b, &t);
-    return t.off + 256;
-}
-
-// The most layers, up to cap, that keep their attention outputs (residuals:
-// with every layer's attention kept) within room bytes.
-static int most_kept(cu_be *b, size_t room, int cap, int residuals)
-{
-    const int att0 = residuals ? b->L : 0;
-    const size_t base = arena_bytes(b, att0, 0);
-    const size_t one = (residuals ? arena_bytes(b, att0, 1) : arena_bytes(b, 1, 0)) - base;
-    if (room <= base || one == 0) return 0;
-    int n = (int)MT_MIN((size_t)cap, (room - base) / one); // alignment can add a few bytes: check
-    while (n > 0 && arena_bytes(b, residuals ? att0 : n, residuals ? n : 0) > room) n--;
-    return n;
-}
-
 static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 {
     cu_be *b = (cu_be *)be;
-    const mt_model_config *cfg = &b->m->cfg;
-    cudaDeviceSynchronize(); // not on the hot path: a new batch shape
-    free_device(b);
-    b->shape = *s;
-    b->T = s->n_seq * s->seq_len;
-    b->C = (int)cfg->hidden_size;
-    b->H = (int)cfg->num_attention_heads;
-    b->Hkv = (int)cfg->num_key_value_heads;
-    b->D = (int)cfg->head_dim;
-    b->Q = b->H * b->D;
-    b->KV = b->Hkv * b->D;
-    b->F = (int)cfg->intermediate_size;
-    b->V = (int)cfg->vocab_size;
-    b->L = (int)cfg->num_hidden_layers;
-    b->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)b->T, MT_LOGITS_CHUNK_BYTES / ((size_t)b->V * 4)));
-    b->FT = mlp_piece_tokens(b);
-    if (b->D != 32 && b->D != 64 && b->D != 128)
-        return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend's attention supports head_dim 32, 64 and 128, not %d",
-                       b->D);
+    cu_release(be);
+    b->req = mt_be_request_of(b->m, s);
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    // the budget covers the GEMM workspace, already allocated, and the arena
-    const size_t held = mt_gemm_device_bytes();
-    const uint64_t budget = b->m->pol.gpu_budget_bytes
-                                ? (b->m->pol.gpu_budget_bytes > held ? b->m->pol.gpu_budget_bytes - held : 0)
-                                : free_b;
-    // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
+    mt_be_needs n;
+    mt_status st = size_up(b, free_b, &n, err);
+    if (st) return st;
     carver c = {NULL, 0};
-    b->ck_host = 0;
-    b->keep_att = b->keep_h = 0;
-    layout_buffers(b, &c);
-    const uint32_t place = b->m->pol.activations;
-    if (s->want_grad && b->L >= 2 &&
-        (place == MT_PLACE_HOST || (place == MT_PLACE_AUTO && (c.off + 256 > budget || c.off + 256 > free_b)))) {
-        b->ck_host = 1;
-        c.off = 0;
-        layout_buffers(b, &c);
-    }
-    // the most kept activations that fit, leaving the device a margin when no budget was set
-    if (s->want_grad && !b->ck_host && b->m->pol.recompute == MT_RECOMPUTE_AUTO) {
-        const size_t margin = b->m->pol.gpu_budget_bytes ? 0 : (size_t)512 << 20;
-        const size_t room = MT_MIN((size_t)budget, free_b > margin ? free_b - margin : 0);
-        const int cap = b->m->keep_layers_cap ? MT_MIN(b->L, (int)b->m->keep_layers_cap) : b->L;
-        const int att = most_kept(b, room, cap, 0);
-        const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
-        b->keep_att = att, b->keep_h = h;
-        c.off = arena_bytes(b, att, h) - 256;
-    }
-    const size_t need = c.off + 256;
+    const size_t need = arena_bytes(b, b->keep_att, b->keep_h);
     char b1[32], b2[32];
-    if (need > budget || need > free_b)
-        return mt_fail(err, MT_ERR_GPU_BUDGET,
-                       "a step of %d x %d x %d tokens needs %s of GPU memory, but the %s is %s", s->n_micro, s->n_seq,
-                       s->seq_len, mt_fmt_bytes(b1, sizeof b1, need),
-                       need > budget ? "GPU budget (less the GEMM workspace)" : "device's free memory",
-                       mt_fmt_bytes(b2, sizeof b2, need > budget ? budget : free_b));
     if (cudaMalloc((void **)&c.base, need) != cudaSuccess) {
         cudaGetLastError();
         return mt_fail(err, MT_ERR_OUT_OF_GPU_MEMORY, "cudaMalloc of %s failed", mt_fmt_bytes(b1, sizeof b1, need));
     }
     b->arena = c.base;
     b->arena_bytes = need;
-    c.off = 0;
     layout_buffers(b, &c);
-    if (cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->T * 2 * sizeof(int32_t), cudaHostAllocPortable) !=
-        cudaSuccess) {
+    b->shape = *s;
+    if (cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * 2 * sizeof(int32_t),
+                      cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the tokens");
@@ -569,23 +733,22 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         cudaHostAlloc(&b->ck_pinned, (size_t)(b->L - 1) * ck_row_bytes(b), cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
-        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate %s of pinned host memory for the activation checkpoints",
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY,
+                       "cannot allocate %s of pinned host memory for the activation checkpoints",
                        mt_fmt_bytes(b1, sizeof b1, (uint64_t)(b->L - 1) * ck_row_bytes(b)));
     }
     // positions and frequencies, as the CPU backend computes them
-    int32_t *pos = (int32_t *)malloc((size_t)b->T * sizeof *pos);
-    float *inv = (float *)malloc((size_t)b->D / 2 * sizeof *inv);
+    int32_t *pos = (int32_t *)malloc((size_t)b->d.T * sizeof *pos);
+    float *inv = (float *)malloc((size_t)b->d.D / 2 * sizeof *inv);
     if (!pos || !inv) {
         free(pos), free(inv);
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     }
-    for (int t = 0; t < b->T; t++) pos[t] = t % s->seq_len;
-    mt_rope_params rp = {cfg->rope_theta, cfg->rope_scaling == MT_ROPE_SCALING_LLAMA3, cfg->rope_factor,
-                         cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, (int)cfg->rope_original_max_position};
-    mt_rope_inv_freq(inv, b->D, &rp);
-    cudaError_t e1 = cudaMemcpy(b->pos, pos, (size_t)b->T * 4, cudaMemcpyHostToDevice);
-    cudaError_t e2 = cudaMemcpy(b->inv_freq, inv, (size_t)b->D / 2 * 4, cudaMemcpyHostToDevice);
+    for (int t = 0; t < b->d.T; t++) pos[t] = t % s->seq_len;
+    mt_rope_inv_freq_of(inv, b->req.cfg);
+    cudaError_t e1 = cudaMemcpy(b->pos, pos, (size_t)b->d.T * 4, cudaMemcpyHostToDevice);
+    cudaError_t e2 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
     cudaError_t e3 = cudaMemset(b->d_loss, 0, 8), e4 = cudaMemset(b->d_sumsq, 0, 8);
     free(pos), free(inv);
     if (e1 || e2 || e3 || e4) {
@@ -595,6 +758,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     b->failed = 0;
     b->gbuf = 0;
+    b->base.held = n;
     char kept[128] = "";
     if (b->keep_att)
         snprintf(kept, sizeof kept, ", kept for the backward: attention outputs of %d of %d layers, residuals of %d",
@@ -609,7 +773,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets)
 {
     cu_be *b = (cu_be *)be;
-    const size_t n = (size_t)b->T, M = (size_t)b->shape.n_micro;
+    const size_t n = (size_t)b->d.T, M = (size_t)b->shape.n_micro;
     int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = b->h_tokens + (M + (size_t)mb) * n;
     // the staging buffer is free: every step, evaluation and logits call ends in sync()
     memcpy(ht, tokens, n * 4);
@@ -640,7 +804,7 @@ static void cu_load_weights(mt_be *be, int slot, int unit)
     cu_be *b = (cu_be *)be;
     size_t bytes;
     const void *src = host_block(b, unit, &bytes);
-    const int tied_head = unit == b->L + 1 && b->m->cfg.tie_word_embeddings; // it reads the embedding matrix too
+    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings; // it reads the embedding matrix too
     size_t eb = 0;
     const void *e = tied_head ? host_block(b, 0, &eb) : NULL;
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
@@ -686,138 +850,30 @@ static void cu_end_visit(mt_be *be, int slot)
     if (full_trace(b) && b->tr->n_visits > 0) CU(b, cudaEventRecord(b->vev[2 * (b->tr->n_visits - 1) + 1], b->comp));
 }
 
-// Pointers to each tensor of a unit inside a block laid out like its tile.
-static void bind(void **w, void *block, const mt_unit_desc *u, size_t es)
+// ---- units -----------------------------------------------------------------------------------
+
+static mt_exec exec_of(cu_be *b)
 {
-    memset(w, 0, MT_T_ROLE_COUNT * sizeof *w);
-    for (int i = 0; i < u->n_tensors; i++) w[u->tensors[i].role] = (char *)block + u->tensors[i].offset * es;
+    mt_exec x = {&CUDA_KERNELS, b, &b->d, &b->w};
+    return x;
 }
 
-static void bind_f32(float **w, float *block, const mt_unit_desc *u)
-{
-    memset(w, 0, MT_T_ROLE_COUNT * sizeof *w);
-    for (int i = 0; i < u->n_tensors; i++) w[u->tensors[i].role] = block + u->tensors[i].offset;
-}
-
-
-// ---- a decoder layer ---------------------------------------------------------------------------
-
-// g, u and a = silu(g) * u for the n tokens from t0 of xn2: one MLP piece.
-static void mlp_up(cu_be *b, void *const *w, int t0, int n)
-{
-    const int C = b->C, F = b->F, at = act_gemm_type(b);
-    const void *xn = (const char *)b->xn2 + (size_t)t0 * C * b->es;
-    linear(b, b->g, at, xn, w[MT_T_GATE], NULL, n, C, F, 0.0f);
-    linear(b, b->u, at, xn, w[MT_T_UP], NULL, n, C, F, 0.0f);
-    OK(b, mt_cu_swiglu(b->comp, b->dt, b->a, b->g, b->u, (size_t)n * F), "swiglu");
-}
-
-// x (T, C) -> out (T, C), keeping in b and in *a what the backward needs.
-// The MLP runs in pieces of b->FT tokens (one piece below 2 GiB buffers).
-// The backward's recompute passes out NULL: it stops at the MLP's input,
-// since layer_backward recomputes each MLP piece just before its backward,
-// without the down projection (a quarter of the layer's GEMM FLOPs in a
-// Llama), which only makes the output; and it skips what the forward kept
-// (a->att_kept, a->h_kept).
-static void layer_forward(cu_be *b, void *const *w, const void *x, void *out, const layer_acts *a)
-{
-    const int recompute = out == NULL;
-    const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
-    const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
-    const size_t es = b->es;
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_ATTN_NORM], T, C, eps, NULL), "rmsnorm");
-    linear(b, b->q, at, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, Q, 0.0f);
-    linear(b, b->k, at, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, KV, 0.0f);
-    linear(b, b->v, at, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, KV, 0.0f);
-    OK(b, mt_cu_rope(b->comp, b->dt, b->q, b->pos, b->inv_freq, T, b->H, b->D, 0), "rope");
-    OK(b, mt_cu_rope(b->comp, b->dt, b->k, b->pos, b->inv_freq, T, b->Hkv, b->D, 0), "rope");
-    if (!recompute || !a->att_kept) {
-        int rc = mt_cuattn_forward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, a->att, a->lse,
-                                   b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H, b->Hkv, b->D, scale);
-        if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
-    }
-    // h = x + att Wo^T, out = h + silu(xn2 Wg^T) * (xn2 Wu^T) Wd^T: the residual adds inside the GEMMs
-    if (!recompute || !a->h_kept) {
-        CU(b, cudaMemcpyAsync(a->h, x, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
-        linear(b, a->h, at, a->att, w[MT_T_O], NULL, T, Q, C, 1.0f);
-    }
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn2, b->rstd2, b->dt, a->h, w[MT_T_MLP_NORM], T, C, eps, NULL),
-       "rmsnorm");
-    if (!out) return; // the backward recomputes the MLP piece by piece
-    CU(b, cudaMemcpyAsync(out, a->h, (size_t)T * C * es, cudaMemcpyDeviceToDevice, b->comp));
-    for (int t0 = 0; t0 < T; t0 += b->FT) {
-        const int n = MT_MIN(b->FT, T - t0);
-        mlp_up(b, w, t0, n);
-        linear(b, (char *)out + (size_t)t0 * C * es, at, b->a, w[MT_T_DOWN], NULL, n, F, C, 1.0f);
-    }
-}
-
-// After layer_forward(x): dy (T, C) fp32 holds the output gradient and gets
-// the input gradient; weight gradients add into gw.
-static void layer_backward(cu_be *b, void *const *w, float *const *gw, const void *x, float *dy, const layer_acts *a)
-{
-    const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F, at = act_gemm_type(b);
-    const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
-    void *rs = b->red_scratch;
-    // out = h + a Wd^T, piece by piece: the MLP's forward again, then its backward
-    OK(b, mt_cu_convert(b->comp, b->dt, b->dy_act, MT_CU_F32, dy, (size_t)T * C), "convert");
-    for (int t0 = 0; t0 < T; t0 += b->FT) {
-        const int n = MT_MIN(b->FT, T - t0);
-        const void *dyp = (const char *)b->dy_act + (size_t)t0 * C * b->es;
-        const void *xn = (const char *)b->xn2 + (size_t)t0 * C * b->es;
-        float *dxn = b->dxn + (size_t)t0 * C;
-        mlp_up(b, w, t0, n);
-        linear_dx(b, b->da, at, dyp, w[MT_T_DOWN], n, F, C, 0.0f);
-        linear_dw(b, gw[MT_T_DOWN], dyp, b->a, n, F, C);
-        OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, b->dg, b->du, b->da, b->g, b->u, (size_t)n * F), "swiglu backward");
-        linear_dx(b, dxn, MT_GEMM_F32, b->dg, w[MT_T_GATE], n, C, F, 0.0f);
-        linear_dx(b, dxn, MT_GEMM_F32, b->du, w[MT_T_UP], n, C, F, 1.0f);
-        linear_dw(b, gw[MT_T_GATE], b->dg, xn, n, C, F);
-        linear_dw(b, gw[MT_T_UP], b->du, xn, n, C, F);
-    }
-    OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_MLP_NORM], b->dxn, b->dt, a->h, b->dt, w[MT_T_MLP_NORM], b->rstd2, T,
-                            C, eps, rs, NULL),
-       "rmsnorm backward");
-    // h = x + att Wo^T
-    OK(b, mt_cu_convert(b->comp, b->dt, b->dy_act, MT_CU_F32, dy, (size_t)T * C), "convert");
-    linear_dx(b, b->datt, at, b->dy_act, w[MT_T_O], T, Q, C, 0.0f);
-    linear_dw(b, gw[MT_T_O], b->dy_act, a->att, T, Q, C);
-    int rc = mt_cuattn_backward(b->comp, b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32, b->dq, b->dk, b->dv,
-                                b->datt, a->att, a->lse, b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H,
-                                b->Hkv, b->D, scale, b->attn_ws, b->attn_ws_bytes);
-    if (rc && !b->failed)
-        snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
-    OK(b, mt_cu_rope(b->comp, b->dt, b->dq, b->pos, b->inv_freq, T, b->H, b->D, 1), "rope backward");
-    OK(b, mt_cu_rope(b->comp, b->dt, b->dk, b->pos, b->inv_freq, T, b->Hkv, b->D, 1), "rope backward");
-    linear_dx(b, b->dxn, MT_GEMM_F32, b->dq, w[MT_T_Q], T, C, Q, 0.0f);
-    linear_dx(b, b->dxn, MT_GEMM_F32, b->dk, w[MT_T_K], T, C, KV, 1.0f);
-    linear_dx(b, b->dxn, MT_GEMM_F32, b->dv, w[MT_T_V], T, C, KV, 1.0f);
-    linear_dw(b, gw[MT_T_Q], b->dq, b->xn1, T, C, Q);
-    linear_dw(b, gw[MT_T_K], b->dk, b->xn1, T, C, KV);
-    linear_dw(b, gw[MT_T_V], b->dv, b->xn1, T, C, KV);
-    if (gw[MT_T_Q_BIAS]) {
-        OK(b, mt_cu_bias_grad(b->comp, gw[MT_T_Q_BIAS], b->dt, b->dq, T, Q, rs), "bias gradient");
-        OK(b, mt_cu_bias_grad(b->comp, gw[MT_T_K_BIAS], b->dt, b->dk, T, KV, rs), "bias gradient");
-        OK(b, mt_cu_bias_grad(b->comp, gw[MT_T_V_BIAS], b->dt, b->dv, T, KV, rs), "bias gradient");
-    }
-    OK(b, mt_cu_rmsnorm_bwd(b->comp, dy, gw[MT_T_ATTN_NORM], b->dxn, b->dt, x, b->dt, w[MT_T_ATTN_NORM], b->rstd1, T,
-                            C, eps, rs, NULL),
-       "rmsnorm backward");
-}
+static float *dx_of(cu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
+static const int32_t *tokens_of(cu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
+static float *grads_of(cu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc[b->gbuf]; }
 
 static void cu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
+    const mt_exec x = exec_of(b);
     void *w[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], unit_desc(b, unit), b->es);
+    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), b->es);
     const int r = unit % 2;
     if (unit == 0) {
-        OK(b, mt_cu_embedding(b->comp, b->dt, ck_at(b, 0, mb), b->tokens + (size_t)mb * b->T, b->dt, w[MT_T_EMBED],
-                              b->T, b->C, b->V),
-           "embedding");
+        b->tpl->embed_forward(&x, w, tokens_of(b, mb), ck_at(b, 0, mb));
     } else {
-        const layer_acts a = acts_of(b, unit, mb);
-        layer_forward(b, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
+        const mt_layer_acts a = acts_of(b, unit, mb);
+        b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
     }
     if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->L - 2) { // to the host, behind the next unit
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
@@ -830,86 +886,59 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     }
 }
 
-static float *grads_of(cu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc[b->gbuf]; }
-
 static void cu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
-    float *dy = b->dx + (size_t)mb * b->T * b->C;
+    const mt_exec x = exec_of(b);
     if (unit == 0) {
-        OK(b, mt_cu_embedding_bwd(b->comp, grads_of(b, 0), b->tokens + (size_t)mb * b->T, dy, b->T, b->C, b->V,
-                                  b->red_scratch),
-           "embedding backward");
+        b->tpl->embed_backward(&x, grads_of(b, 0), tokens_of(b, mb), dx_of(b, mb));
         return;
     }
     void *w[MT_T_ROLE_COUNT];
     float *gw[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], unit_desc(b, unit), b->es);
-    bind_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
-    const void *x = ck_at(b, unit - 1, mb);
-    const layer_acts a = acts_of(b, unit, mb);
-    layer_forward(b, w, x, NULL, &a);
-    layer_backward(b, w, gw, x, dy, &a);
+    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), b->es);
+    mt_bind_unit_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
+    const void *in = ck_at(b, unit - 1, mb);
+    const mt_layer_acts a = acts_of(b, unit, mb);
+    b->tpl->layer_forward(&x, w, in, NULL, &a);
+    b->tpl->layer_backward(&x, w, gw, in, dx_of(b, mb), &a);
 }
 
-// ---- the head ------------------------------------------------------------------------------
-
-static void head_run(cu_be *b, int slot, int mb, float loss_scale, int want_grad, float *logits_out)
+// The head's weights, and the LM matrix: its own or, tied, the embedding's
+// (loaded behind the head's block).
+static const void *bind_head(cu_be *b, int slot, void **w)
 {
     const mt_unit_desc *u = unit_desc(b, b->L + 1);
-    const int T = b->T, C = b->C, V = b->V;
-    const size_t es = b->es;
-    void *w[MT_T_ROLE_COUNT];
-    float *gw[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], u, es);
-    const int tied = b->m->cfg.tie_word_embeddings != 0;
-    const void *lm = tied ? (const void *)((char *)b->slots[slot] + u->padded * es) : w[MT_T_LM_HEAD];
-    const void *x = ck_at(b, b->L, mb);
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, b->xn1, b->rstd1, b->dt, x, w[MT_T_FINAL_NORM], T, C,
-                        b->m->cfg.rms_norm_eps, NULL),
-       "rmsnorm");
-    if (logits_out) { // the last position of each sequence, gathered into one small GEMM
-        const int n = b->shape.n_seq, S = b->shape.seq_len;
-        CU(b, cudaMemcpy2DAsync(b->scratch_out, (size_t)C * es, (char *)b->xn1 + (size_t)(S - 1) * C * es,
-                                (size_t)S * C * es, (size_t)C * es, (size_t)n, cudaMemcpyDeviceToDevice, b->comp));
-        linear(b, b->logits, MT_GEMM_F32, b->scratch_out, lm, NULL, n, C, V, 0.0f);
-        CU(b, cudaMemcpyAsync(logits_out, b->logits, (size_t)n * V * 4, cudaMemcpyDeviceToHost, b->comp));
-        return;
-    }
-    float *glm = NULL;
-    if (want_grad) {
-        bind_f32(gw, b->acc[b->gbuf], u);
-        glm = tied ? b->tied_acc : gw[MT_T_LM_HEAD];
-        CU(b, cudaMemsetAsync(b->dxn, 0, (size_t)T * C * 4, b->comp));
-    }
-    const int32_t *tg = b->targets + (size_t)mb * T;
-    for (int t0 = 0; t0 < T; t0 += b->chunk) {
-        const int n = MT_MIN(b->chunk, T - t0);
-        const void *xc = (const char *)b->xn1 + (size_t)t0 * C * es;
-        linear(b, b->logits, MT_GEMM_F32, xc, lm, NULL, n, C, V, 0.0f);
-        OK(b, mt_cu_cross_entropy(b->comp, b->logits, tg + t0, n, V, loss_scale, MT_IGNORE_INDEX, b->dt,
-                                  want_grad ? b->dlogits : NULL, b->d_loss, NULL, b->red_scratch, NULL),
-           "cross-entropy");
-        if (want_grad) {
-            linear_dx(b, b->dxn + (size_t)t0 * C, MT_GEMM_F32, b->dlogits, lm, n, C, V, 0.0f);
-            linear_dw(b, glm, b->dlogits, xc, n, C, V);
-        }
-    }
-    if (want_grad) {
-        float *dx = b->dx + (size_t)mb * T * C;
-        CU(b, cudaMemsetAsync(dx, 0, (size_t)T * C * 4, b->comp));
-        OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, gw[MT_T_FINAL_NORM], b->dxn, b->dt, x, b->dt, w[MT_T_FINAL_NORM],
-                                b->rstd1, T, C, b->m->cfg.rms_norm_eps, b->red_scratch, NULL),
-           "rmsnorm backward");
-    }
+    mt_bind_unit(w, b->slots[slot], u, b->es);
+    return b->req.cfg->tie_word_embeddings ? (const void *)((char *)b->slots[slot] + u->padded * b->es)
+                                           : (const void *)w[MT_T_LM_HEAD];
 }
 
 static void cu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
-    head_run((cu_be *)be, slot, mb, loss_scale, want_grad, NULL);
+    cu_be *b = (cu_be *)be;
+    const mt_exec x = exec_of(b);
+    void *w[MT_T_ROLE_COUNT];
+    float *gw[MT_T_ROLE_COUNT];
+    const void *lm = bind_head(b, slot, w);
+    float *glm = NULL;
+    memset(gw, 0, sizeof gw);
+    if (want_grad) {
+        mt_bind_unit_f32(gw, b->acc[b->gbuf], unit_desc(b, b->L + 1));
+        glm = b->tied_acc ? b->tied_acc : gw[MT_T_LM_HEAD];
+    }
+    b->tpl->head(&x, w, lm, gw, glm, ck_at(b, b->L, mb), b->targets + (size_t)mb * b->d.T, loss_scale,
+                 want_grad ? dx_of(b, mb) : NULL);
 }
 
-static void cu_head_logits(mt_be *be, int slot, int mb, float *out) { head_run((cu_be *)be, slot, mb, 0, 0, out); }
+static void cu_head_logits(mt_be *be, int slot, int mb, float *out)
+{
+    cu_be *b = (cu_be *)be;
+    const mt_exec x = exec_of(b);
+    void *w[MT_T_ROLE_COUNT];
+    const void *lm = bind_head(b, slot, w);
+    b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);
+}
 
 // ---- gradients ---------------------------------------------------------------------------------
 
@@ -981,28 +1010,41 @@ static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err
     return MT_OK;
 }
 
-static const mt_be_ops cu_ops = {
-    "CUDA",         cu_destroy,     cu_reserve,       cu_set_tokens, cu_load_weights,  cu_begin_visit,
-    cu_end_visit,   cu_forward,     cu_head,          cu_head_logits, cu_backward,     cu_begin_grads,
-    cu_send_grads,  cu_sync,        cu_trace_start,   cu_mark_head,  cu_trace_read,
-};
-
-extern "C" mt_be *mt_cuda_backend_create(mt_model *m, mt_err err)
+// The ops by name (C++ before 20 has no designated initialisers).
+static mt_be_ops cuda_ops(void)
 {
-    if (m->pol.weight_slots > MAX_SLOTS) {
-        mt_fail(err, MT_ERR_INVALID_ARGUMENT, "at most %d weight slots", MAX_SLOTS);
-        return NULL;
-    }
+    mt_be_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "CUDA";
+    o.destroy = cu_destroy;
+    o.reserve = cu_reserve;
+    o.release = cu_release;
+    o.set_tokens = cu_set_tokens;
+    o.load_weights = cu_load_weights;
+    o.begin_visit = cu_begin_visit;
+    o.end_visit = cu_end_visit;
+    o.forward = cu_forward;
+    o.head = cu_head;
+    o.head_logits = cu_head_logits;
+    o.backward = cu_backward;
+    o.begin_grads = cu_begin_grads;
+    o.send_grads = cu_send_grads;
+    o.sync = cu_sync;
+    o.trace_start = cu_trace_start;
+    o.mark_head = cu_mark_head;
+    o.trace_read = cu_trace_read;
+    return o;
+}
+
+static const mt_be_ops cu_ops = cuda_ops();
+
+static mt_status cu_create(mt_model *m, mt_be **out, mt_err err)
+{
+    *out = NULL;
     cu_be *b = (cu_be *)calloc(1, sizeof *b);
-    if (!b) {
-        mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CUDA backend");
-        return NULL;
-    }
+    if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CUDA backend");
     b->base.ops = &cu_ops;
     b->m = m;
-    b->K = (int)m->pol.weight_slots;
-    b->dt = m->cfg.precision == MT_PRECISION_FP32 ? MT_CU_F32 : MT_CU_BF16;
-    b->es = b->dt == MT_CU_BF16 ? 2 : 4;
     char why[256] = "";
     int ok = cudaSetDevice(m->pol.device) == cudaSuccess;
     ok = ok && cudaStreamCreateWithFlags(&b->h2d, cudaStreamNonBlocking) == cudaSuccess;
@@ -1020,9 +1062,12 @@ extern "C" mt_be *mt_cuda_backend_create(mt_model *m, mt_err err)
     if (!ok) snprintf(why, sizeof why, "cannot create streams and events: %s", cudaGetErrorString(cudaGetLastError()));
     if (ok && !(b->gemm = mt_gemm_create(why, sizeof why))) ok = 0;
     if (!ok) {
-        mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", why);
         cu_destroy(&b->base);
-        return NULL;
+        return mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", why);
     }
-    return &b->base;
+    b->base.device_fixed = mt_gemm_device_bytes();
+    *out = &b->base;
+    return MT_OK;
 }
+
+extern "C" const mt_be_class mt_cuda_be_class = {"CUDA", cu_needs, cu_create};

@@ -11,6 +11,8 @@
 #include <stdint.h>
 
 #define MT_ERRMSG_MAX 1024
+/* Weight slots a policy may ask for: the backends size their tables by it. */
+#define MT_MAX_WEIGHT_SLOTS 16
 
 #if defined(__GNUC__)
 #define MT_PRINTF(a, b) __attribute__((format(printf, a, b)))

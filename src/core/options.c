@@ -191,8 +191,8 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
     if (p->backend > MT_BACKEND_CUDA) return BAD("mt_offload_policy.backend %u is not an mt_backend value", p->backend);
     if (p->device < 0) return BAD("mt_offload_policy.device %d is negative", p->device);
-    if (p->weight_slots < 2 || p->weight_slots > 16)
-        return BAD("mt_offload_policy.weight_slots %u is outside [2, 16]", p->weight_slots);
+    if (p->weight_slots < 2 || p->weight_slots > MT_MAX_WEIGHT_SLOTS)
+        return BAD("mt_offload_policy.weight_slots %u is outside [2, %d]", p->weight_slots, MT_MAX_WEIGHT_SLOTS);
     if (p->numa_node < -1) return BAD("mt_offload_policy.numa_node %d: use -1 for automatic", p->numa_node);
     if (p->optimizer_threads > 4096)
         return BAD("mt_offload_policy.optimizer_threads %u is absurd", p->optimizer_threads);

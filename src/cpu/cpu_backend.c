@@ -1,14 +1,16 @@
-/* The CPU backend: every unit computed in fp32 with the ops of cpu_ops.c on
- * the model's thread pool. Weight "slots" are fp32 buffers that the bf16 (or
- * fp32) weights of a unit are copied into, so the scheduler drives the same
- * path as on a GPU; it is the reference the CUDA backend is checked against.
+/* The CPU backend: the family's layer template (model/template.h) run on
+ * kernels of cpu_ops.c, in fp32 on the model's thread pool. Weight "slots"
+ * are fp32 buffers that the bf16 (or fp32) weights of a unit are copied
+ * into, so the scheduler drives the same path as on a GPU; it is the
+ * reference the CUDA backend is checked against.
  *
- * Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
- * KV = Hkv*D, F MLP width, V vocabulary. */
+ * Every call runs when issued: there are no streams to order and nothing to
+ * wait for, and the kernels cannot fail once reserve() has allocated. */
 #include "engine/backend.h"
+#include "engine/model.h"
+#include "model/template.h"
 #include "optim/adamw.h"
 #include "cpu/cpu_ops.h"
-#include "engine/model.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,111 +20,295 @@
 
 typedef struct cpu_be {
     mt_be base;
-    mt_model *m;
-    mt_be_shape shape;
-    int T, C, Q, KV, F, V, H, Hkv, D, L;
+    mt_model *m;          /* tiles and pool; NULL in a backend that only counts */
+    mt_pool *pool;
+    const mt_template *tpl;
+    mt_be_request req;
+    mt_dims d;
+    mt_work w;
+    int L;
     size_t slot_elems;
-    float *slots[16];
-    float *acc;      /* (largest unit) fp32 gradient accumulator */
-    float *tied_acc; /* (V, C) embedding gradients when the head shares them */
-    float *ck;       /* (L+1, n_micro, T, C) checkpoints: the output of units 0..L */
-    float *dx;       /* (n_micro, T, C) gradient of the hidden state */
+    float *slots[MT_MAX_WEIGHT_SLOTS];
+    float *acc;                /* (largest unit) fp32 gradient accumulator */
+    float *tied_acc;           /* (V, C) embedding gradients when the head shares them */
+    float *ck;                 /* (L+1, n_micro, T, C) checkpoints: the output of units 0..L */
+    float *dx;                 /* (n_micro, T, C) gradient of the hidden state */
     int32_t *tokens, *targets; /* (n_micro, T) */
-    int32_t *pos;    /* (T) position of each token in its sequence */
-    float *inv_freq; /* (D/2) */
-    /* one layer's saved activations and gradients, (T, .) each */
-    float *xn1, *q, *k, *v, *att, *lse, *h, *xn2, *g, *u, *a, *rstd1, *rstd2;
-    float *dxn, *dq, *dk, *dv, *datt, *dg, *du, *da;
-    float *logits;   /* (HEAD_CHUNK, V) */
-    void *ws;
+    int32_t *pos;              /* (T) position of each token in its sequence */
+    float *inv_freq;           /* (D/2) */
+    void *ws;                  /* the ops' per-thread workspace */
     double loss_sum, sumsq;
 } cpu_be;
 
+/* ---- kernels ---------------------------------------------------------------------- */
+
+static mt_pool *P(void *kc) { return ((cpu_be *)kc)->pool; }
+static void *WS(void *kc) { return ((cpu_be *)kc)->ws; }
+
+static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps)
+{
+    mt_cpu_rmsnorm(P(kc), y, rstd, x, w, T, C, eps);
+}
+
+static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
+                          const float *rstd, int T, int C, float eps)
+{
+    mt_cpu_rmsnorm_bwd(P(kc), dx, dw, dy, x, w, rstd, T, C, eps);
+}
+
+static void k_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
+                     int accumulate)
+{
+    (void)out_f32; /* every buffer is fp32 here */
+    mt_cpu_matmul(P(kc), WS(kc), y, x, W, bias, M, K, N, accumulate);
+}
+
+static void k_linear_dx(void *kc, void *dx, int out_f32, const void *dy, const void *W, int M, int K, int N,
+                        int accumulate)
+{
+    (void)out_f32;
+    mt_cpu_matmul_bwd(P(kc), WS(kc), dx, NULL, NULL, dy, NULL, W, M, K, N, accumulate);
+}
+
+static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const void *x, int M, int K, int N)
+{
+    mt_cpu_matmul_bwd(P(kc), WS(kc), NULL, dW, db, dy, x, NULL, M, K, N, 0);
+}
+
+static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
+{
+    cpu_be *b = kc;
+    mt_cpu_rope(b->pool, x, b->pos, b->inv_freq, T, nh, D, inverse);
+}
+
+static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
+                        int seq_len, int H, int Hkv, int D, float scale)
+{
+    mt_cpu_attention(P(kc), WS(kc), out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+}
+
+static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
+                            int H, int Hkv, int D, float scale)
+{
+    mt_cpu_attention_bwd(P(kc), WS(kc), dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+}
+
+static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
+{
+    mt_cpu_swiglu(P(kc), out, gate, up, n);
+}
+
+static void k_swiglu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                         size_t n)
+{
+    mt_cpu_swiglu_bwd(P(kc), dgate, dup, dout, gate, up, n);
+}
+
+static void k_copy(void *kc, void *dst, const void *src, size_t n)
+{
+    (void)kc;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void k_last_rows(void *kc, void *rows, const void *src, int n, int stride, int C)
+{
+    (void)kc;
+    for (int i = 0; i < n; i++)
+        memcpy((float *)rows + (size_t)i * C, (const float *)src + ((size_t)(i + 1) * stride - 1) * C,
+               (size_t)C * sizeof(float));
+}
+
+static const void *k_as_act(void *kc, void *scratch, const float *src, size_t n)
+{
+    (void)kc, (void)scratch, (void)n;
+    return src; /* fp32 already */
+}
+
+static void k_zero(void *kc, void *p, size_t bytes)
+{
+    (void)kc;
+    memset(p, 0, bytes);
+}
+
+static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V)
+{
+    (void)V;
+    mt_cpu_embedding(P(kc), out, tokens, wte, T, C);
+}
+
+static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V)
+{
+    mt_cpu_embedding_bwd(P(kc), dwte, tokens, dout, T, C, V);
+}
+
+static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale)
+{
+    cpu_be *b = kc;
+    /* in place: logits become the gradient */
+    b->loss_sum += mt_cpu_cross_entropy(b->pool, logits, targets, n, V, dscale, MT_IGNORE_INDEX, NULL);
+    if (dlogits) memcpy(dlogits, logits, (size_t)n * V * sizeof(float));
+}
+
+static void k_to_host(void *kc, float *dst, const float *src, size_t n)
+{
+    (void)kc;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static const mt_kernels cpu_kernels = {
+    .rmsnorm = k_rmsnorm,
+    .rmsnorm_bwd = k_rmsnorm_bwd,
+    .linear = k_linear,
+    .linear_dx = k_linear_dx,
+    .linear_dw = k_linear_dw,
+    .rope = k_rope,
+    .attention = k_attention,
+    .attention_bwd = k_attention_bwd,
+    .swiglu = k_swiglu,
+    .swiglu_bwd = k_swiglu_bwd,
+    .copy = k_copy,
+    .last_rows = k_last_rows,
+    .as_act = k_as_act,
+    .zero = k_zero,
+    .embedding = k_embedding,
+    .embedding_bwd = k_embedding_bwd,
+    .cross_entropy = k_cross_entropy,
+    .to_host = k_to_host,
+};
+
+/* ---- memory -------------------------------------------------------------------------- */
+
+/* Every buffer reserve() allocates, with its bytes: counting (needs) and
+ * allocating (reserve) walk this one list. */
+typedef struct buf_list {
+    void **where[64 + MT_WORK_MAX_BUFS];
+    size_t bytes[64 + MT_WORK_MAX_BUFS];
+    int n;
+    uint64_t checkpoint_bytes;
+} buf_list;
+
+static void add(buf_list *l, void *where, size_t bytes)
+{
+    l->where[l->n] = where;
+    l->bytes[l->n++] = MT_MAX(bytes, (size_t)1);
+}
+
+/* The sizes of b->req's micro-batch. */
+static void set_dims(cpu_be *b)
+{
+    const mt_model_config *c = b->req.cfg;
+    const mt_be_shape *s = &b->req.shape;
+    mt_dims *d = &b->d;
+    memset(d, 0, sizeof *d);
+    d->n_seq = s->n_seq, d->seq_len = s->seq_len, d->T = s->n_seq * s->seq_len;
+    d->C = (int)c->hidden_size, d->H = (int)c->num_attention_heads, d->Hkv = (int)c->num_key_value_heads;
+    d->D = (int)c->head_dim, d->Q = d->H * d->D, d->KV = d->Hkv * d->D;
+    d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
+    d->es = sizeof(float);
+    d->FT = d->T; /* the whole MLP at once */
+    d->chunk = MT_MIN(d->T, HEAD_CHUNK);
+    d->eps = c->rms_norm_eps;
+    d->attn_scale = 1.0f / sqrtf((float)d->D);
+    b->L = (int)c->num_hidden_layers;
+    b->tpl = mt_template_for(c);
+}
+
+static void list_buffers(cpu_be *b, buf_list *l)
+{
+    const mt_layout *lo = b->req.layout;
+    const mt_be_shape *s = &b->req.shape;
+    const mt_dims *d = &b->d;
+    const size_t T = (size_t)d->T, C = (size_t)d->C, M = (size_t)s->n_micro, f = sizeof(float);
+    const int tied = b->req.cfg->tie_word_embeddings != 0;
+    const mt_unit_desc *embed = &lo->units[0], *head = &lo->units[b->L + 1];
+    l->n = 0;
+    b->slot_elems = lo->largest_unit_padded;
+    if (tied) b->slot_elems = MT_MAX(b->slot_elems, head->padded + embed->padded);
+    for (uint32_t i = 0; i < b->req.pol->weight_slots; i++) add(l, &b->slots[i], b->slot_elems * f);
+    add(l, &b->acc, lo->largest_unit_padded * f);
+    if (tied) add(l, &b->tied_acc, embed->padded * f);
+    l->checkpoint_bytes = ((size_t)b->L + 1) * M * T * C * f;
+    add(l, &b->ck, l->checkpoint_bytes);
+    if (s->want_grad) add(l, &b->dx, M * T * C * f);
+    add(l, &b->tokens, M * T * sizeof(int32_t));
+    add(l, &b->targets, M * T * sizeof(int32_t));
+    add(l, &b->pos, T * sizeof(int32_t));
+    add(l, &b->inv_freq, (size_t)d->D / 2 * f);
+    add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
+    mt_work_buf wb[MT_WORK_MAX_BUFS];
+    const int n = b->tpl->work(d, s->want_grad, wb);
+    for (int i = 0; i < n; i++) add(l, (char *)&b->w + wb[i].field, (size_t)wb[i].elems * f);
+}
+
 static void free_buffers(cpu_be *b)
 {
-    float **bufs[] = {&b->acc, &b->tied_acc, &b->ck, &b->dx, &b->inv_freq, &b->xn1, &b->q, &b->k, &b->v, &b->att,
-                      &b->lse, &b->h, &b->xn2, &b->g, &b->u, &b->a, &b->rstd1, &b->rstd2, &b->dxn, &b->dq, &b->dk,
-                      &b->dv, &b->datt, &b->dg, &b->du, &b->da, &b->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        free(*bufs[i]);
-        *bufs[i] = NULL;
+    buf_list l;
+    list_buffers(b, &l);
+    for (int i = 0; i < l.n; i++) {
+        free(*l.where[i]);
+        *l.where[i] = NULL;
     }
-    for (int s = 0; s < 16; s++) {
-        free(b->slots[s]);
-        b->slots[s] = NULL;
-    }
-    free(b->tokens);
-    free(b->targets);
-    free(b->pos);
-    free(b->ws);
-    b->tokens = b->targets = b->pos = NULL;
-    b->ws = NULL;
+    memset(&b->base.held, 0, sizeof b->base.held);
 }
+
+static void count(const buf_list *l, mt_be_needs *n)
+{
+    memset(n, 0, sizeof *n);
+    for (int i = 0; i < l->n; i++) n->host_bytes += l->bytes[i];
+    n->checkpoint_bytes = l->checkpoint_bytes;
+    n->activations = MT_PLACE_HOST;
+}
+
+static mt_status cpu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
+{
+    cpu_be b;
+    memset(&b, 0, sizeof b);
+    b.req = *r;
+    set_dims(&b);
+    if (!b.tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CPU backend has no layer template for this architecture");
+    buf_list l;
+    list_buffers(&b, &l);
+    count(&l, n);
+    return MT_OK;
+}
+
+/* ---- the backend --------------------------------------------------------------------- */
 
 static void cpu_destroy(mt_be *be)
 {
     cpu_be *b = (cpu_be *)be;
-    free_buffers(b);
+    if (b->tpl) free_buffers(b);
     free(b);
 }
 
-static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
+static void cpu_release(mt_be *be)
+{
+    cpu_be *b = (cpu_be *)be;
+    if (b->tpl) free_buffers(b);
+}
 
 static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 {
     cpu_be *b = (cpu_be *)be;
-    free_buffers(b);
-    const mt_model_config *c = &b->m->cfg;
-    const mt_layout *lo = &b->m->layout;
-    b->shape = *s;
-    b->T = s->n_seq * s->seq_len;
-    b->C = (int)c->hidden_size;
-    b->H = (int)c->num_attention_heads;
-    b->Hkv = (int)c->num_key_value_heads;
-    b->D = (int)c->head_dim;
-    b->Q = b->H * b->D;
-    b->KV = b->Hkv * b->D;
-    b->F = (int)c->intermediate_size;
-    b->V = (int)c->vocab_size;
-    b->L = (int)c->num_hidden_layers;
-    const size_t T = (size_t)b->T, C = (size_t)b->C, Q = (size_t)b->Q, KV = (size_t)b->KV, F = (size_t)b->F;
-    const int tied = c->tie_word_embeddings != 0;
-    const mt_unit_desc *embed = unit_desc(b, 0), *head = unit_desc(b, b->L + 1);
-
-    b->slot_elems = lo->largest_unit_padded;
-    if (tied) b->slot_elems = MT_MAX(b->slot_elems, head->padded + embed->padded);
-    int ok = 1;
-#define ALLOC(p, n) (ok = ok && ((p) = malloc(MT_MAX((size_t)(n), (size_t)1) * sizeof *(p))) != NULL)
-    for (uint32_t i = 0; i < b->m->pol.weight_slots; i++) ALLOC(b->slots[i], b->slot_elems);
-    ALLOC(b->acc, lo->largest_unit_padded);
-    if (tied) ALLOC(b->tied_acc, embed->padded);
-    ALLOC(b->ck, ((size_t)b->L + 1) * (size_t)s->n_micro * T * C);
-    if (s->want_grad) ALLOC(b->dx, (size_t)s->n_micro * T * C);
-    ALLOC(b->tokens, (size_t)s->n_micro * T);
-    ALLOC(b->targets, (size_t)s->n_micro * T);
-    ALLOC(b->pos, T);
-    ALLOC(b->inv_freq, (size_t)b->D / 2);
-    ALLOC(b->xn1, T * C); ALLOC(b->q, T * Q); ALLOC(b->k, T * KV); ALLOC(b->v, T * KV);
-    ALLOC(b->att, T * Q); ALLOC(b->lse, T * (size_t)b->H); ALLOC(b->h, T * C); ALLOC(b->xn2, T * C);
-    ALLOC(b->g, T * F); ALLOC(b->u, T * F); ALLOC(b->a, T * F); ALLOC(b->rstd1, T); ALLOC(b->rstd2, T);
-    if (s->want_grad) {
-        ALLOC(b->dxn, T * C); ALLOC(b->dq, T * Q); ALLOC(b->dk, T * KV); ALLOC(b->dv, T * KV);
-        ALLOC(b->datt, T * Q); ALLOC(b->dg, T * F); ALLOC(b->du, T * F); ALLOC(b->da, T * F);
-    }
-    ALLOC(b->logits, (size_t)HEAD_CHUNK * (size_t)b->V);
-    b->ws = malloc(mt_cpu_ws_size(mt_pool_size(b->m->pool), s->seq_len));
-    ok = ok && b->ws;
-#undef ALLOC
-    if (!ok) {
-        free_buffers(b);
-        char b1[32];
-        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CPU backend's %s of activations",
-                       mt_fmt_bytes(b1, sizeof b1, ((size_t)b->L + 1) * (size_t)s->n_micro * T * C * 4));
-    }
-    for (int t = 0; t < b->T; t++) b->pos[t] = t % s->seq_len;
-    mt_rope_params rp = {c->rope_theta, c->rope_scaling == MT_ROPE_SCALING_LLAMA3, c->rope_factor,
-                         c->rope_low_freq_factor, c->rope_high_freq_factor, (int)c->rope_original_max_position};
-    mt_rope_inv_freq(b->inv_freq, b->D, &rp);
+    cpu_release(be);
+    b->req = mt_be_request_of(b->m, s);
+    set_dims(b);
+    if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CPU backend has no layer template for this architecture");
+    buf_list l;
+    list_buffers(b, &l);
+    for (int i = 0; i < l.n; i++)
+        if (!(*l.where[i] = malloc(l.bytes[i]))) {
+            free_buffers(b);
+            char b1[32];
+            mt_be_needs n;
+            count(&l, &n);
+            return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CPU backend's %s",
+                           mt_fmt_bytes(b1, sizeof b1, n.host_bytes));
+        }
+    count(&l, &b->base.held);
+    for (int t = 0; t < b->d.T; t++) b->pos[t] = t % s->seq_len;
+    mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg);
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
 }
@@ -130,9 +316,12 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets)
 {
     cpu_be *b = (cpu_be *)be;
-    memcpy(b->tokens + (size_t)mb * b->T, tokens, (size_t)b->T * sizeof *tokens);
-    if (targets) memcpy(b->targets + (size_t)mb * b->T, targets, (size_t)b->T * sizeof *targets);
+    const size_t T = (size_t)b->d.T;
+    memcpy(b->tokens + (size_t)mb * T, tokens, T * sizeof *tokens);
+    if (targets) memcpy(b->targets + (size_t)mb * T, targets, T * sizeof *targets);
 }
+
+static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
 
 /* A unit's weights into a slot in fp32: from the tile's bf16 block, or in
  * fp32 mode from the master. */
@@ -141,8 +330,8 @@ static void copy_unit(cpu_be *b, float *dst, int unit)
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
     const uint16_t *w = mt_tile_weights_bf16(t, u);
-    if (w) mt_cpu_convert(b->m->pool, dst, 0, w, 1, u->padded);
-    else mt_cpu_convert(b->m->pool, dst, 0, mt_tile_master(t, u), 0, u->padded);
+    if (w) mt_cpu_convert(b->pool, dst, 0, w, 1, u->padded);
+    else mt_cpu_convert(b->pool, dst, 0, mt_tile_master(t, u), 0, u->padded);
 }
 
 static void cpu_load_weights(mt_be *be, int slot, int unit)
@@ -157,143 +346,80 @@ static void cpu_load_weights(mt_be *be, int slot, int unit)
 static void cpu_begin_visit(mt_be *be, int slot, int unit, int phase) { (void)be, (void)slot, (void)unit, (void)phase; }
 static void cpu_end_visit(mt_be *be, int slot) { (void)be, (void)slot; }
 
-/* Pointers to each tensor of a unit inside a block laid out like its tile. */
-static void bind(float **w, float *block, const mt_unit_desc *u)
-{
-    memset(w, 0, MT_T_ROLE_COUNT * sizeof *w);
-    for (int i = 0; i < u->n_tensors; i++) w[u->tensors[i].role] = block + u->tensors[i].offset;
-}
-
 static float *ck_at(cpu_be *b, int idx, int mb)
 {
-    return b->ck + ((size_t)idx * (size_t)b->shape.n_micro + (size_t)mb) * (size_t)b->T * (size_t)b->C;
+    return b->ck + ((size_t)idx * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->d.T * (size_t)b->d.C;
 }
 
-/* A decoder layer's forward, leaving in the buffers of b everything the
- * backward needs: x (T, C) -> out (T, C). The backward's recompute passes
- * out NULL: the down projection only makes the output, which it never reads. */
-static void layer_forward(cpu_be *b, float *const *w, const float *x, float *out)
-{
-    mt_pool *p = b->m->pool;
-    const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F;
-    const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
-    mt_cpu_rmsnorm(p, b->xn1, b->rstd1, x, w[MT_T_ATTN_NORM], T, C, eps);
-    mt_cpu_matmul(p, b->ws, b->q, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, Q, 0);
-    mt_cpu_matmul(p, b->ws, b->k, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, KV, 0);
-    mt_cpu_matmul(p, b->ws, b->v, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, KV, 0);
-    mt_cpu_rope(p, b->q, b->pos, b->inv_freq, T, b->H, b->D, 0);
-    mt_cpu_rope(p, b->k, b->pos, b->inv_freq, T, b->Hkv, b->D, 0);
-    mt_cpu_attention(p, b->ws, b->att, b->lse, b->q, b->k, b->v, b->shape.n_seq, b->shape.seq_len, b->H, b->Hkv, b->D,
-                     scale);
-    memcpy(b->h, x, (size_t)T * C * sizeof(float));
-    mt_cpu_matmul(p, b->ws, b->h, b->att, w[MT_T_O], NULL, T, Q, C, 1);
-    mt_cpu_rmsnorm(p, b->xn2, b->rstd2, b->h, w[MT_T_MLP_NORM], T, C, eps);
-    mt_cpu_matmul(p, b->ws, b->g, b->xn2, w[MT_T_GATE], NULL, T, C, F, 0);
-    mt_cpu_matmul(p, b->ws, b->u, b->xn2, w[MT_T_UP], NULL, T, C, F, 0);
-    mt_cpu_swiglu(p, b->a, b->g, b->u, (size_t)T * F);
-    if (!out) return;
-    memcpy(out, b->h, (size_t)T * C * sizeof(float));
-    mt_cpu_matmul(p, b->ws, out, b->a, w[MT_T_DOWN], NULL, T, F, C, 1);
-}
+static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
+static const int32_t *tokens_of(cpu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
+static mt_exec exec_of(cpu_be *b) { return (mt_exec){&cpu_kernels, b, &b->d, &b->w}; }
 
-/* The layer's backward after layer_forward(x): dy (T, C) holds the output
- * gradient on entry and the input gradient on return; weight gradients add
- * into gw. */
-static void layer_backward(cpu_be *b, float *const *w, float *const *gw, const float *x, float *dy)
-{
-    mt_pool *p = b->m->pool;
-    const int T = b->T, C = b->C, Q = b->Q, KV = b->KV, F = b->F;
-    const float eps = b->m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)b->D);
-    /* out = h + a Wd^T: dh = dy (kept in dy), da = dy Wd */
-    mt_cpu_matmul_bwd(p, b->ws, b->da, gw[MT_T_DOWN], NULL, dy, b->a, w[MT_T_DOWN], T, F, C, 0);
-    mt_cpu_swiglu_bwd(p, b->dg, b->du, b->da, b->g, b->u, (size_t)T * F);
-    mt_cpu_matmul_bwd(p, b->ws, b->dxn, gw[MT_T_GATE], NULL, b->dg, b->xn2, w[MT_T_GATE], T, C, F, 0);
-    mt_cpu_matmul_bwd(p, b->ws, b->dxn, gw[MT_T_UP], NULL, b->du, b->xn2, w[MT_T_UP], T, C, F, 1);
-    mt_cpu_rmsnorm_bwd(p, dy, gw[MT_T_MLP_NORM], b->dxn, b->h, w[MT_T_MLP_NORM], b->rstd2, T, C, eps);
-    /* h = x + att Wo^T: dx = dh, datt = dh Wo */
-    mt_cpu_matmul_bwd(p, b->ws, b->datt, gw[MT_T_O], NULL, dy, b->att, w[MT_T_O], T, Q, C, 0);
-    mt_cpu_attention_bwd(p, b->ws, b->dq, b->dk, b->dv, b->datt, b->att, b->lse, b->q, b->k, b->v, b->shape.n_seq,
-                         b->shape.seq_len, b->H, b->Hkv, b->D, scale);
-    mt_cpu_rope(p, b->dq, b->pos, b->inv_freq, T, b->H, b->D, 1);
-    mt_cpu_rope(p, b->dk, b->pos, b->inv_freq, T, b->Hkv, b->D, 1);
-    mt_cpu_matmul_bwd(p, b->ws, b->dxn, gw[MT_T_Q], gw[MT_T_Q_BIAS], b->dq, b->xn1, w[MT_T_Q], T, C, Q, 0);
-    mt_cpu_matmul_bwd(p, b->ws, b->dxn, gw[MT_T_K], gw[MT_T_K_BIAS], b->dk, b->xn1, w[MT_T_K], T, C, KV, 1);
-    mt_cpu_matmul_bwd(p, b->ws, b->dxn, gw[MT_T_V], gw[MT_T_V_BIAS], b->dv, b->xn1, w[MT_T_V], T, C, KV, 1);
-    mt_cpu_rmsnorm_bwd(p, dy, gw[MT_T_ATTN_NORM], b->dxn, x, w[MT_T_ATTN_NORM], b->rstd1, T, C, eps);
-}
+/* The layer's activations all live in the work buffers: nothing is kept. */
+static mt_layer_acts acts_of(cpu_be *b) { return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0}; }
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    float *w[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], unit_desc(b, unit));
-    if (unit == 0)
-        mt_cpu_embedding(b->m->pool, ck_at(b, 0, mb), b->tokens + (size_t)mb * b->T, w[MT_T_EMBED], b->T, b->C);
-    else
-        layer_forward(b, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb));
+    const mt_exec x = exec_of(b);
+    void *w[MT_T_ROLE_COUNT];
+    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
+    if (unit == 0) {
+        b->tpl->embed_forward(&x, w, tokens_of(b, mb), ck_at(b, 0, mb));
+    } else {
+        const mt_layer_acts a = acts_of(b);
+        b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
+    }
 }
 
 static void cpu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    float *gw[MT_T_ROLE_COUNT];
-    const mt_unit_desc *u = unit_desc(b, unit);
+    const mt_exec x = exec_of(b);
     if (unit == 0) {
-        float *acc = b->tied_acc ? b->tied_acc : b->acc;
-        mt_cpu_embedding_bwd(b->m->pool, acc, b->tokens + (size_t)mb * b->T, b->dx + (size_t)mb * b->T * b->C, b->T,
-                             b->C, b->V);
+        b->tpl->embed_backward(&x, b->tied_acc ? b->tied_acc : b->acc, tokens_of(b, mb), dx_of(b, mb));
         return;
     }
-    float *w[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], u);
-    bind(gw, b->acc, u);
-    const float *x = ck_at(b, unit - 1, mb);
-    layer_forward(b, w, x, NULL);
-    layer_backward(b, w, gw, x, b->dx + (size_t)mb * b->T * b->C);
+    void *w[MT_T_ROLE_COUNT];
+    float *gw[MT_T_ROLE_COUNT];
+    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
+    mt_bind_unit_f32(gw, b->acc, unit_desc(b, unit));
+    const float *in = ck_at(b, unit - 1, mb);
+    const mt_layer_acts a = acts_of(b);
+    b->tpl->layer_forward(&x, w, in, NULL, &a);
+    b->tpl->layer_backward(&x, w, gw, in, dx_of(b, mb), &a);
 }
 
-/* The final norm and the LM head over chunks of tokens: no (T, V) tensor. */
-static void head_run(cpu_be *b, int slot, int mb, float loss_scale, int want_grad, float *logits_out)
+/* The head's weights, and the LM matrix: its own or, tied, the embedding's
+ * (loaded behind the head's block). */
+static const void *bind_head(cpu_be *b, int slot, void **w)
 {
-    mt_pool *p = b->m->pool;
     const mt_unit_desc *u = unit_desc(b, b->L + 1);
-    const int T = b->T, C = b->C, V = b->V;
-    float *w[MT_T_ROLE_COUNT], *gw[MT_T_ROLE_COUNT];
-    bind(w, b->slots[slot], u);
-    bind(gw, b->acc, u);
-    const float *lm = b->m->cfg.tie_word_embeddings ? b->slots[slot] + u->padded : w[MT_T_LM_HEAD];
-    float *glm = b->m->cfg.tie_word_embeddings ? b->tied_acc : gw[MT_T_LM_HEAD];
-    const float *x = ck_at(b, b->L, mb);
-    mt_cpu_rmsnorm(p, b->xn1, b->rstd1, x, w[MT_T_FINAL_NORM], T, C, b->m->cfg.rms_norm_eps);
-    if (logits_out) { /* the last position of each sequence: rows seq_len - 1 apart, one GEMM */
-        const size_t S = (size_t)b->shape.seq_len;
-        mt_cpu_gemm(p, b->ws, 0, 1, b->shape.n_seq, V, C, b->xn1 + (S - 1) * C, S * C, lm, C, logits_out, V, NULL, 0);
-        return;
-    }
-    const int32_t *tg = b->targets + (size_t)mb * T;
-    if (want_grad) memset(b->dxn, 0, (size_t)T * C * sizeof(float));
-    for (int t0 = 0; t0 < T; t0 += HEAD_CHUNK) {
-        int n = MT_MIN(HEAD_CHUNK, T - t0);
-        const float *xc = b->xn1 + (size_t)t0 * C;
-        mt_cpu_matmul(p, b->ws, b->logits, xc, lm, NULL, n, C, V, 0);
-        b->loss_sum += mt_cpu_cross_entropy(p, b->logits, tg + t0, n, V, loss_scale, MT_IGNORE_INDEX, NULL);
-        if (want_grad)
-            mt_cpu_matmul_bwd(p, b->ws, b->dxn + (size_t)t0 * C, glm, NULL, b->logits, xc, lm, n, C, V, 0);
-    }
-    if (want_grad) {
-        float *dx = b->dx + (size_t)mb * T * C;
-        memset(dx, 0, (size_t)T * C * sizeof(float));
-        mt_cpu_rmsnorm_bwd(p, dx, gw[MT_T_FINAL_NORM], b->dxn, x, w[MT_T_FINAL_NORM], b->rstd1, T, C,
-                           b->m->cfg.rms_norm_eps);
-    }
+    mt_bind_unit(w, b->slots[slot], u, sizeof(float));
+    return b->m->cfg.tie_word_embeddings ? (const void *)(b->slots[slot] + u->padded) : w[MT_T_LM_HEAD];
 }
 
 static void cpu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
-    head_run((cpu_be *)be, slot, mb, loss_scale, want_grad, NULL);
+    cpu_be *b = (cpu_be *)be;
+    const mt_exec x = exec_of(b);
+    void *w[MT_T_ROLE_COUNT];
+    float *gw[MT_T_ROLE_COUNT];
+    const void *lm = bind_head(b, slot, w);
+    mt_bind_unit_f32(gw, b->acc, unit_desc(b, b->L + 1));
+    float *glm = b->tied_acc ? b->tied_acc : gw[MT_T_LM_HEAD];
+    b->tpl->head(&x, w, lm, gw, glm, ck_at(b, b->L, mb), b->targets + (size_t)mb * b->d.T, loss_scale,
+                 want_grad ? dx_of(b, mb) : NULL);
 }
 
-static void cpu_head_logits(mt_be *be, int slot, int mb, float *out) { head_run((cpu_be *)be, slot, mb, 0, 0, out); }
+static void cpu_head_logits(mt_be *be, int slot, int mb, float *out)
+{
+    cpu_be *b = (cpu_be *)be;
+    const mt_exec x = exec_of(b);
+    void *w[MT_T_ROLE_COUNT];
+    const void *lm = bind_head(b, slot, w);
+    b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);
+}
 
 static void cpu_begin_grads(mt_be *be, int unit)
 {
@@ -308,11 +434,11 @@ static void cpu_send_grads(mt_be *be, int unit)
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
     const float *src = unit == 0 && b->tied_acc ? b->tied_acc : b->acc;
-    b->sumsq += mt_sumsq_f32(b->m->pool, src, u->padded);
+    b->sumsq += mt_sumsq_f32(b->pool, src, u->padded);
     /* bf16 mode: into the weight block, which this step no longer reads */
     uint16_t *w = mt_tile_weights_bf16(t, u);
-    if (w) mt_cpu_convert(b->m->pool, w, 1, src, 0, u->padded);
-    else mt_cpu_convert(b->m->pool, mt_tile_grad_f32(t, u), 0, src, 0, u->padded);
+    if (w) mt_cpu_convert(b->pool, w, 1, src, 0, u->padded);
+    else mt_cpu_convert(b->pool, mt_tile_grad_f32(t, u), 0, src, 0, u->padded);
 }
 
 static mt_status cpu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err)
@@ -329,6 +455,7 @@ static const mt_be_ops cpu_ops = {
     .name = "CPU",
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
+    .release = cpu_release,
     .set_tokens = cpu_set_tokens,
     .load_weights = cpu_load_weights,
     .begin_visit = cpu_begin_visit,
@@ -342,11 +469,19 @@ static const mt_be_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
-mt_be *mt_cpu_backend_create(mt_model *m)
+static mt_status cpu_create(mt_model *m, mt_be **out, mt_err err)
 {
     cpu_be *b = calloc(1, sizeof *b);
-    if (!b) return NULL;
+    if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CPU backend");
     b->base.ops = &cpu_ops;
     b->m = m;
-    return &b->base;
+    b->pool = m->pool;
+    *out = &b->base;
+    return MT_OK;
 }
+
+const mt_be_class mt_cpu_be_class = {
+    .name = "CPU",
+    .needs = cpu_needs,
+    .create = cpu_create,
+};

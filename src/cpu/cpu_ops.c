@@ -348,32 +348,6 @@ void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq
     mt_pool_run(p, a.nt, rope_task, &a);
 }
 
-void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp)
-{
-    /* The fp32 tensor operations of transformers, one rounding each: a
-     * Python scalar meets a float32 tensor as a float32, and s / t is
-     * t.reciprocal() * s. */
-    const float two_pi = (float)(2.0 * 3.14159265358979323846);
-    const float old_len = (float)rp->original_max_position;
-    const float low_wavelen = (float)((double)rp->original_max_position / rp->low_freq_factor);
-    const float high_wavelen = (float)((double)rp->original_max_position / rp->high_freq_factor);
-    const float span = (float)((double)rp->high_freq_factor - (double)rp->low_freq_factor);
-    for (int i = 0; i < D / 2; i++) {
-        float f = 1.0f / powf(rp->theta, (float)(2 * i) / (float)D);
-        if (rp->llama3) {
-            const float wavelen = (1.0f / f) * two_pi;
-            const float scaled = wavelen > low_wavelen ? f / rp->factor : f;
-            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-                const float smooth = ((1.0f / wavelen) * old_len - rp->low_freq_factor) / span;
-                f = (1.0f - smooth) * scaled / rp->factor + smooth * scaled;
-            } else {
-                f = scaled;
-            }
-        }
-        inv_freq[i] = f;
-    }
-}
-
 /* ---- attention ----------------------------------------------------------------- */
 
 typedef struct {

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "core/threadpool.h"
+#include "model/rope.h"
 
 /* ---- scratch ------------------------------------------------------------ */
 
@@ -102,16 +103,6 @@ void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const
  * x (T, nh, D), pos (T), inv_freq (D/2); D even. */
 void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int inverse);
 
-/* inv_freq[D/2] as transformers computes it in fp32:
- * 1 / theta ** (arange(0, D, 2) / D), then, if llama3, its
- * _compute_llama3_parameters with the four parameters below. */
-typedef struct mt_rope_params {
-    float theta;
-    int llama3;
-    float factor, low_freq_factor, high_freq_factor;
-    int original_max_position;
-} mt_rope_params;
-void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp);
 
 /* ---- attention -------------------------------------------------------------- */
 

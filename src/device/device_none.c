@@ -2,8 +2,6 @@
 #include "device/device.h"
 
 #ifndef MT_HAVE_CUDA
-#include "engine/backend.h"
-
 #include <stdio.h>
 
 int mt_device_count(char *why, size_t why_len)
@@ -30,13 +28,6 @@ int mt_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
     (void)device;
     *free_bytes = *total_bytes = 0;
     return -1;
-}
-
-mt_be *mt_cuda_backend_create(mt_model *m, mt_err err)
-{
-    (void)m;
-    mt_fail(err, MT_ERR_NO_DEVICE, "this library was built without CUDA");
-    return NULL;
 }
 
 int mt_device_name(int device, char *buf, size_t len)

@@ -1,5 +1,7 @@
 /* The private interface between the scheduler (engine.c) and a compute
- * backend (CPU: cpu_backend.c; CUDA: cuda/). The scheduler decides the order
+ * backend (CPU: src/cpu/cpu_backend.c; CUDA: cuda/backend/). Backends run
+ * a family's layer template (model/template.h) on their kernels; they own
+ * memory and ordering, the template owns the arithmetic. The scheduler decides the order
  * of everything: which unit's weights go into which slot when, which
  * micro-batch runs through which unit, when gradients go back. A backend
  * owns the memory of the computation (weight slots, activation checkpoints,
@@ -21,6 +23,7 @@
 #include "engine/timeline.h"
 
 typedef struct mt_be mt_be;
+typedef struct mt_model mt_model;
 
 typedef struct mt_be_shape {
     int n_seq;     /* sequences per micro-batch */
@@ -29,12 +32,58 @@ typedef struct mt_be_shape {
     int want_grad; /* training (grad buffers) or evaluation only */
 } mt_be_shape;
 
+/* What a backend is asked to hold: a model (validated config and policy,
+ * its layout) and a batch shape. */
+typedef struct mt_be_request {
+    const mt_model_config *cfg;
+    const mt_offload_policy *pol;
+    const mt_layout *layout;
+    mt_be_shape shape;
+    uint64_t gpu_free;         /* the device's free bytes before the backend allocates anything (0: unknown, the
+                                * budget is assumed free) */
+    int threads;               /* the CPU threads that compute (the CPU backend's scratch is per thread) */
+    uint32_t mlp_piece_tokens; /* tests: the MLP's tokens per piece (0: the backend's own rule) */
+    uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
+} mt_be_request;
+
+/* A backend's memory for a request, counted by the code that allocates it
+ * (so a plan and an allocation cannot disagree). Bytes by tier; the
+ * checkpoints are part of whichever tier holds them. */
+typedef struct mt_be_needs {
+    uint64_t device_bytes;     /* GPU memory, its libraries' workspaces included */
+    uint64_t pinned_bytes;     /* page-locked host memory */
+    uint64_t host_bytes;       /* ordinary host memory */
+    uint64_t checkpoint_bytes; /* the activation checkpoints, wherever they live */
+    mt_placement activations;  /* where they live: MT_PLACE_DEVICE or MT_PLACE_HOST */
+    int keep_att, keep_h;      /* layers whose attention outputs / residuals the forward keeps */
+} mt_be_needs;
+
+/* A kind of backend: what it needs, and making one. */
+typedef struct mt_be_class {
+    const char *name;
+    /* Fills *n for r; MT_ERR_GPU_BUDGET (and the like) when it cannot fit,
+     * with *n filled as far as it could be. */
+    mt_status (*needs)(const mt_be_request *r, mt_be_needs *n, mt_err err);
+    /* A backend for m (nothing reserved yet). */
+    mt_status (*create)(mt_model *m, mt_be **out, mt_err err);
+} mt_be_class;
+
+/* The class of a resolved backend kind; NULL, with the reason in err
+ * (MT_ERR_UNSUPPORTED), when this library was built without it. */
+const mt_be_class *mt_be_class_of(mt_backend kind, mt_err err);
+
+/* The request of model m for shape s. */
+mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s);
+
 typedef struct mt_be_ops {
     const char *name;
     void (*destroy)(mt_be *be);
-    /* Allocates what batches of this shape need; the previous allocation,
+    /* Allocates what batches of this shape need (what needs() counts for
+     * the model's request) and records it in held; the previous allocation,
      * if any, is released first. */
     mt_status (*reserve)(mt_be *be, const mt_be_shape *shape, mt_err err);
+    /* Frees what reserve() allocated (once the work issued is done). */
+    void (*release)(mt_be *be);
     /* The step's inputs: tokens and targets of micro-batch mb (n_seq * seq_len each; targets may be NULL). */
     void (*set_tokens)(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets);
     /* Copies unit's weights from its host tile (the bf16 block, or the fp32
@@ -80,13 +129,13 @@ typedef struct mt_be_ops {
 
 struct mt_be {
     const mt_be_ops *ops;
+    mt_be_needs held;      /* what the last reserve() allocated, by the same count as needs() */
+    uint64_t device_fixed; /* device bytes held from create() on, outside any reservation */
 };
 
-typedef struct mt_model mt_model;
-
-/* The CPU backend; NULL when out of memory. */
-mt_be *mt_cpu_backend_create(mt_model *m);
-/* The CUDA backend on the policy's device; NULL with the reason in err. */
-mt_be *mt_cuda_backend_create(mt_model *m, mt_err err);
+extern const mt_be_class mt_cpu_be_class;
+#ifdef MT_HAVE_CUDA
+extern const mt_be_class mt_cuda_be_class;
+#endif
 
 #endif

@@ -12,7 +12,6 @@
  * whatever the number of micro-batches. */
 #include "optim/adamw.h"
 #include "engine/backend.h"
-#include "cpu/cpu_ops.h"
 #include "device/device.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
@@ -26,11 +25,16 @@
 /* A visit's phase: mt_phase, or the head computing logits only. */
 enum { PH_FORWARD = MT_PHASE_FORWARD, PH_HEAD = MT_PHASE_HEAD, PH_BACKWARD = MT_PHASE_BACKWARD, PH_HEAD_LOGITS };
 
-typedef struct visit {
+typedef struct mt_visit {
     int unit;
     int phase;
     int needs_weights;
 } visit;
+
+/* The visit list of any call holds at most 2 L + 3 visits; m->visits has
+ * room for them and, behind them, as many load indices (prepare()). */
+static int visits_cap(const mt_model *m) { return 2 * (int)m->cfg.num_hidden_layers + 4; }
+static int *load_list(mt_model *m) { return (int *)(m->visits + visits_cap(m)); }
 
 static double now(void)
 {
@@ -45,7 +49,7 @@ static void await_unit(mt_model *m, mt_trace *t, int unit)
 {
     const int full = t && t->level == MT_TRACE_FULL;
     const double a = full ? now() : 0;
-    if (mt_optimizer_await_unit(m, unit) && full && t->n_opt < t->cap_opt)
+    if (mt_optimizer_await_unit(&m->opt, unit) && full && t->n_opt < t->cap_opt)
         t->opt[t->n_opt++] = (mt_trace_span){a - t->origin, now() - t->origin};
 }
 
@@ -61,13 +65,13 @@ static int abort_requested(const mt_model *m)
  * stopped it: what was issued is left to finish, nothing more is issued
  * (no gradient reaches a host tile after the stop), and the caller still
  * calls sync(). */
-static int run_visits(mt_model *m, mt_trace *t, const visit *v, int n, int n_micro, float loss_scale,
-                      float *logits_out)
+static int run_visits(mt_model *m, mt_trace *t, int n, int n_micro, float loss_scale, float *logits_out)
 {
     mt_be *be = m->be;
+    const visit *v = m->visits;
     const int full = t && t->level == MT_TRACE_FULL;
     const int K = (int)m->pol.weight_slots;
-    int loads[2 * 4096 + 8], n_loads = 0; /* visits that need weights, in order */
+    int *loads = load_list(m), n_loads = 0; /* visits that need weights, in order */
     for (int i = 0; i < n; i++)
         if (v[i].needs_weights) loads[n_loads++] = i;
     for (int j = 0; j < K - 1 && j < n_loads; j++) {
@@ -134,8 +138,9 @@ static mt_status fail_aborted(mt_model *m, const char *call)
 }
 
 /* The visit list of a step (train), an evaluation or a logits pass. */
-static int build_visits(const mt_model *m, visit *v, int phase_head, int train)
+static int build_visits(mt_model *m, int phase_head, int train)
 {
+    visit *v = m->visits;
     const int L = (int)m->cfg.num_hidden_layers;
     int n = 0;
     for (int u = 0; u <= L; u++) v[n++] = (visit){u, PH_FORWARD, 1};
@@ -149,34 +154,36 @@ static int build_visits(const mt_model *m, visit *v, int phase_head, int train)
 
 /* Makes the backend ready for this shape: created on first use, reserved
  * again when the shape changes or training needs gradient buffers that an
- * evaluation-only reservation lacks. The activations are checked against
- * the host budget first (what the tiles leave of it). */
+ * evaluation-only reservation lacks. The backend's needs are checked
+ * against the budgets first (the host's: what the tiles leave of it). */
 static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int want_grad)
 {
     mt_err err = mt_model_err(m);
+    mt_status st;
+    if (!m->visits && !(m->visits = malloc((size_t)visits_cap(m) * (sizeof(visit) + sizeof(int)))))
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the step's visit list");
     if (!m->be) {
-        if (m->backend == MT_BACKEND_CUDA) {
-            if (!(m->be = mt_cuda_backend_create(m, err))) return mt_fail(err, MT_ERR_DEVICE, "%s", m->errmsg);
-        } else if (!(m->be = mt_cpu_backend_create(m))) {
-            return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the backend");
-        }
+        const mt_be_class *cls = mt_be_class_of(m->backend, err);
+        if (!cls) return MT_ERR_UNSUPPORTED;
+        if ((st = cls->create(m, &m->be, err))) return st;
         memset(&m->be_shape, 0, sizeof m->be_shape);
     }
     const mt_be_shape *have = &m->be_shape;
     if (have->n_seq == n_seq && have->seq_len == seq_len && have->n_micro == n_micro && have->want_grad >= want_grad)
         return MT_OK;
-    mt_batch_shape bs;
-    mt_batch_shape_init(&bs);
-    bs.micro_batch_size = (uint32_t)n_seq;
-    bs.seq_len = (uint32_t)seq_len;
-    bs.num_micro_batches = (uint32_t)n_micro;
+    /* the old reservation goes first: the plan sees the memory it leaves */
+    m->be->ops->release(m->be);
+    memset(&m->be_shape, 0, sizeof m->be_shape);
     mt_offload_policy pol = m->pol;
     if (!pol.host_budget_bytes) pol.host_budget_bytes = mt_sys_mem_available() + m->layout.tile_bytes;
+    const mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
+    mt_be_request r = mt_be_request_of(m, &s);
+    r.pol = &pol;
+    size_t fr = 0, tot = 0;
+    if (m->backend == MT_BACKEND_CUDA && mt_device_mem_info(m->pol.device, &fr, &tot) == 0)
+        r.gpu_free = fr + m->be->device_fixed;
     mt_memory_plan plan;
-    mt_status st = mt_plan_compute(err, &plan, &m->cfg, &pol, &bs, m->backend, &m->layout);
-    if (st) return st;
-    memset(&m->be_shape, 0, sizeof m->be_shape);
-    mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
+    if ((st = mt_plan_compute(err, &plan, &r, 1, m->backend))) return st;
     if ((st = m->be->ops->reserve(m->be, &s, err))) return st;
     m->be_shape = s;
     return MT_OK;
@@ -237,7 +244,7 @@ static void restore_weights(mt_model *m)
         const mt_unit_desc *u = &m->layout.units[ui];
         const mt_tile *tl = &m->tiles.tile[ui];
         uint16_t *w = mt_tile_weights_bf16(tl, u);
-        if (w) mt_cpu_convert(m->pool, w, 1, mt_tile_master(tl, u), 0, u->padded);
+        if (w) mt_tile_weights_from_master(m->pool, tl, u, w);
     }
 }
 
@@ -266,9 +273,8 @@ mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, do
     if ((st = prepare(m, (int)b->micro_batch_size, (int)b->seq_len, (int)b->num_micro_batches, 1))) return st;
     trace_start(m);
     stage_tokens(m, b);
-    visit v[2 * 4096 + 8];
-    const int n = build_visits(m, v, PH_HEAD, 1);
-    const int stopped = run_visits(m, &m->trace, v, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
+    const int n = build_visits(m, PH_HEAD, 1);
+    const int stopped = run_visits(m, &m->trace, n, (int)b->num_micro_batches, (float)(1.0 / (double)n_targets), NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
     if (stopped) return fail_aborted(m, "mt_step");
@@ -299,7 +305,7 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     double loss, norm, t_head = t0;
     m->trace_valid = 0;
     if ((st = mt_engine_grads(m, &b, n_targets, &loss, &norm, &t_head))) {
-        mt_optimizer_drain(m); /* a failure can come before every unit was awaited */
+        mt_optimizer_drain(&m->opt); /* a failure can come before every unit was awaited */
         restore_weights(m);
         return st;
     }
@@ -318,9 +324,9 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
                               (float)(1.0 - pow((double)o.beta2, t)), scale};
     /* With a GPU the update runs behind the next step's forward, which waits
      * for each unit before loading it; the CPU backend needs the cores itself. */
-    mt_optimizer_drain(m);
-    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(m, &h, o.weight_decay, 1) != 0)
-        mt_optimizer_run(m, &h, o.weight_decay, 0);
+    mt_optimizer_drain(&m->opt);
+    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(&m->opt, &h, o.weight_decay, 1) != 0)
+        mt_optimizer_run(&m->opt, &h, o.weight_decay, 0);
     m->step++;
     const double t_end = now();
     if (m->trace.level == MT_TRACE_FULL) {
@@ -349,7 +355,7 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
 static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m);
+    mt_optimizer_drain(&m->opt);
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     const double t0 = now();
@@ -363,9 +369,8 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
     if ((st = mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats"))) return st;
     if ((st = prepare(m, (int)b.micro_batch_size, (int)b.seq_len, (int)b.num_micro_batches, 0))) return st;
     stage_tokens(m, &b);
-    visit v[4096 + 8];
-    int n = build_visits(m, v, PH_HEAD, 0);
-    const int stopped = run_visits(m, NULL, v, n, (int)b.num_micro_batches, 0.0f, NULL);
+    const int n = build_visits(m, PH_HEAD, 0);
+    const int stopped = run_visits(m, NULL, n, (int)b.num_micro_batches, 0.0f, NULL);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
     if (stopped) return fail_aborted(m, "mt_eval");
@@ -379,7 +384,7 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
 static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m);
+    mt_optimizer_drain(&m->opt);
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_logits: out is NULL");
@@ -394,9 +399,8 @@ static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint
     if ((st = check_batch(m, &b, &req, 0, &n_targets))) return st;
     if ((st = prepare(m, (int)n_seq, (int)seq_len, 1, 0))) return st;
     stage_tokens(m, &b);
-    visit v[4096 + 8];
-    int n = build_visits(m, v, PH_HEAD_LOGITS, 0);
-    const int stopped = run_visits(m, NULL, v, n, 1, 0.0f, out);
+    const int n = build_visits(m, PH_HEAD_LOGITS, 0);
+    const int stopped = run_visits(m, NULL, n, 1, 0.0f, out);
     double loss_sum, sumsq;
     if ((st = m->be->ops->sync(m->be, &loss_sum, &sumsq, err))) return st;
     return stopped ? fail_aborted(m, "mt_model_logits") : MT_OK;
@@ -404,7 +408,7 @@ static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint
 
 /* The entry points that reach the backend make the policy's device current
  * on the caller's thread for the call and leave the caller's own current
- * device as they found it (cuda_host.h). */
+ * device as they found it (device/device.h). */
 mt_status mt_step(mt_model *m, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats)
 {
     const int prev = mt_engine_enter(m);

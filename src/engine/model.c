@@ -95,7 +95,8 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     mt_memory_plan plan;
-    if ((st = mt_plan_compute(err, &plan, &m->cfg, &m->pol, NULL, m->backend, &m->layout))) goto fail;
+    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0};
+    if ((st = mt_plan_compute(err, &plan, &host_only, 0, m->backend))) goto fail;
 
     int node = m->pol.numa_node;
     if (node < 0 && m->backend == MT_BACKEND_CUDA) node = mt_device_numa_node(m->pol.device);
@@ -107,6 +108,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     if ((st = mt_tiles_map(&m->tiles, &m->layout, node, err))) goto fail;
+    mt_optimizer_bind(&m->opt, m->pool, &m->layout, &m->tiles);
     init_weights(m);
     const int pin = m->pol.pin_host == MT_PIN_ALWAYS || (m->pol.pin_host == MT_PIN_AUTO && m->backend == MT_BACKEND_CUDA);
     if (pin && (st = mt_tiles_pin(&m->tiles, m->pol.pin_host == MT_PIN_ALWAYS, &m->log, err))) goto fail;
@@ -124,7 +126,7 @@ fail:
 void mt_model_destroy(mt_model *m)
 {
     if (!m) return;
-    mt_optimizer_fini(m);
+    mt_optimizer_fini(&m->opt);
     mt_trace_free(&m->trace);
     if (m->be) {
         const int prev = mt_engine_enter(m);
@@ -134,6 +136,7 @@ void mt_model_destroy(mt_model *m)
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);
     mt_layout_free(&m->layout);
+    free(m->visits);
     free(m->caller_json);
     free(m->source_dir);
     free(m);

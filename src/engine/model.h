@@ -23,6 +23,7 @@ struct mt_model {
     uint64_t step;         /* optimizer steps taken */
     mt_be *be;             /* created at the first step, evaluation or logits */
     mt_be_shape be_shape;  /* what be is reserved for */
+    struct mt_visit *visits; /* the scheduler's visit list and loads (engine.c), sized for this model */
     mt_optimizer opt;      /* AdamW, possibly still running behind the last step */
     mt_trace trace;        /* the last step's events (timeline.h) */
     double trace_before;   /* host seconds of that step before the trace's origin */

@@ -1,4 +1,5 @@
 #include "engine/plan.h"
+#include "engine/backend.h"
 #include "device/device.h"
 #include "core/sysinfo.h"
 
@@ -28,14 +29,6 @@ mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backen
     return MT_OK;
 }
 
-static uint64_t act_bytes(const mt_model_config *c) { return c->precision == MT_PRECISION_FP32 ? 4 : 2; }
-
-uint64_t mt_plan_checkpoint_bytes(const mt_model_config *c, uint64_t T)
-{
-    /* the input of every layer and of the head */
-    return ((uint64_t)c->num_hidden_layers + 1) * T * c->hidden_size * act_bytes(c);
-}
-
 uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es)
 {
     const uint64_t row = F * es;
@@ -46,40 +39,11 @@ uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es)
     }
 }
 
-uint64_t mt_plan_layer_work_bytes(const mt_model_config *c, uint64_t T, uint32_t n_micro, mt_backend backend)
-{
-    const uint64_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
-    const uint64_t q = H * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
-    if (backend == MT_BACKEND_CUDA) {
-        /* cuda_backend.cu, layout_buffers(): in activation precision the
-         * normed inputs, residual, output scratch and output gradient (5C),
-         * q and the attention output and their gradients (4q), k, v and
-         * theirs (4kv), and one MLP piece's gate, up, activation and their
-         * gradients (6F); in fp32 the log-sum-exp and the attention
-         * backward's workspace (2H), two norm scales, the normed inputs'
-         * gradient (C) and the residual stream's gradient of every
-         * micro-batch (n_micro C). */
-        const uint64_t es = act_bytes(c), FT = mt_plan_mlp_piece_tokens(T, F, es);
-        return es * (T * (5 * C + 4 * q + 4 * kv) + 6 * FT * F) + 4 * T * (2 * H + 2 + C + (uint64_t)n_micro * C);
-    }
-    /* Saved while one layer's forward is recomputed and differentiated:
-     * normed inputs (2C), q k v (q + 2kv), attention output (q), residual (C),
-     * gate, up, activation (3F); their gradients need about as much again,
-     * with one live at a time per branch (C + q + 2kv + 2F). Kept in fp32. */
-    uint64_t saved = 3 * C + 2 * q + 2 * kv + 3 * F;
-    uint64_t grads = 2 * C + q + 2 * kv + 2 * F;
-    uint64_t lse = H; /* per token */
-    return T * (saved + grads + lse) * 4;
-}
-
-/* The CPU backend computes the logits in chunks of this many tokens, so the
- * head never holds a T x V tensor. */
-#define HEAD_CHUNK_TOKENS 1024
-
-mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *cfg, const mt_offload_policy *pol,
-                          const mt_batch_shape *shape, mt_backend backend, const mt_layout *lo)
+mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r, int with_shape, mt_backend backend)
 {
     char b1[32], b2[32];
+    const mt_layout *lo = r->layout;
+    const mt_offload_policy *pol = r->pol;
     mt_memory_plan_init(p);
     p->backend = backend;
     p->num_params = lo->num_params;
@@ -90,64 +54,44 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_model_config *
     p->master_bytes = lo->master_bytes;
     p->optim_bytes = lo->optim_bytes;
     for (int i = 0; i < lo->n_units; i++) p->largest_unit_params = MT_MAX(p->largest_unit_params, lo->units[i].numel);
-
-    const uint64_t slot_elem = cfg->precision == MT_PRECISION_FP32 ? 4 : 2;
-    uint64_t workspace = 0, checkpoints = 0;
-    if (shape) {
-        const uint64_t T = (uint64_t)shape->micro_batch_size * shape->seq_len;
-        checkpoints = mt_plan_checkpoint_bytes(cfg, T) * shape->num_micro_batches;
-        /* a logits chunk in fp32, and on the GPU its gradient in activation precision */
-        const uint64_t chunk = backend == MT_BACKEND_CUDA
-                                   ? MT_MIN(T, MT_MAX(1, MT_LOGITS_CHUNK_BYTES / ((uint64_t)cfg->vocab_size * 4)))
-                                   : MT_MIN(T, HEAD_CHUNK_TOKENS);
-        workspace = (uint64_t)pol->weight_slots * lo->largest_unit_padded * slot_elem /* weight slots */
-                  + 2 * lo->largest_unit_padded * 4                                  /* fp32 gradient accumulators */
-                  + (backend == MT_BACKEND_CUDA && slot_elem == 2 ? 2 * lo->largest_unit_padded * 2 : 0) /* bf16 staging */
-                  + mt_plan_layer_work_bytes(cfg, T, shape->num_micro_batches, backend)
-                  + chunk * cfg->vocab_size * (backend == MT_BACKEND_CUDA ? 4 + slot_elem : 4);
-    }
-    p->activation_bytes = checkpoints;
-    p->workspace_bytes = workspace;
-
-    uint64_t gpu_budget = pol->gpu_budget_bytes;
-    if (backend == MT_BACKEND_CUDA && gpu_budget == 0) {
-        size_t fr = 0, tot = 0;
-        if (mt_device_mem_info(pol->device, &fr, &tot) == 0) gpu_budget = fr;
-    }
-    p->gpu_budget_bytes = gpu_budget;
     p->host_budget_bytes = pol->host_budget_bytes ? pol->host_budget_bytes : mt_sys_mem_available();
-
-    if (backend == MT_BACKEND_CPU) {
-        /* The CPU backend's "device" is host memory too. */
-        p->activations = MT_PLACE_HOST;
-        p->host_pageable_bytes = lo->tile_bytes + workspace + checkpoints;
-    } else {
-        /* checkpoints on the device, or all but the last two units' in pinned
-         * host memory with two device rows to stage them (cuda_backend.cu) */
-        const uint64_t per_unit = checkpoints / ((uint64_t)cfg->num_hidden_layers + 1);
-        int on_device = pol->activations == MT_PLACE_DEVICE || cfg->num_hidden_layers < 2 ||
-                        (pol->activations == MT_PLACE_AUTO && workspace + checkpoints <= gpu_budget);
-        p->activations = on_device ? MT_PLACE_DEVICE : MT_PLACE_HOST;
-        const int pin = pol->pin_host != MT_PIN_NEVER;
-        p->host_pinned_bytes =
-            (pin ? lo->tile_bytes : 0) + (on_device ? 0 : per_unit * ((uint64_t)cfg->num_hidden_layers - 1));
-        p->host_pageable_bytes = pin ? 0 : lo->tile_bytes;
-        p->gpu_bytes = workspace + (on_device ? checkpoints : 2 * per_unit);
+    p->gpu_budget_bytes = pol->gpu_budget_bytes;
+    mt_be_request req = *r;
+    if (backend == MT_BACKEND_CUDA && !req.gpu_free) {
+        size_t fr = 0, tot = 0;
+        if (mt_device_mem_info(pol->device, &fr, &tot) == 0) req.gpu_free = fr;
     }
+    if (!p->gpu_budget_bytes) p->gpu_budget_bytes = req.gpu_free;
+
+    /* the backend's own count of what it allocates for the batch shape */
+    mt_be_needs n;
+    memset(&n, 0, sizeof n);
+    n.activations = backend == MT_BACKEND_CPU ? MT_PLACE_HOST : MT_PLACE_DEVICE;
+    mt_status fits = MT_OK;
+    if (with_shape) {
+        const mt_be_class *cls = mt_be_class_of(backend, err);
+        if (!cls) return MT_ERR_UNSUPPORTED;
+        fits = cls->needs(&req, &n, err);
+        if (fits && fits != MT_ERR_GPU_BUDGET) return fits;
+    }
+    p->activations = n.activations;
+    p->activation_bytes = n.checkpoint_bytes;
+    p->workspace_bytes = n.device_bytes + n.pinned_bytes + n.host_bytes - n.checkpoint_bytes;
+    p->gpu_bytes = n.device_bytes;
+    /* the tiles: pinned for a GPU's copies unless the policy says never */
+    const int pin = backend == MT_BACKEND_CUDA && pol->pin_host != MT_PIN_NEVER;
+    p->host_pinned_bytes = (pin ? lo->tile_bytes : 0) + n.pinned_bytes;
+    p->host_pageable_bytes = (pin ? 0 : lo->tile_bytes) + n.host_bytes;
 
     const uint64_t host = p->host_pinned_bytes + p->host_pageable_bytes;
     if (host > p->host_budget_bytes)
         return mt_fail(err, MT_ERR_HOST_BUDGET,
                        "the model needs %s of host memory (%llu parameters at %.1f bytes each%s), but %s %s",
                        mt_fmt_bytes(b1, sizeof b1, host), (unsigned long long)lo->num_params,
-                       (double)lo->tile_bytes / (double)lo->num_params, shape ? ", plus activations" : "",
+                       (double)lo->tile_bytes / (double)lo->num_params, with_shape ? ", plus activations" : "",
                        pol->host_budget_bytes ? "the policy's host budget is" : "the machine has available only",
                        mt_fmt_bytes(b2, sizeof b2, p->host_budget_bytes));
-    if (backend == MT_BACKEND_CUDA && p->gpu_bytes > gpu_budget)
-        return mt_fail(err, MT_ERR_GPU_BUDGET, "the plan needs %s of GPU memory, but the %s is %s",
-                       mt_fmt_bytes(b1, sizeof b1, p->gpu_bytes),
-                       pol->gpu_budget_bytes ? "policy's GPU budget" : "device's free memory",
-                       mt_fmt_bytes(b2, sizeof b2, gpu_budget));
+    if (fits) return fits; /* the backend's GPU budget message stands */
     return MT_OK;
 }
 
@@ -178,7 +122,10 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     mt_layout lo;
     if (mt_layout_build(&lo, &cfg)) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of memory for the layout");
     mt_memory_plan p;
-    st = mt_plan_compute(err, &p, &cfg, &pol, shape_in ? &shape : NULL, backend, &lo);
+    /* a plan is for training: gradient buffers included */
+    mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len, (int)shape.num_micro_batches, 1},
+                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0};
+    st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
     mt_copy_out(err, out, &p, sizeof p, MT_FIRST_SIZE_MEMORY_PLAN, "mt_memory_plan");
     return st;

@@ -168,7 +168,7 @@ static void prune(const char *dir, uint64_t keep)
 mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_info *info_in)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_save: dir is NULL");
@@ -314,7 +314,7 @@ static mt_status check_config(mt_err err, const mt_model *m, const char *ckdir)
 mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *info_out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_load: dir is NULL");

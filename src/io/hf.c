@@ -367,7 +367,7 @@ static mt_status copy_tokenizer(mt_err err, const char *from, const char *to)
 mt_status mt_model_save(mt_model *m, const char *dir)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_save: dir is NULL");
@@ -434,7 +434,7 @@ static void zero_moments(mt_model *m)
 mt_status mt_model_load(mt_model *m, const char *dir)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(m); /* the last step's update, if it still runs */
+    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
     mt_err err = mt_model_err(m);
     mt_err_clear(err);
     if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_load: dir is NULL");

@@ -2,6 +2,7 @@
 #include "memory/tiler.h"
 #include "device/device.h"
 #include "core/sysinfo.h"
+#include "core/bf16.h"
 
 #include <errno.h>
 #include <numa.h>
@@ -75,4 +76,25 @@ void mt_tiles_free(mt_tiles *ts)
     for (int i = 0; i < ts->n; i++) unmap_tile(&ts->tile[i]);
     free(ts->tile);
     memset(ts, 0, sizeof *ts);
+}
+
+typedef struct {
+    uint16_t *w;
+    const float *master;
+    size_t n, nt;
+} round_job;
+
+static void round_task(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const round_job *j = ctx;
+    size_t lo, hi;
+    mt_split_range(j->n, j->nt, task, 64, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) j->w[i] = mt_f32_to_bf16(j->master[i]);
+}
+
+void mt_tile_weights_from_master(mt_pool *pool, const mt_tile *t, const mt_unit_desc *u, uint16_t *w)
+{
+    round_job j = {w, mt_tile_master(t, u), u->padded, (size_t)mt_pool_size(pool)};
+    mt_pool_run(pool, j.nt, round_task, &j);
 }

@@ -6,6 +6,7 @@
 
 #include "core/internal.h"
 #include "model/layout.h"
+#include "core/threadpool.h"
 
 #include <stdint.h>
 
@@ -45,5 +46,9 @@ static inline float *mt_tile_grad_f32(const mt_tile *t, const mt_unit_desc *u)
 {
     return u->grad_bytes ? (float *)(t->base + u->grad_off) : NULL;
 }
+
+/* The streamed bf16 weights w of unit u rounded again from its fp32
+ * master (bf16 mode): after a failed step left gradients in that block. */
+void mt_tile_weights_from_master(mt_pool *pool, const mt_tile *t, const mt_unit_desc *u, uint16_t *w);
 
 #endif

@@ -1,5 +1,4 @@
 #include "optim/optimizer.h"
-#include "engine/model.h"
 
 #include <string.h>
 
@@ -8,15 +7,23 @@ void mt_optimizer_init(mt_optimizer *o)
     memset(o, 0, sizeof *o);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
+    o->ready = 1;
+}
+
+void mt_optimizer_bind(mt_optimizer *o, mt_pool *pool, const mt_layout *lo, const mt_tiles *tiles)
+{
+    o->pool = pool;
+    o->layout = lo;
+    o->tiles = tiles;
 }
 
 /* AdamW on one unit's tensors: the gradients are in the bf16 weight block
  * (bf16 mode, overwritten there by the new weights) or the fp32 gradient
  * block. */
-static void update_unit(mt_model *m, int ui, const mt_adamw_hyper *h, float wd, mt_adamw_kernel_fn k)
+static void update_unit(mt_optimizer *o, int ui, const mt_adamw_hyper *h, float wd, mt_adamw_kernel_fn k)
 {
-    const mt_unit_desc *u = &m->layout.units[ui];
-    const mt_tile *tl = &m->tiles.tile[ui];
+    const mt_unit_desc *u = &o->layout->units[ui];
+    const mt_tile *tl = &o->tiles->tile[ui];
     mt_adamw_segment seg[MT_MAX_UNIT_TENSORS];
     uint16_t *w = mt_tile_weights_bf16(tl, u);
     float *g32 = mt_tile_grad_f32(tl, u);
@@ -33,13 +40,12 @@ static void update_unit(mt_model *m, int ui, const mt_adamw_hyper *h, float wd, 
             .weight_decay = td->decay ? wd : 0.0f,
         };
     }
-    mt_adamw_apply(m->pool, k, h, seg, (size_t)u->n_tensors);
+    mt_adamw_apply(o->pool, k, h, seg, (size_t)u->n_tensors);
 }
 
 static void *thread_main(void *arg)
 {
-    mt_model *m = arg;
-    mt_optimizer *o = &m->opt;
+    mt_optimizer *o = arg;
     const mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
     pthread_mutex_lock(&o->mu);
     for (;;) {
@@ -48,8 +54,8 @@ static void *thread_main(void *arg)
         const mt_adamw_hyper h = o->h;
         const float wd = o->weight_decay;
         pthread_mutex_unlock(&o->mu);
-        for (int u = 0; u < m->layout.n_units; u++) {
-            update_unit(m, u, &h, wd, k);
+        for (int u = 0; u < o->layout->n_units; u++) {
+            update_unit(o, u, &h, wd, k);
             pthread_mutex_lock(&o->mu);
             o->done = u + 1;
             pthread_cond_broadcast(&o->cv);
@@ -63,16 +69,15 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async)
+int mt_optimizer_run(mt_optimizer *o, const mt_adamw_hyper *h, float wd, int async)
 {
-    mt_optimizer *o = &m->opt;
     if (!async) {
         const mt_adamw_kernel_fn k = mt_adamw_kernel(mt_adamw_best_isa());
-        for (int u = 0; u < m->layout.n_units; u++) update_unit(m, u, h, wd, k);
+        for (int u = 0; u < o->layout->n_units; u++) update_unit(o, u, h, wd, k);
         return 0;
     }
     if (!o->started) {
-        if (pthread_create(&o->thread, NULL, thread_main, m) != 0) return -1;
+        if (pthread_create(&o->thread, NULL, thread_main, o) != 0) return -1;
         o->started = 1;
     }
     pthread_mutex_lock(&o->mu);
@@ -85,9 +90,8 @@ int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async)
     return 0;
 }
 
-int mt_optimizer_await_unit(mt_model *m, int unit)
+int mt_optimizer_await_unit(mt_optimizer *o, int unit)
 {
-    mt_optimizer *o = &m->opt;
     if (!o->started) return 0;
     int waited = 0;
     pthread_mutex_lock(&o->mu);
@@ -96,20 +100,19 @@ int mt_optimizer_await_unit(mt_model *m, int unit)
     return waited;
 }
 
-void mt_optimizer_drain(mt_model *m)
+void mt_optimizer_drain(mt_optimizer *o)
 {
-    mt_optimizer *o = &m->opt;
     if (!o->started) return;
     pthread_mutex_lock(&o->mu);
     while (o->busy) pthread_cond_wait(&o->cv, &o->mu);
     pthread_mutex_unlock(&o->mu);
 }
 
-void mt_optimizer_fini(mt_model *m)
+void mt_optimizer_fini(mt_optimizer *o)
 {
-    mt_optimizer *o = &m->opt;
+    if (!o->ready) return;
     if (o->started) {
-        mt_optimizer_drain(m);
+        mt_optimizer_drain(o);
         pthread_mutex_lock(&o->mu);
         o->quit = 1;
         pthread_cond_broadcast(&o->cv);
@@ -119,4 +122,5 @@ void mt_optimizer_fini(mt_model *m)
     }
     pthread_cond_destroy(&o->cv);
     pthread_mutex_destroy(&o->mu);
+    o->ready = 0;
 }

@@ -1,4 +1,4 @@
-/* The optimizer step over a model's units, run either on the caller or on a
+/* The optimizer step over a model's units (its tiles and layout), run either on the caller or on a
  * per-model thread behind the next step: unit u's weights are then awaited
  * just before the next step's forward loads them, so the CPU's AdamW
  * overlaps the GPU's forward (units are updated in forward order). */
@@ -6,10 +6,11 @@
 #define MT_OPTIMIZER_H
 
 #include "optim/adamw.h"
+#include "memory/tiler.h"
+#include "model/layout.h"
+#include "core/threadpool.h"
 
 #include <pthread.h>
-
-typedef struct mt_model mt_model;
 
 typedef struct mt_optimizer {
     pthread_mutex_t mu;
@@ -19,22 +20,28 @@ typedef struct mt_optimizer {
     int busy;           /* a job is queued or running */
     int done;           /* units the running job has finished */
     int quit;
+    int ready;          /* initialised and not yet finished */
     mt_adamw_hyper h;   /* the job */
     float weight_decay; /* for matrices; norms and biases take none */
+    mt_pool *pool;      /* what it updates, with which threads (mt_optimizer_bind) */
+    const mt_layout *layout;
+    const mt_tiles *tiles;
 } mt_optimizer;
 
 void mt_optimizer_init(mt_optimizer *o);
-/* Waits for a running job, stops the thread. */
-void mt_optimizer_fini(mt_model *m);
+/* The state the optimizer updates: every unit of lo in tiles, on pool. */
+void mt_optimizer_bind(mt_optimizer *o, mt_pool *pool, const mt_layout *lo, const mt_tiles *tiles);
+/* Waits for a running job, stops the thread; once (later calls do nothing). */
+void mt_optimizer_fini(mt_optimizer *o);
 /* Updates every unit with h (weight decay wd on matrices): on the caller when
  * async is 0, else queued for the model's optimizer thread (started on first
  * use); returns -1 only when that thread cannot be started (then nothing
  * was queued). A previous job must be finished (mt_optimizer_drain). */
-int mt_optimizer_run(mt_model *m, const mt_adamw_hyper *h, float wd, int async);
+int mt_optimizer_run(mt_optimizer *o, const mt_adamw_hyper *h, float wd, int async);
 /* Returns once unit's update (if one is pending) is done: 1 if it had to wait. */
-int mt_optimizer_await_unit(mt_model *m, int unit);
+int mt_optimizer_await_unit(mt_optimizer *o, int unit);
 /* Returns once no update is pending: before anything reads or writes the
  * model's state outside the step. */
-void mt_optimizer_drain(mt_model *m);
+void mt_optimizer_drain(mt_optimizer *o);
 
 #endif

@@ -1,0 +1,25 @@
+/* The backend factory: which classes this library has, and a model's request. */
+#include "engine/backend.h"
+#include "engine/model.h"
+
+const mt_be_class *mt_be_class_of(mt_backend kind, mt_err err)
+{
+    switch (kind) {
+    case MT_BACKEND_CPU: return &mt_cpu_be_class;
+    case MT_BACKEND_CUDA:
+#ifdef MT_HAVE_CUDA
+        return &mt_cuda_be_class;
+#else
+        mt_fail(err, MT_ERR_UNSUPPORTED, "this library was built without CUDA: it has no CUDA backend to plan for or run");
+        return NULL;
+#endif
+    default: mt_fail(err, MT_ERR_INVALID_ARGUMENT, "no backend of kind %d", (int)kind); return NULL;
+    }
+}
+
+mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s)
+{
+    mt_be_request r = {&m->cfg, &m->pol, &m->layout, *s, 0, mt_pool_size(m->pool), m->mlp_piece_tokens,
+                       m->keep_layers_cap};
+    return r;
+}

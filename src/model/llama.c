@@ -1,0 +1,204 @@
+/* The Llama template: Llama 2/3, Qwen2 (q/k/v biases) and Mistral without
+ * sliding window. Each unit's forward, recompute and backward as calls on
+ * the kernel table (template.h); the worked example of
+ * docs/architecture.md.
+ *
+ *   layer:  xn1 = rmsnorm(x)            q, k, v = xn1 Wq^T (+ b), ...
+ *           q, k = rope(q), rope(k)     att, lse = attention(q, k, v)
+ *           h = x + att Wo^T            xn2 = rmsnorm(h)
+ *           out = h + (silu(xn2 Wg^T) * (xn2 Wu^T)) Wd^T
+ *   head:   loss = cross_entropy(rmsnorm(x) Wlm^T), in chunks of tokens
+ *
+ * What the backward needs is made by the recompute (layer_forward with
+ * out NULL) and by the MLP's forward again, one piece of d->FT tokens at a
+ * time just before that piece's backward; the recompute stops before the
+ * MLP, so a layer's down projection (a quarter of its GEMM FLOPs) runs once
+ * in the forward and never again. */
+#include "model/template.h"
+
+#include <stddef.h>
+
+/* The act buffer p advanced by i elements. */
+static void *at(const mt_dims *d, const void *p, size_t i) { return (char *)p + i * d->es; }
+
+#define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
+
+static int llama_work(const mt_dims *d, int want_grad, mt_work_buf *out)
+{
+    const uint64_t T = (uint64_t)d->T, C = (uint64_t)d->C, Q = (uint64_t)d->Q, KV = (uint64_t)d->KV;
+    const uint64_t FT = (uint64_t)d->FT * (uint64_t)d->F, chunk = (uint64_t)d->chunk * (uint64_t)d->V;
+    /* the logits buffer also takes head_logits' n_seq rows */
+    const uint64_t logits = (uint64_t)MT_MAX(d->chunk, d->n_seq) * (uint64_t)d->V;
+    int k = 0;
+    BUF(xn1, T * C, 0);
+    BUF(q, T * Q, 0);
+    BUF(k, T * KV, 0);
+    BUF(v, T * KV, 0);
+    BUF(att, T * Q, 0);
+    BUF(lse, T * (uint64_t)d->H, 1);
+    BUF(h, T * C, 0);
+    BUF(xn2, T * C, 0);
+    BUF(g, FT, 0);
+    BUF(u, FT, 0);
+    BUF(a, FT, 0);
+    BUF(rows, (uint64_t)d->n_seq * C, 0);
+    BUF(rstd1, T, 1);
+    BUF(rstd2, T, 1);
+    BUF(logits, logits, 1);
+    if (want_grad) {
+        BUF(dy_act, T * C, 0);
+        BUF(da, FT, 0);
+        BUF(dg, FT, 0);
+        BUF(du, FT, 0);
+        BUF(datt, T * Q, 0);
+        BUF(dq, T * Q, 0);
+        BUF(dk, T * KV, 0);
+        BUF(dv, T * KV, 0);
+        BUF(dxn, T * C, 1);
+        BUF(dlogits, chunk, 0);
+    }
+    return k;
+}
+
+static void embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
+{
+    x->k->embedding(x->kc, out, tokens, w[MT_T_EMBED], x->d->T, x->d->C, x->d->V);
+}
+
+static void embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy)
+{
+    x->k->embedding_bwd(x->kc, gwte, tokens, dy, x->d->T, x->d->C, x->d->V);
+}
+
+/* g, u and a = silu(g) * u for the n tokens from t0 of xn2: one MLP piece. */
+static void mlp_up(const mt_exec *x, void *const *w, int t0, int n)
+{
+    const mt_kernels *k = x->k;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const void *xn = at(d, b->xn2, (size_t)t0 * d->C);
+    k->linear(x->kc, b->g, 0, xn, w[MT_T_GATE], NULL, n, d->C, d->F, 0);
+    k->linear(x->kc, b->u, 0, xn, w[MT_T_UP], NULL, n, d->C, d->F, 0);
+    k->swiglu(x->kc, b->a, b->g, b->u, (size_t)n * d->F);
+}
+
+static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int recompute = out == NULL, T = d->T, C = d->C;
+    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps);
+    k->linear(kc, b->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
+    k->linear(kc, b->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
+    k->linear(kc, b->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
+    k->rope(kc, b->q, T, d->H, d->D, 0);
+    k->rope(kc, b->k, T, d->Hkv, d->D, 0);
+    if (!recompute || !a->att_kept)
+        k->attention(kc, a->att, a->lse, b->q, b->k, b->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale);
+    /* the residual adds inside the GEMMs: h = x + att Wo^T */
+    if (!recompute || !a->h_kept) {
+        k->copy(kc, a->h, in, (size_t)T * C);
+        k->linear(kc, a->h, 0, a->att, w[MT_T_O], NULL, T, d->Q, C, 1);
+    }
+    k->rmsnorm(kc, b->xn2, b->rstd2, a->h, w[MT_T_MLP_NORM], T, C, d->eps);
+    if (recompute) return; /* layer_backward recomputes each MLP piece just before its backward */
+    k->copy(kc, out, a->h, (size_t)T * C);
+    for (int t0 = 0; t0 < T; t0 += d->FT) {
+        const int n = MT_MIN(d->FT, T - t0);
+        mlp_up(x, w, t0, n);
+        k->linear(kc, at(d, out, (size_t)t0 * C), 0, b->a, w[MT_T_DOWN], NULL, n, d->F, C, 1);
+    }
+}
+
+static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                           const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F;
+    /* out = h + a Wd^T, piece by piece: the MLP's forward again, then its backward */
+    const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
+    for (int t0 = 0; t0 < T; t0 += d->FT) {
+        const int n = MT_MIN(d->FT, T - t0);
+        const void *dyp = at(d, dya, (size_t)t0 * C), *xn = at(d, b->xn2, (size_t)t0 * C);
+        float *dxn = b->dxn + (size_t)t0 * C;
+        mlp_up(x, w, t0, n);
+        k->linear_dx(kc, b->da, 0, dyp, w[MT_T_DOWN], n, F, C, 0);
+        k->linear_dw(kc, gw[MT_T_DOWN], NULL, dyp, b->a, n, F, C);
+        k->swiglu_bwd(kc, b->dg, b->du, b->da, b->g, b->u, (size_t)n * F);
+        k->linear_dx(kc, dxn, 1, b->dg, w[MT_T_GATE], n, C, F, 0);
+        k->linear_dx(kc, dxn, 1, b->du, w[MT_T_UP], n, C, F, 1);
+        k->linear_dw(kc, gw[MT_T_GATE], NULL, b->dg, xn, n, C, F);
+        k->linear_dw(kc, gw[MT_T_UP], NULL, b->du, xn, n, C, F);
+    }
+    k->rmsnorm_bwd(kc, dy, gw[MT_T_MLP_NORM], b->dxn, a->h, w[MT_T_MLP_NORM], b->rstd2, T, C, d->eps);
+    /* h = x + att Wo^T */
+    dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
+    k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
+    k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
+    k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, b->q, b->k, b->v, d->n_seq, d->seq_len, d->H,
+                     d->Hkv, d->D, d->attn_scale);
+    k->rope(kc, b->dq, T, d->H, d->D, 1);
+    k->rope(kc, b->dk, T, d->Hkv, d->D, 1);
+    k->linear_dx(kc, b->dxn, 1, b->dq, w[MT_T_Q], T, C, Q, 0);
+    k->linear_dx(kc, b->dxn, 1, b->dk, w[MT_T_K], T, C, KV, 1);
+    k->linear_dx(kc, b->dxn, 1, b->dv, w[MT_T_V], T, C, KV, 1);
+    k->linear_dw(kc, gw[MT_T_Q], gw[MT_T_Q_BIAS], b->dq, b->xn1, T, C, Q);
+    k->linear_dw(kc, gw[MT_T_K], gw[MT_T_K_BIAS], b->dk, b->xn1, T, C, KV);
+    k->linear_dw(kc, gw[MT_T_V], gw[MT_T_V_BIAS], b->dv, b->xn1, T, C, KV);
+    k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps);
+}
+
+static void head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,
+                 const int32_t *targets, float loss_scale, float *dy)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, V = d->V;
+    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_FINAL_NORM], T, C, d->eps);
+    if (dy) k->zero(kc, b->dxn, (size_t)T * C * sizeof(float));
+    for (int t0 = 0; t0 < T; t0 += d->chunk) {
+        const int n = MT_MIN(d->chunk, T - t0);
+        const void *xc = at(d, b->xn1, (size_t)t0 * C);
+        k->linear(kc, b->logits, 1, xc, lm, NULL, n, C, V, 0);
+        k->cross_entropy(kc, dy ? b->dlogits : NULL, b->logits, targets + t0, n, V, loss_scale);
+        if (dy) {
+            k->linear_dx(kc, b->dxn + (size_t)t0 * C, 1, b->dlogits, lm, n, C, V, 0);
+            k->linear_dw(kc, glm, NULL, b->dlogits, xc, n, C, V);
+        }
+    }
+    if (dy) {
+        k->zero(kc, dy, (size_t)T * C * sizeof(float));
+        k->rmsnorm_bwd(kc, dy, gw[MT_T_FINAL_NORM], b->dxn, in, w[MT_T_FINAL_NORM], b->rstd1, T, C, d->eps);
+    }
+}
+
+static void head_logits(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_FINAL_NORM], d->T, d->C, d->eps);
+    /* the last position of each sequence, gathered into one small GEMM */
+    k->last_rows(kc, b->rows, b->xn1, d->n_seq, d->seq_len, d->C);
+    k->linear(kc, b->logits, 1, b->rows, lm, NULL, d->n_seq, d->C, d->V, 0);
+    k->to_host(kc, out, b->logits, (size_t)d->n_seq * d->V);
+}
+
+const mt_template mt_template_llama = {
+    .name = "llama",
+    .work = llama_work,
+    .embed_forward = embed_forward,
+    .embed_backward = embed_backward,
+    .layer_forward = layer_forward,
+    .layer_backward = layer_backward,
+    .head = head,
+    .head_logits = head_logits,
+};

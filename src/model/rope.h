@@ -1,0 +1,22 @@
+/* Rotary position embeddings: the frequencies every backend rotates by,
+ * computed once on the host so that all backends use the same fp32 values. */
+#ifndef MT_MODEL_ROPE_H
+#define MT_MODEL_ROPE_H
+
+#include "core/internal.h"
+
+/* inv_freq[D/2] as transformers computes it in fp32:
+ * 1 / theta ** (arange(0, D, 2) / D), then, if llama3, its
+ * _compute_llama3_parameters with the four parameters below. */
+typedef struct mt_rope_params {
+    float theta;
+    int llama3;
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_position;
+} mt_rope_params;
+void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp);
+
+/* The frequencies of a validated config: inv_freq[head_dim / 2]. */
+void mt_rope_inv_freq_of(float *inv_freq, const mt_model_config *cfg);
+
+#endif

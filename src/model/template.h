@@ -1,0 +1,168 @@
+/* Layer templates: a model family's units (embedding, decoder layer, head)
+ * written once, as calls on a table of kernels that every backend
+ * implements. A template is stateless: each call gets the unit's weights
+ * (pointers into whichever slot holds them), its input and output, and the
+ * backend's working buffers; nothing of a layer persists between calls.
+ *
+ * The backend owns memory and order (slots, checkpoints, streams); the
+ * template owns the arithmetic of the family. The CPU backend runs the
+ * kernels in fp32 on the thread pool, the CUDA backend on a stream in the
+ * model's precision; both run the same template, so a new family is one new
+ * template (and kernels only where it needs an operation no kernel has).
+ *
+ * Types. The template never sees element types: a buffer is either in the
+ * backend's activation type ("act": bf16 or fp32 on CUDA, fp32 on the CPU)
+ * or fp32 ("f32": norm scales, log-sum-exps, logits, gradients of the
+ * residual stream and the weight gradients). Kernels that write a GEMM
+ * output say which with out_f32.
+ *
+ * Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q =
+ * H*D, KV = Hkv*D, F the MLP width, V the vocabulary. Matrices use the
+ * nn.Linear layout W[N_out, K_in]. */
+#ifndef MT_MODEL_TEMPLATE_H
+#define MT_MODEL_TEMPLATE_H
+
+#include "core/internal.h"
+#include "model/layout.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The kernel table. kc is the backend's own state (its stream, scratch,
+ * pool). Kernels issue work and return: a backend that runs asynchronously
+ * keeps the first failure and reports it when the step is synchronised, so
+ * a template never checks results. */
+typedef struct mt_kernels {
+    /* y (T, C) act = x (T, C) act * rsqrt(mean(x^2) + eps) * w (C); rstd (T) f32 saved */
+    void (*rmsnorm)(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps);
+    /* dx (T, C) f32 += the input gradient, dw (C) f32 += the weight's, from dy (T, C) f32 */
+    void (*rmsnorm_bwd)(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
+                        const float *rstd, int T, int C, float eps);
+    /* y[M, N] = x[M, K] W[N, K]^T (+ bias[N]) (+ y if accumulate); y act, or f32 if out_f32 */
+    void (*linear)(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
+                   int accumulate);
+    /* dx[M, K] = dy[M, N] W[N, K] (+ dx if accumulate); dx act, or f32 if out_f32 */
+    void (*linear_dx)(void *kc, void *dx, int out_f32, const void *dy, const void *W, int M, int K, int N,
+                      int accumulate);
+    /* dW[N, K] += dy[M, N]^T x[M, K] and, if db, db[N] += the column sums of dy; dW, db f32 */
+    void (*linear_dw)(void *kc, float *dW, float *db, const void *dy, const void *x, int M, int K, int N);
+    /* RoPE in place on x (T, nh, D) act at the positions of the micro-batch; inverse: the backward */
+    void (*rope)(void *kc, void *x, int T, int nh, int D, int inverse);
+    /* Causal grouped-query attention over n_seq sequences of seq_len: out (T, H*D) act and the
+     * log-sum-exp lse f32 of each query row; q (T, H*D), k, v (T, Hkv*D) act */
+    void (*attention)(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
+                      int seq_len, int H, int Hkv, int D, float scale);
+    /* Its backward from out and lse: dq, dk, dv act, overwritten */
+    void (*attention_bwd)(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
+                          const void *q, const void *k, const void *v, int n_seq, int seq_len, int H, int Hkv, int D,
+                          float scale);
+    /* out = silu(gate) * up, n elements act; and its backward */
+    void (*swiglu)(void *kc, void *out, const void *gate, const void *up, size_t n);
+    void (*swiglu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    /* dst = src, n act elements */
+    void (*copy)(void *kc, void *dst, const void *src, size_t n);
+    /* rows[i] = src[(i + 1) * stride - 1] for i < n: the last row of each of n groups of stride rows of C act */
+    void (*last_rows)(void *kc, void *rows, const void *src, int n, int stride, int C);
+    /* src (n f32) as an act buffer: src itself where act is fp32, else converted into scratch */
+    const void *(*as_act)(void *kc, void *scratch, const float *src, size_t n);
+    /* bytes of zeros at p */
+    void (*zero)(void *kc, void *p, size_t bytes);
+    /* out[t, :] = wte[tokens[t], :]: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] (f32) */
+    void (*embedding)(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V);
+    void (*embedding_bwd)(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V);
+    /* Cross-entropy of n rows of logits (f32) against targets (MT_IGNORE_INDEX rows count nothing):
+     * adds the sum of -log p(target) to the step's loss; with dlogits, writes
+     * (softmax - onehot) * dscale there (act). logits may be overwritten. */
+    void (*cross_entropy)(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale);
+    /* bytes from the f32 buffer src to host memory dst (the logits of mt_model_logits) */
+    void (*to_host)(void *kc, float *dst, const float *src, size_t n);
+} mt_kernels;
+
+/* The sizes of one micro-batch's computation, fixed by the backend when it
+ * reserves memory for a batch shape. */
+typedef struct mt_dims {
+    int n_seq, seq_len, T;
+    int C, H, Hkv, D, Q, KV, F, V;
+    size_t es; /* bytes of an act element: the template's only view of types (buffer offsets) */
+    int FT;    /* MLP tokens per piece: T, or fewer to keep (FT, F) buffers small */
+    int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
+    float eps, attn_scale;
+} mt_dims;
+
+/* The working buffers of one unit's forward and backward (one micro-batch
+ * at a time), laid out by the backend from mt_template_work(). */
+typedef struct mt_work {
+    void *xn1, *q, *k, *v, *att, *h, *xn2, *g, *u, *a, *rows;         /* act */
+    float *lse, *rstd1, *rstd2, *logits;                               /* f32 */
+    void *dy_act, *da, *dg, *du, *datt, *dq, *dk, *dv, *dlogits;        /* act, training only */
+    float *dxn;                                                         /* f32, training only */
+} mt_work;
+
+/* One buffer of mt_work: where its pointer lives, its elements and type. */
+typedef struct mt_work_buf {
+    size_t field; /* offsetof(mt_work, ...) */
+    uint64_t elems;
+    int f32;      /* fp32 whatever the activation type */
+} mt_work_buf;
+
+#define MT_WORK_MAX_BUFS 32
+
+/* Where a layer's attention output and residual live for micro-batch mb:
+ * kept from the forward for the backward (the backend decides which
+ * layers keep them), or the work buffers. */
+typedef struct mt_layer_acts {
+    void *att;    /* attention output (T, Q) act */
+    float *lse;   /* its log-sum-exp (T, H) f32 */
+    void *h;      /* the residual after attention (T, C) act */
+    int att_kept; /* att and lse hold the forward's values in the backward */
+    int h_kept;   /* h does */
+} mt_layer_acts;
+
+/* What a template call runs on. */
+typedef struct mt_exec {
+    const mt_kernels *k;
+    void *kc;
+    const mt_dims *d;
+    const mt_work *w;
+} mt_exec;
+
+/* A family's template. Weights are bound by tensor role (w[MT_T_Q], ...;
+ * NULL where the unit has no such tensor); gw the same for the fp32 weight
+ * gradients. */
+typedef struct mt_template {
+    const char *name;
+    /* The working buffers for dims d (training: want_grad); returns their number. */
+    int (*work)(const mt_dims *d, int want_grad, mt_work_buf *out);
+    /* Embedding: out (T, C) act from tokens; backward: gwte += from dy (T, C) f32 */
+    void (*embed_forward)(const mt_exec *x, void *const *w, const int32_t *tokens, void *out);
+    void (*embed_backward)(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy);
+    /* A decoder layer: in (T, C) act -> out (T, C) act. out NULL: the
+     * backward's recompute, which stops where layer_backward takes over and
+     * skips what a->att_kept / a->h_kept say the forward kept. */
+    void (*layer_forward)(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a);
+    /* After layer_forward(in, NULL): dy (T, C) f32 holds the output gradient
+     * and gets the input gradient; weight gradients add into gw. */
+    void (*layer_backward)(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                           const mt_layer_acts *a);
+    /* The head on in (T, C) act: the loss of targets (scaled by loss_scale
+     * for the gradients) into the step's loss; with dy (T, C) f32 its input
+     * gradient, the head's weight gradients into gw and the LM matrix's into
+     * glm. lm is the LM matrix (the embedding's when tied). */
+    void (*head)(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,
+                 const int32_t *targets, float loss_scale, float *dy);
+    /* Next-token logits at the last position of each sequence: out[n_seq * V] in host memory. */
+    void (*head_logits)(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out);
+} mt_template;
+
+/* The template of a validated config's family. */
+const mt_template *mt_template_for(const mt_model_config *cfg);
+
+/* The template of Llama, Qwen2 and Mistral (src/model/llama.c). */
+extern const mt_template mt_template_llama;
+
+/* Pointers to each tensor of a unit inside a block laid out like its tile,
+ * of es-byte elements; roles the unit lacks are NULL. */
+void mt_bind_unit(void **w, void *block, const mt_unit_desc *u, size_t es);
+void mt_bind_unit_f32(float **w, float *block, const mt_unit_desc *u);
+
+#endif

@@ -1,0 +1,187 @@
+/* The memory plan and the backends' allocations are one count: for several
+ * models, batch shapes and budgets, mt_plan says exactly what a step then
+ * reserves (the backend records what it allocated, by the code that
+ * allocates it), and a budget one byte short of the plan is refused.
+ * The CUDA half needs a GPU (with MT_REQUIRE_GPU=1 its absence fails). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "gpu.h"
+
+static mt_model_config config_of(int precision, int tied, int bias, int layers)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = bias ? MT_ARCH_QWEN2 : MT_ARCH_LLAMA;
+    c.vocab_size = 301;
+    c.hidden_size = 128;
+    c.intermediate_size = 200;
+    c.num_hidden_layers = (uint32_t)layers;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.attention_bias = (uint32_t)bias;
+    c.tie_word_embeddings = (uint32_t)tied;
+    c.precision = (uint32_t)precision;
+    c.max_position_embeddings = 256;
+    return c;
+}
+
+static mt_offload_policy policy_of(int backend)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = (uint32_t)backend;
+    p.optimizer_threads = 2; /* mt_plan and the model then count the same per-thread scratch */
+    p.log_level = MT_LOG_ERROR;
+    return p;
+}
+
+typedef struct shape {
+    int n_seq, seq_len, n_micro;
+} shape;
+
+static mt_batch batch_of(const shape *s, int32_t *tok)
+{
+    const size_t n = (size_t)s->n_micro * s->n_seq * s->seq_len;
+    for (size_t i = 0; i < n; i++) tok[i] = (int32_t)((i * 37 + 11) % 301);
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = (uint32_t)s->n_seq;
+    b.seq_len = (uint32_t)s->seq_len;
+    b.num_micro_batches = (uint32_t)s->n_micro;
+    b.tokens = tok;
+    b.targets = tok;
+    return b;
+}
+
+static mt_batch_shape plan_shape(const shape *s)
+{
+    mt_batch_shape bs;
+    mt_batch_shape_init(&bs);
+    bs.micro_batch_size = (uint32_t)s->n_seq;
+    bs.seq_len = (uint32_t)s->seq_len;
+    bs.num_micro_batches = (uint32_t)s->n_micro;
+    return bs;
+}
+
+/* One model, one shape: the plan against what a step reserved. Returns the
+ * model (the caller destroys it). */
+static mt_model *step_and_compare(const mt_model_config *c, const mt_offload_policy *p, const shape *s,
+                                  mt_memory_plan *plan)
+{
+    const mt_batch_shape bs = plan_shape(s);
+    mt_memory_plan_init(plan);
+    cr_assert_eq(mt_plan(plan, c, p, &bs), MT_OK, "%s", mt_last_errmsg());
+    mt_model *m = NULL;
+    mt_status st = mt_model_create(&m, c, p);
+    if (st == MT_ERR_NO_DEVICE) MT_GPU_MISSING("%s", mt_last_errmsg());
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    int32_t *tok = malloc((size_t)s->n_micro * s->n_seq * s->seq_len * sizeof *tok);
+    mt_batch b = batch_of(s, tok);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    free(tok);
+    const mt_be_needs *h = &m->be->held;
+    const char *what = p->backend == MT_BACKEND_CUDA ? "CUDA" : "CPU";
+    cr_assert_eq(plan->activation_bytes, h->checkpoint_bytes, "%s %dx%dx%d: checkpoints planned %llu, allocated %llu",
+                 what, s->n_micro, s->n_seq, s->seq_len, (unsigned long long)plan->activation_bytes,
+                 (unsigned long long)h->checkpoint_bytes);
+    cr_assert_eq(plan->activations, (uint32_t)h->activations, "%s: placement", what);
+    cr_assert_eq(plan->gpu_bytes, h->device_bytes, "%s %dx%dx%d: device bytes planned %llu, allocated %llu", what,
+                 s->n_micro, s->n_seq, s->seq_len, (unsigned long long)plan->gpu_bytes,
+                 (unsigned long long)h->device_bytes);
+    const uint64_t tiles = m->layout.tile_bytes;
+    const uint64_t host = plan->host_pinned_bytes + plan->host_pageable_bytes;
+    cr_assert_eq(host, tiles + h->host_bytes + h->pinned_bytes, "%s %dx%dx%d: host bytes planned %llu, allocated %llu",
+                 what, s->n_micro, s->n_seq, s->seq_len, (unsigned long long)host,
+                 (unsigned long long)(tiles + h->host_bytes + h->pinned_bytes));
+    cr_assert_eq(plan->activation_bytes + plan->workspace_bytes, h->host_bytes + h->pinned_bytes + h->device_bytes);
+    return m;
+}
+
+static const shape SHAPES[] = {{1, 16, 1}, {2, 32, 3}, {3, 64, 2}, {1, 256, 1}};
+
+Test(backend, cpu_plan_is_the_allocation)
+{
+    for (int prec = 0; prec < 2; prec++)
+        for (int tied = 0; tied < 2; tied++)
+            for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) {
+                const mt_model_config c = config_of(prec ? MT_PRECISION_FP32 : MT_PRECISION_BF16, tied, tied, 2);
+                const mt_offload_policy p = policy_of(MT_BACKEND_CPU);
+                mt_memory_plan plan;
+                mt_model *m = step_and_compare(&c, &p, &SHAPES[i], &plan);
+                cr_assert_eq(plan.host_pinned_bytes, 0);
+                cr_assert_eq(m->be->held.activations, MT_PLACE_HOST);
+                mt_model_destroy(m);
+            }
+}
+
+/* A host budget of exactly the plan trains; one byte less is refused with
+ * the plan's numbers, and the model is as before. */
+Test(backend, cpu_host_budget_is_exact)
+{
+    const mt_model_config c = config_of(MT_PRECISION_BF16, 0, 0, 3);
+    mt_offload_policy p = policy_of(MT_BACKEND_CPU);
+    const shape s = {2, 32, 2};
+    const mt_batch_shape bs = plan_shape(&s);
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan(&plan, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+    const uint64_t need = plan.host_pageable_bytes;
+    int32_t tok[2 * 2 * 32];
+    mt_batch b = batch_of(&s, tok);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    for (int short_by = 0; short_by <= 1; short_by++) {
+        p.host_budget_bytes = need - (uint64_t)short_by;
+        mt_model *m = NULL;
+        cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+        const mt_status st = mt_step(m, &b, &o, NULL);
+        if (short_by) {
+            cr_assert_eq(st, MT_ERR_HOST_BUDGET, "one byte short: %s", mt_model_errmsg(m));
+            cr_assert_eq(m->step, 0, "nothing was trained");
+        } else {
+            cr_assert_eq(st, MT_OK, "%s", mt_model_errmsg(m));
+            cr_assert_eq(m->be->held.host_bytes + m->layout.tile_bytes, need);
+        }
+        mt_model_destroy(m);
+    }
+}
+
+/* The CUDA backend: generous budgets keep every layer's activations, tight
+ * ones fewer, tighter still send the checkpoints to the host; in each the
+ * plan is the allocation. */
+Test(backend, cuda_plan_is_the_allocation)
+{
+    const uint64_t MiB = 1 << 20;
+    const uint64_t budgets[] = {8192 * MiB, 0 /* just above the bare need: found below */};
+    for (int prec = 0; prec < 2; prec++)
+        for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++)
+            for (size_t j = 0; j < sizeof budgets / sizeof *budgets; j++)
+                for (int place = 0; place < 2; place++) {
+                    const mt_model_config c = config_of(prec ? MT_PRECISION_FP32 : MT_PRECISION_BF16, 0, i % 2, 4);
+                    mt_offload_policy p = policy_of(MT_BACKEND_CUDA);
+                    p.activations = place ? MT_PLACE_HOST : MT_PLACE_AUTO;
+                    p.gpu_budget_bytes = budgets[j] ? budgets[j] : 8192 * MiB;
+                    if (!budgets[j]) { /* the least that keeps nothing, plus a few layers' worth */
+                        p.recompute = MT_RECOMPUTE_FULL;
+                        mt_memory_plan bare;
+                        mt_memory_plan_init(&bare);
+                        const mt_batch_shape bs = plan_shape(&SHAPES[i]);
+                        cr_assert_eq(mt_plan(&bare, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+                        p.recompute = MT_RECOMPUTE_AUTO;
+                        p.gpu_budget_bytes = bare.gpu_bytes + 3 * (uint64_t)SHAPES[i].n_micro * SHAPES[i].n_seq *
+                                                                  SHAPES[i].seq_len * c.hidden_size * 4;
+                    }
+                    mt_memory_plan plan;
+                    mt_model *m = step_and_compare(&c, &p, &SHAPES[i], &plan);
+                    cr_assert_leq(plan.gpu_bytes, p.gpu_budget_bytes);
+                    if (place) cr_assert_eq(plan.activations, MT_PLACE_HOST, "the policy's placement");
+                    mt_model_destroy(m);
+                }
+}
