@@ -2,7 +2,7 @@
  * that two builds of the library can be compared exactly: a refactor that
  * claims to change nothing must print the same lines before and after.
  *
- *     build/bench/fingerprint cpu|cuda > before.txt   (old build)
+ *     build/bench/fingerprint cpu|cuda|7b > before.txt   (old build)
  *     build/bench/fingerprint cpu|cuda > after.txt    (new build)
  *     cmp before.txt after.txt
  *
@@ -13,7 +13,8 @@
  * llama3 RoPE scaling, several micro-batches, three weight slots and more
  * than one logits chunk; on CUDA each runs with activations kept on the
  * device and kept attention outputs, and again with checkpoints in host
- * memory and full recompute. */
+ * memory and full recompute. `7b` runs three steps of the Llama-2-7B shape
+ * at 131072 tokens each on the GPU (about two minutes on an H200). */
 #include <megatrain.h>
 
 #include <stdint.h>
@@ -33,6 +34,11 @@ static const run RUNS[] = {
     {"llama-bf16-d128", MT_ARCH_LLAMA, MT_PRECISION_BF16, 512, 256, 512, 2, 2, 2, 128, 0, 1, 0, 1, 96, 3, 3},
     {"qwen2-bf16-bias", MT_ARCH_QWEN2, MT_PRECISION_BF16, 384, 192, 448, 2, 6, 2, 32, 1, 0, 1, 3, 48, 2, 2},
 };
+
+/* `fingerprint 7b`: the Llama-2-7B shape at 131072 tokens a step (the
+ * benchmark's), on the GPU with the default policy. */
+static const run RUN_7B = {"llama2-7b", MT_ARCH_LLAMA, MT_PRECISION_BF16, 32000, 4096, 11008, 32, 32, 32, 128, 0, 0, 0,
+                           4, 4096, 8, 2};
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -56,7 +62,7 @@ static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t acti
     cfg.head_dim = r->head_dim;
     cfg.attention_bias = r->bias;
     cfg.tie_word_embeddings = r->tied;
-    cfg.max_position_embeddings = 256;
+    cfg.max_position_embeddings = r->seq_len > 256 ? r->seq_len : 256;
     cfg.seed = 7;
     if (r->llama3) {
         cfg.rope_scaling = MT_ROPE_SCALING_LLAMA3;
@@ -126,10 +132,11 @@ static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t acti
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
-        fprintf(stderr, "usage: %s cpu|cuda\n", argv[0]);
+    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") && strcmp(argv[1], "7b"))) {
+        fprintf(stderr, "usage: %s cpu|cuda|7b\n", argv[0]);
         return 2;
     }
+    if (!strcmp(argv[1], "7b")) return one(&RUN_7B, MT_BACKEND_CUDA, MT_RECOMPUTE_AUTO, MT_PLACE_AUTO, "cuda");
     const int cuda = !strcmp(argv[1], "cuda");
     int rc = 0;
     for (size_t i = 0; i < sizeof RUNS / sizeof RUNS[0]; i++) {

@@ -9,6 +9,9 @@
 #   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
 #   PREV_STEP=old/step tools/gpu-visit.sh step_7b_prev1 step_7b_now1 step_7b_prev2 step_7b_now2
 #                                      the 7B step of an earlier build against this one's
+#   PREV_FP=old/fingerprint tools/gpu-visit.sh fingerprint_prev fingerprint fingerprint_cmp
+#                                      the bits of short runs (and of three 7B steps) of an
+#                                      earlier build against this one's: a refactor must print the same
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -24,7 +27,14 @@ run() { # name, command...
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
 run machine sh -c 'date -u; nvidia-smi; lscpu | head -20; free -g; nproc'
-run gpu_tests build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
+run gpu_tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
+run gpu_backend env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'backend/*'
+# the bits of the same runs from an earlier build (PREV_FP) and this one
+for fp in fingerprint:cuda fingerprint_7b:7b; do
+  [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_prev sh -c "\"$PREV_FP\" ${fp#*:} > \"$OUT/${fp%%:*}_prev.txt\""
+  run ${fp%%:*} sh -c "build/bench/fingerprint ${fp#*:} > \"$OUT/${fp%%:*}.txt\""
+  [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_cmp cmp "$OUT/${fp%%:*}_prev.txt" "$OUT/${fp%%:*}.txt"
+done
 run tests build/tests/mt_tests --jobs 8
 run demo bin/megatrain train --out "$OUT/demo-model"
 run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/megatrain train --steps 3 --log-every 1 --out $OUT/san && compute-sanitizer --tool racecheck bin/megatrain train --steps 2 --log-every 1 --out $OUT/san"

@@ -1,0 +1,49 @@
+#!/bin/sh
+# The source folders depend one way only (docs/architecture.md): a file may
+# include headers of its own folder and of the folders before it in
+#
+#   src/core -> src/device -> src/model -> src/memory -> src/optim -> src/engine
+#            -> src/cpu, src/io, cuda/            (these three not on each other)
+#
+# and inside cuda/: runtime -> kernels, gemm -> backend. Only cuda/ sees the
+# CUDA toolkit. Prints each include that points the wrong way; fails if any.
+cd "$(dirname "$0")/.." || exit 2
+rank() {
+  case $1 in
+    core) echo 0 ;; device) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; engine) echo 5 ;;
+    cpu|io|cuda) echo 6 ;; *) echo 99 ;;
+  esac
+}
+cuda_rank() { case $1 in runtime) echo 0 ;; kernels|gemm) echo 1 ;; backend) echo 2 ;; *) echo 99 ;; esac; }
+bad=0
+for f in src/*/*.c src/*/*.h cuda/*/*.cu cuda/*/*.h; do
+  top=${f%%/*}
+  dir=$(echo "$f" | cut -d/ -f2)
+  if [ "$top" = src ]; then me=$dir; else me=cuda; fi
+  for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
+    case $inc in
+      */*) ;;
+      *) continue ;; # a header of the same folder
+    esac
+    first=${inc%%/*}
+    if [ "$first" = cuda ]; then
+      sub=$(echo "$inc" | cut -d/ -f2)
+      if [ "$me" != cuda ]; then
+        echo "$f includes $inc: only cuda/ sees the CUDA side"; bad=1
+      elif [ "$(cuda_rank "$sub")" -gt "$(cuda_rank "$dir")" ]; then
+        echo "$f includes $inc: cuda/$dir comes before cuda/$sub"; bad=1
+      fi
+      continue
+    fi
+    [ "$first" = "$me" ] && continue
+    r_inc=$(rank "$first"); r_me=$(rank "$me")
+    if [ "$r_inc" -ge "$r_me" ]; then
+      echo "$f includes $inc: src/$first does not come before $me"; bad=1
+    fi
+  done
+  if [ "$top" = src ] && grep -q '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(cuda\|cublas\|cub/\|nccl\|cudnn\)' "$f"; then
+    echo "$f includes a CUDA toolkit header: only cuda/ may"; bad=1
+  fi
+done
+[ $bad = 0 ] && echo "include directions: ok"
+exit $bad
