@@ -78,8 +78,8 @@ all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(BENCH_BIN) $(i
 .PHONY: all test memcheck check demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
-# stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
-# rebuilds them.
+# stand-ins of src/device/device_none.c): a stamp per setting, made anew on a
+# switch, rebuilds them.
 CONFIG_STAMP := build/config-cuda$(CUDA).stamp
 $(CONFIG_STAMP):
 	@mkdir -p build

@@ -931,53 +931,6 @@ const mt_cu_tuning *tuning_for(const mt_cu_tuning *t)
 
 extern "C" {
 
-int mt_cu_device_available(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n > 0;
-}
-
-void *mt_cu_alloc(size_t bytes)
-{
-    void *p = nullptr;
-    if (bytes == 0) return nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return nullptr;
-    }
-    return p;
-}
-
-void mt_cu_free(void *p)
-{
-    if (p && cudaFree(p) != cudaSuccess) cudaGetLastError();
-}
-
-int mt_cu_copy_h2d(void *dst, const void *src, size_t bytes)
-{
-    if (bytes == 0) return 0;
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : (cudaGetLastError(), -1);
-}
-
-int mt_cu_copy_d2h(void *dst, const void *src, size_t bytes)
-{
-    if (bytes == 0) return 0;
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : (cudaGetLastError(), -1);
-}
-
-int mt_cu_sync(void)
-{
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return 0;
-}
-
 size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
 
 void mt_cu_tuning_default(mt_cu_tuning *t)
