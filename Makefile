@@ -176,6 +176,8 @@ build/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(FUZZ_LIB_OBJ)
 
 # -- running --------------------------------------------------------------
 # Criterion runs each test in its own process. JOBS=1 for GPU suites.
+# MT_REQUIRE_GPU=1 in the environment fails, rather than skips, a GPU test
+# that finds no GPU (tests/gpu.h; tests/require_gpu.sh checks it).
 JOBS ?= 2
 test: $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
@@ -221,6 +223,7 @@ fuzz-seeds: build/fuzz/seeds
 check: setup
 	$(MAKE) all
 	$(MAKE) test
+	tests/require_gpu.sh $(TEST_BIN)
 	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh

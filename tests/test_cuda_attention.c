@@ -27,8 +27,9 @@
  *
  * Outputs are poisoned (all bits set: NaN) before each GPU call, so an
  * element the GPU did not write fails. Every suite test that needs a GPU
- * skips when there is none; the argument checks run everywhere. Device
- * memory goes through the device layer (src/device/device.h). */
+ * skips when there is none (fails under MT_REQUIRE_GPU=1, tests/gpu.h); the
+ * argument checks run everywhere. Device memory goes through the device
+ * layer (src/device/device.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -38,6 +39,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "gpu.h"
 
 #ifdef MT_HAVE_CUDA
 #include "cuda/kernels/attention.h"
@@ -68,7 +70,7 @@ static char why[256]; /* the device layer's reason for a failed call */
 
 static void need_gpu(void)
 {
-    if (mt_device_count(why, sizeof why) <= 0) cr_skip_test("%s", why);
+    if (mt_device_count(why, sizeof why) <= 0) MT_GPU_MISSING("%s", why);
 }
 
 /* Device memory of bytes, the test failed if there is none. */
@@ -330,6 +332,6 @@ Test(cuda_attention, argument_checks)
 
 #else /* built without CUDA */
 
-Test(cuda_attention, built_without_cuda) { cr_skip_test("built without CUDA"); }
+Test(cuda_attention, built_without_cuda) { MT_GPU_MISSING("this library was built without CUDA"); }
 
 #endif

@@ -3,8 +3,8 @@
  * lengths that are and are not multiples of 8, rows long enough for every
  * register layout, token counts that are multiples of nothing), plus
  * run-to-run determinism of every reduction. Each test skips on a machine
- * without a CUDA device. Device memory goes through the device layer
- * (src/device/device.h).
+ * without a CUDA device (fails under MT_REQUIRE_GPU=1, tests/gpu.h). Device
+ * memory goes through the device layer (src/device/device.h).
  *
  * bf16 mode: the inputs are rounded to bf16 first and the CPU reference is
  * run in fp32 on the rounded values, so the only differences are the GPU's
@@ -30,6 +30,7 @@
 #include "optim/adamw.h"
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "gpu.h"
 #include "rng.h"
 
 #define U24 5.9604644775390625e-08 /* 2^-24 */
@@ -39,7 +40,7 @@ static char why[256]; /* the device layer's reason for a failed call */
 
 #define NEED_GPU()                                                                                                     \
     do {                                                                                                               \
-        if (mt_device_count(why, sizeof why) <= 0) cr_skip_test("%s", why);                                            \
+        if (mt_device_count(why, sizeof why) <= 0) MT_GPU_MISSING("%s", why);                                          \
     } while (0)
 
 /* Blocking copies; a failure fails the test with the device layer's reason. */
@@ -320,7 +321,7 @@ Test(cuda_kernels, rmsnorm_backward_variants)
 Test(cuda_kernels, tuning)
 {
 #ifndef MT_HAVE_CUDA
-    cr_skip_test("built without CUDA");
+    MT_GPU_MISSING("this library was built without CUDA");
 #else
     const mt_cu_tuning d = MT_CU_TUNING_DEFAULT;
     mt_cu_tuning t;
