@@ -78,8 +78,8 @@ all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(BENCH_BIN) $(i
 .PHONY: all test memcheck check demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
-# stubs of src/cuda_host_none.c): a stamp per setting, made anew on a switch,
-# rebuilds them.
+# stand-ins of src/device/device_none.c): a stamp per setting, made anew on a
+# switch, rebuilds them.
 CONFIG_STAMP := build/config-cuda$(CUDA).stamp
 $(CONFIG_STAMP):
 	@mkdir -p build
@@ -176,6 +176,8 @@ build/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(FUZZ_LIB_OBJ)
 
 # -- running --------------------------------------------------------------
 # Criterion runs each test in its own process. JOBS=1 for GPU suites.
+# MT_REQUIRE_GPU=1 in the environment fails, rather than skips, a GPU test
+# that finds no GPU (tests/gpu.h; tests/require_gpu.sh checks it).
 JOBS ?= 2
 test: $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
@@ -221,6 +223,8 @@ fuzz-seeds: build/fuzz/seeds
 check: setup
 	$(MAKE) all
 	$(MAKE) test
+	tests/require_gpu.sh $(TEST_BIN)
+	tools/check-deps.sh
 	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh

@@ -1,4 +1,4 @@
-/* Throughput of the GPU attention (cuda/attention.h).
+/* Throughput of the GPU attention (cuda/kernels/attention.h).
  *
  *   cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] [--dtype bf16|fp32]
  *
@@ -22,6 +22,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include "cuda/kernels/attention.h"
+#include "device/device.h"
 
 #define MAX_LIST 16
 
@@ -60,6 +61,17 @@ static void check(int rc, const char *what)
     }
 }
 
+static char why[256]; /* the device layer's reason for a failed call */
+
+/* A device-layer call's result: on failure, says why and exits. */
+static void device_ok(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "cuda_attention: %s: %s\n", what, why);
+        exit(1);
+    }
+}
+
 typedef struct {
     int dtype, B, S, H, Hkv, D;
     float scale;
@@ -86,11 +98,11 @@ static double time_it(int (*fn)(problem *), problem *p, int iters)
     double t[256];
     if (iters > 256) iters = 256;
     for (int i = 0; i < 3; i++) check(fn(p), "warm-up");
-    check(mt_cuattn_sync(NULL), "sync");
+    device_ok(mt_device_sync(why, sizeof why), "sync");
     for (int i = 0; i < iters; i++) {
         const double t0 = now_s();
         check(fn(p), "call");
-        check(mt_cuattn_sync(NULL), "sync");
+        device_ok(mt_device_sync(why, sizeof why), "sync");
         t[i] = now_s() - t0;
     }
     qsort(t, (size_t)iters, sizeof t[0], cmp_double);
@@ -121,12 +133,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "cuda_attention: bad arguments (B*H must be a multiple of H, H of Hkv)\n");
         return 2;
     }
-    if (mt_cuattn_device_count() <= 0) {
-        fprintf(stderr, "cuda_attention: no CUDA device\n");
+    if (mt_device_count(why, sizeof why) <= 0) {
+        fprintf(stderr, "cuda_attention: %s\n", why);
         return 1;
     }
     char name[128];
-    check(mt_cuattn_device_name(name, sizeof name), "device");
+    if (mt_device_name(mt_device_current(), name, sizeof name) != 0) {
+        fprintf(stderr, "cuda_attention: cannot describe the current device\n");
+        return 1;
+    }
     printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls\n", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
            iters);
     printf("%5s %6s | %9s %9s | %9s %9s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
@@ -139,21 +154,23 @@ int main(int argc, char **argv)
             void **bufs[] = {&p.q, &p.out, &p.dout, &p.dq, &p.k, &p.v, &p.dk, &p.dv};
             for (int i = 0; i < 8; i++) {
                 const size_t n = i < 4 ? nq : nkv;
-                check(mt_cuattn_malloc(bufs[i], n * elem), "malloc");
+                device_ok(mt_device_malloc(bufs[i], n * elem, why, sizeof why), "malloc");
                 check(mt_cuattn_fill_random(NULL, dtype, *bufs[i], n, 1000 + (uint64_t)i, 1.0f), "fill");
             }
-            check(mt_cuattn_malloc((void **)&p.lse, (size_t)p.B * p.H * p.S * 4), "malloc");
+            void *lse;
+            device_ok(mt_device_malloc(&lse, (size_t)p.B * p.H * p.S * 4, why, sizeof why), "malloc");
+            p.lse = lse;
             p.wsb = mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
-            check(mt_cuattn_malloc(&p.ws, p.wsb), "malloc");
+            device_ok(mt_device_malloc(&p.ws, p.wsb, why, sizeof why), "malloc");
             check(run_fwd(&p), "forward"); /* real out and lse for the backward */
             const double flop = 4.0 * bh * (double)p.S * p.S * p.D / 2;
             const double tf = time_it(run_fwd, &p, iters), tb = time_it(run_bwd, &p, iters);
             printf("%5d %6d | %9.3f %9.1f | %9.3f %9.1f\n", p.D, p.S, tf * 1e3, flop / tf * 1e-12, tb * 1e3,
                    2.5 * flop / tb * 1e-12);
             fflush(stdout);
-            for (int i = 0; i < 8; i++) mt_cuattn_free(*bufs[i]);
-            mt_cuattn_free(p.lse);
-            mt_cuattn_free(p.ws);
+            for (int i = 0; i < 8; i++) mt_device_free(*bufs[i]);
+            mt_device_free(p.lse);
+            mt_device_free(p.ws);
         }
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Bandwidth of the CUDA backend's own kernels (cuda/kernels.h) at the shapes
+/* Bandwidth of the CUDA backend's own kernels (cuda/kernels/kernels.h) at the shapes
  * of a 7-8B model's micro-batch: T = 16384 tokens, C = 4096, 32 heads of
  * 128, F = 14336, V = 152064 (Qwen2's vocabulary), in both activation
  * dtypes. Each line: the bytes a kernel must move (each input read once,
@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cuda/kernels/kernels.h"
+#include "device/device.h"
 
 #define PEAK_GBS 4800.0
 
@@ -30,15 +31,29 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static char why[256]; /* the device layer's reason for a failed call */
+
 static void *dalloc(size_t bytes)
 {
-    void *p = mt_cu_alloc(bytes);
-    if (!p) {
-        fprintf(stderr, "cudaMalloc of %zu bytes failed\n", bytes);
+    void *p;
+    if (mt_device_malloc(&p, bytes, why, sizeof why) != 0 || !p) {
+        fprintf(stderr, "cuda_kernels: %s\n", bytes ? why : "an allocation of 0 bytes");
         exit(1);
     }
     return p;
 }
+
+/* A blocking copy to the device; exits on failure. */
+static void h2d(void *dst, const void *src, size_t bytes)
+{
+    if (mt_device_copy_h2d(dst, src, bytes, why, sizeof why) != 0) {
+        fprintf(stderr, "cuda_kernels: %s\n", why);
+        exit(1);
+    }
+}
+
+/* Waits for the device: 0, or -1 when its work failed (the reason in why). */
+static int dsync(void) { return mt_device_sync(why, sizeof why); }
 
 /* Fills n floats of device memory (as fp32 or bf16 bits) with values in [lo, hi). */
 static void dfill(void *d, mt_cu_dtype dt, size_t n, float lo, float hi)
@@ -62,7 +77,7 @@ static void dfill(void *d, mt_cu_dtype dt, size_t n, float lo, float hi)
                 b[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
             }
         }
-        if (mt_cu_copy_h2d(dst, h, m * mt_cu_dtype_size(dt)) != 0) exit(1);
+        h2d(dst, h, m * mt_cu_dtype_size(dt));
     }
     free(h);
 }
@@ -76,13 +91,13 @@ static int variants; /* also time the variants (mt_cu_tuning) */
 static void run(const char *name, bench_fn fn, void *ctx, double bytes)
 {
     if (filter && !strstr(name, filter)) return;
-    if (fn(ctx) != 0 || mt_cu_sync() != 0) {
+    if (fn(ctx) != 0 || dsync() != 0) {
         printf("%-44s FAILED\n", name);
         return;
     }
     double t0 = now();
     fn(ctx);
-    mt_cu_sync();
+    dsync();
     const double one = now() - t0;
     int iters = (int)(0.05 / (one > 1e-6 ? one : 1e-6));
     iters = iters < 3 ? 3 : iters > 2000 ? 2000 : iters;
@@ -90,7 +105,7 @@ static void run(const char *name, bench_fn fn, void *ctx, double bytes)
     for (int rep = 0; rep < 5; rep++) {
         t0 = now();
         for (int i = 0; i < iters; i++) fn(ctx);
-        if (mt_cu_sync() != 0) {
+        if (dsync() != 0) {
             printf("%-44s FAILED\n", name);
             return;
         }
@@ -232,15 +247,15 @@ static void bench_norm_rope(mt_cu_dtype dt, mt_cu_dtype xdt)
         for (int t = 0; t < T; t++) pos[t] = t % 4096;
         for (int i = 0; i < HD / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / HD);
         c.pos = dalloc(T * sizeof(int32_t)), c.inv = dalloc(sizeof inv);
-        mt_cu_copy_h2d(c.pos, pos, T * sizeof(int32_t));
-        mt_cu_copy_h2d(c.inv, inv, sizeof inv);
+        h2d(c.pos, pos, T * sizeof(int32_t));
+        h2d(c.inv, inv, sizeof inv);
         snprintf(name, sizeof name, "rope %s  %dx%dx%d", dt == MT_CU_BF16 ? "bf16" : "f32", T, NH, HD);
         run(name, f_rope, &c, (double)nq * es * 2);
         free(pos);
-        mt_cu_free(c.pos), mt_cu_free(c.inv);
+        mt_device_free(c.pos), mt_device_free(c.inv);
     }
-    mt_cu_free(c.x), mt_cu_free(c.y), mt_cu_free(c.w), mt_cu_free(c.rstd), mt_cu_free(c.dy), mt_cu_free(c.dx);
-    mt_cu_free(c.dw), mt_cu_free(c.scratch);
+    mt_device_free(c.x), mt_device_free(c.y), mt_device_free(c.w), mt_device_free(c.rstd), mt_device_free(c.dy);
+    mt_device_free(c.dx), mt_device_free(c.dw), mt_device_free(c.scratch);
 }
 
 static void bench_swiglu(mt_cu_dtype dt)
@@ -255,7 +270,7 @@ static void bench_swiglu(mt_cu_dtype dt)
     dfill(c.c, dt, n, -1, 1);
     snprintf(name, sizeof name, "swiglu_bwd %s", dt == MT_CU_BF16 ? "bf16" : "f32");
     run(name, f_swiglu_bwd, &c, (double)n * es * 5);
-    mt_cu_free(c.a), mt_cu_free(c.b), mt_cu_free(c.c), mt_cu_free(c.d), mt_cu_free(c.e);
+    mt_device_free(c.a), mt_device_free(c.b), mt_device_free(c.c), mt_device_free(c.d), mt_device_free(c.e);
 }
 
 static void bench_elementwise(void)
@@ -268,7 +283,7 @@ static void bench_elementwise(void)
     run("convert bf16 -> f32", f_to_f32, &c, (double)n * 6);
     run("add f32 = f32 + bf16", f_add, &c, (double)n * 10);
     run("scale f32 in place", f_scale, &c, (double)n * 8);
-    mt_cu_free(c.a), mt_cu_free(c.b), mt_cu_free(c.c);
+    mt_device_free(c.a), mt_device_free(c.b), mt_device_free(c.c);
 }
 
 static void bench_embedding(void)
@@ -282,7 +297,7 @@ static void bench_embedding(void)
         tok[t] = (int32_t)((s >> 33) % V);
     }
     c.tok = dalloc(T * sizeof(int32_t));
-    mt_cu_copy_h2d(c.tok, tok, T * sizeof(int32_t));
+    h2d(c.tok, tok, T * sizeof(int32_t));
     c.w = dalloc((size_t)V * C * 2), c.y = dalloc(n * 2), c.dy = dalloc(n * 4), c.dw = dalloc((size_t)V * C * 4);
     c.scratch = dalloc(mt_cu_embedding_bwd_scratch_bytes(T));
     mt_cu_zero(NULL, c.w, (size_t)V * C * 2), dfill(c.dy, MT_CU_F32, n, -1, 1); /* values do not matter */
@@ -291,7 +306,8 @@ static void bench_embedding(void)
     /* dout read, and each touched dwte row read and written (random tokens: ~all distinct) */
     run("embedding_bwd f32 (sort + per-token rows)", f_embed_bwd, &c, (double)n * 12);
     free(tok);
-    mt_cu_free(c.tok), mt_cu_free(c.w), mt_cu_free(c.y), mt_cu_free(c.dy), mt_cu_free(c.dw), mt_cu_free(c.scratch);
+    mt_device_free(c.tok), mt_device_free(c.w), mt_device_free(c.y), mt_device_free(c.dy), mt_device_free(c.dw);
+    mt_device_free(c.scratch);
 }
 
 static void bench_ce(mt_cu_dtype dt)
@@ -302,7 +318,7 @@ static void bench_ce(mt_cu_dtype dt)
     int32_t *tg = malloc(CE_ROWS * sizeof(int32_t));
     for (int r = 0; r < CE_ROWS; r++) tg[r] = (r * 7919) % V;
     c.tok = dalloc(CE_ROWS * sizeof(int32_t));
-    mt_cu_copy_h2d(c.tok, tg, CE_ROWS * sizeof(int32_t));
+    h2d(c.tok, tg, CE_ROWS * sizeof(int32_t));
     c.x = dalloc(n * 4), c.y = dalloc(n * mt_cu_dtype_size(dt)), c.loss = dalloc(sizeof(double));
     c.scratch = dalloc(mt_cu_cross_entropy_scratch_bytes(CE_ROWS));
     dfill(c.x, MT_CU_F32, n, -8, 8);
@@ -325,7 +341,7 @@ static void bench_ce(mt_cu_dtype dt)
         mt_cu_tuning_default(&c.tune);
     }
     free(tg);
-    mt_cu_free(c.tok), mt_cu_free(c.x), mt_cu_free(c.y), mt_cu_free(c.loss), mt_cu_free(c.scratch);
+    mt_device_free(c.tok), mt_device_free(c.x), mt_device_free(c.y), mt_device_free(c.loss), mt_device_free(c.scratch);
 }
 
 static void bench_reductions(void)
@@ -334,11 +350,11 @@ static void bench_reductions(void)
     c.a = dalloc(c.n * 4), c.loss = dalloc(sizeof(double)), c.scratch = dalloc(mt_cu_sumsq_scratch_bytes());
     mt_cu_zero(NULL, c.a, c.n * 4); /* values do not matter */
     run("sumsq f32  2^30", f_sumsq, &c, (double)c.n * 4);
-    mt_cu_free(c.a), mt_cu_free(c.loss), mt_cu_free(c.scratch);
+    mt_device_free(c.a), mt_device_free(c.loss), mt_device_free(c.scratch);
     c.dy = dalloc((size_t)T * C * 2), c.dw = dalloc(C * 4), c.scratch = dalloc(mt_cu_bias_grad_scratch_bytes(T, C));
     dfill(c.dy, MT_CU_BF16, (size_t)T * C, -1, 1);
     run("bias_grad bf16  16384x4096", f_bias, &c, (double)T * C * 2);
-    mt_cu_free(c.dy), mt_cu_free(c.dw), mt_cu_free(c.scratch);
+    mt_device_free(c.dy), mt_device_free(c.dw), mt_device_free(c.scratch);
 }
 
 /* ---- smoke: every kernel and path once at small awkward shapes, in buffers of
@@ -348,7 +364,7 @@ static int smoke_fails;
 
 static void chk(int rc, const char *what)
 {
-    if (rc != 0 || mt_cu_sync() != 0) {
+    if (rc != 0 || dsync() != 0) {
         printf("smoke: %s FAILED\n", what);
         smoke_fails++;
     }
@@ -361,7 +377,7 @@ static void *sbuf(mt_cu_dtype dt, size_t n, size_t off)
     dfill(p, dt, n + off, -1, 1);
     return p + off * mt_cu_dtype_size(dt);
 }
-static void sfree(void *p, mt_cu_dtype dt, size_t off) { mt_cu_free((char *)p - off * mt_cu_dtype_size(dt)); }
+static void sfree(void *p, mt_cu_dtype dt, size_t off) { mt_device_free((char *)p - off * mt_cu_dtype_size(dt)); }
 
 static void smoke(void)
 {
@@ -383,9 +399,9 @@ static void smoke(void)
                 "rmsnorm_bwd dx only");
             void *bscr = dalloc(mt_cu_bias_grad_scratch_bytes(Tn, Cn));
             chk(mt_cu_bias_grad(NULL, dw, dt, x, Tn, Cn, bscr), "bias_grad");
-            mt_cu_free(bscr);
+            mt_device_free(bscr);
             sfree(x, dt, 0), sfree(y, dt, 0), sfree(w, dt, 0), sfree(r, MT_CU_F32, 0), sfree(dy, MT_CU_F32, 0);
-            sfree(dx, MT_CU_F32, 0), sfree(dw, MT_CU_F32, 0), mt_cu_free(scr);
+            sfree(dx, MT_CU_F32, 0), sfree(dw, MT_CU_F32, 0), mt_device_free(scr);
         }
         const int Ds[] = {128, 6, 80};
         for (int i = 0; i < 3; i++) {
@@ -394,10 +410,10 @@ static void smoke(void)
             float inv[64];
             for (int k = 0; k < D / 2; k++) inv[k] = 1.0f / powf(10000.0f, (float)(2 * k) / D);
             void *x = sbuf(dt, (size_t)Tn * nh * D, 0), *dp = dalloc(sizeof pos), *di_ = dalloc((size_t)D / 2 * 4);
-            mt_cu_copy_h2d(dp, pos, sizeof pos), mt_cu_copy_h2d(di_, inv, (size_t)D / 2 * 4);
+            h2d(dp, pos, sizeof pos), h2d(di_, inv, (size_t)D / 2 * 4);
             chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, 0), "rope");
             chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, 1), "rope inverse");
-            sfree(x, dt, 0), mt_cu_free(dp), mt_cu_free(di_);
+            sfree(x, dt, 0), mt_device_free(dp), mt_device_free(di_);
         }
         for (size_t off = 0; off < 2; off++) {
             const size_t n = 1003;
@@ -412,7 +428,7 @@ static void smoke(void)
             void *sum = dalloc(sizeof(double)), *sscr = dalloc(mt_cu_sumsq_scratch_bytes());
             mt_cu_zero(NULL, sum, sizeof(double));
             chk(mt_cu_sumsq(NULL, sum, f, n, sscr), "sumsq");
-            mt_cu_free(sum), mt_cu_free(sscr);
+            mt_device_free(sum), mt_device_free(sscr);
             sfree(a, dt, off), sfree(b, dt, off), sfree(c, dt, off), sfree(d, dt, off), sfree(e, dt, off);
             sfree(f, MT_CU_F32, off);
         }
@@ -424,11 +440,11 @@ static void smoke(void)
             void *dt_ = dalloc(sizeof tok), *wte = sbuf(dt, (size_t)Vn * Cn, 0), *out = sbuf(dt, (size_t)Tn * Cn, 0);
             void *dwte = sbuf(MT_CU_F32, (size_t)Vn * Cn, 0), *dout = sbuf(MT_CU_F32, (size_t)Tn * Cn, 0);
             void *escr = dalloc(mt_cu_embedding_bwd_scratch_bytes(Tn));
-            mt_cu_copy_h2d(dt_, tok, sizeof tok);
+            h2d(dt_, tok, sizeof tok);
             chk(mt_cu_embedding(NULL, dt, out, dt_, dt, wte, Tn, Cn, Vn), "embedding");
             chk(mt_cu_embedding_bwd(NULL, dwte, dt_, dout, Tn, Cn, Vn, escr), "embedding_bwd");
-            mt_cu_free(dt_), sfree(wte, dt, 0), sfree(out, dt, 0), sfree(dwte, MT_CU_F32, 0);
-            sfree(dout, MT_CU_F32, 0), mt_cu_free(escr);
+            mt_device_free(dt_), sfree(wte, dt, 0), sfree(out, dt, 0), sfree(dwte, MT_CU_F32, 0);
+            sfree(dout, MT_CU_F32, 0), mt_device_free(escr);
         }
         const int Vs[] = {1000, 1001, 32000, 152064, 3};
         mt_cu_tuning tu;
@@ -441,7 +457,7 @@ static void smoke(void)
                 void *dtg = dalloc(sizeof tg), *lg = sbuf(MT_CU_F32, (size_t)nr * Vn, 0);
                 void *dl = sbuf(dt, (size_t)nr * Vn, 0), *ls = dalloc(sizeof(double)), *cnt = dalloc(sizeof(int));
                 void *cscr = dalloc(mt_cu_cross_entropy_scratch_bytes(nr));
-                mt_cu_copy_h2d(dtg, tg, sizeof tg);
+                h2d(dtg, tg, sizeof tg);
                 chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, dl, ls, cnt, cscr, &tu),
                     "cross_entropy");
                 chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, NULL, ls, NULL, cscr, &tu),
@@ -449,8 +465,8 @@ static void smoke(void)
                 if (dt == MT_CU_F32)
                     chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, lg, ls, cnt, cscr, &tu),
                         "ce in place");
-                mt_cu_free(dtg), sfree(lg, MT_CU_F32, 0), sfree(dl, dt, 0), mt_cu_free(ls), mt_cu_free(cnt);
-                mt_cu_free(cscr);
+                mt_device_free(dtg), sfree(lg, MT_CU_F32, 0), sfree(dl, dt, 0), mt_device_free(ls), mt_device_free(cnt);
+                mt_device_free(cscr);
             }
     }
     printf("smoke: %s\n", smoke_fails ? "FAILED" : "ok");
@@ -462,8 +478,8 @@ int main(int argc, char **argv)
     if (a < argc && strcmp(argv[a], "-v") == 0) variants = 1, a++;
     if (a < argc && strcmp(argv[a], "-s") == 0) do_smoke = 1, a++;
     filter = a < argc ? argv[a] : NULL;
-    if (!mt_cu_device_available()) {
-        printf("cuda_kernels: no CUDA device\n");
+    if (mt_device_count(why, sizeof why) <= 0) {
+        printf("cuda_kernels: %s\n", why);
         return 0;
     }
     if (do_smoke) {

@@ -14,6 +14,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "gpu.h"
 
 /* ---- JSON ------------------------------------------------------------------------ */
 
@@ -240,7 +241,7 @@ mt_model *parity_create(const mt_model_config *c, uint32_t backend)
     p.log_level = MT_LOG_ERROR;
     mt_model *m = NULL;
     mt_status st = mt_model_create(&m, c, &p);
-    if (st == MT_ERR_NO_DEVICE && backend == MT_BACKEND_CUDA) cr_skip_test("no CUDA device: %s", mt_last_errmsg());
+    if (st == MT_ERR_NO_DEVICE && backend == MT_BACKEND_CUDA) MT_GPU_MISSING("no CUDA device: %s", mt_last_errmsg());
     cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
     return m;
 }

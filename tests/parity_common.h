@@ -54,8 +54,9 @@ void parity_use_step(parity_fixture *f, int s);
 
 /* ---- models ------------------------------------------------------------------------ */
 
-/* A model on `backend`; the test is skipped when the backend is CUDA and there
- * is no device (mt_model_create returns MT_ERR_NO_DEVICE). */
+/* A model on `backend`; the test is skipped (failed under MT_REQUIRE_GPU=1,
+ * tests/gpu.h) when the backend is CUDA and there is no device
+ * (mt_model_create returns MT_ERR_NO_DEVICE). */
 mt_model *parity_create(const mt_model_config *c, uint32_t backend);
 /* A CPU model with the weights of a safetensors file: a temporary folder whose
  * model.safetensors links to it (mt_model_load reads no config.json). */

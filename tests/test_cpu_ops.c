@@ -1,4 +1,4 @@
-/* The CPU backend's layer operations (src/cpu_ops.h):
+/* The CPU backend's layer operations (src/cpu/cpu_ops.h):
  * - forwards against double-precision references written here;
  * - backwards against central finite differences of the forwards: with
  *   L = sum(out * R) for a fixed random R (accumulated in double), every

@@ -1,5 +1,5 @@
-/* The GPU attention (cuda/attention.h) against the CPU reference
- * (mt_cpu_attention / mt_cpu_attention_bwd, src/cpu_ops.h) on the same
+/* The GPU attention (cuda/kernels/attention.h) against the CPU reference
+ * (mt_cpu_attention / mt_cpu_attention_bwd, src/cpu/cpu_ops.h) on the same
  * random inputs (normal, std 1), shapes whose S is no multiple of the tiles.
  *
  * bf16 mode: the inputs are rounded to bf16 and the CPU gets the rounded
@@ -27,7 +27,9 @@
  *
  * Outputs are poisoned (all bits set: NaN) before each GPU call, so an
  * element the GPU did not write fails. Every suite test that needs a GPU
- * skips when there is none; the argument checks run everywhere. */
+ * skips when there is none (fails under MT_REQUIRE_GPU=1, tests/gpu.h); the
+ * argument checks run everywhere. Device memory goes through the device
+ * layer (src/device/device.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -37,9 +39,11 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "gpu.h"
 
 #ifdef MT_HAVE_CUDA
 #include "cuda/kernels/attention.h"
+#include "device/device.h"
 #include "rng.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -62,24 +66,36 @@ static float *randn(size_t n, int bf16)
     return x;
 }
 
+static char why[256]; /* the device layer's reason for a failed call */
+
 static void need_gpu(void)
 {
-    if (mt_cuattn_device_count() <= 0) cr_skip_test("no CUDA device");
+    if (mt_device_count(why, sizeof why) <= 0) MT_GPU_MISSING("%s", why);
 }
+
+/* Device memory of bytes, the test failed if there is none. */
+static void *dev_alloc(size_t bytes)
+{
+    void *d;
+    cr_assert_eq(mt_device_malloc(&d, bytes, why, sizeof why), 0, "%s", why);
+    return d;
+}
+
+static void dev_sync(void) { cr_assert_eq(mt_device_sync(why, sizeof why), 0, "%s", why); }
 
 /* A device copy of x[0..n) as dtype. */
 static void *upload(const float *x, size_t n, int dtype)
 {
     void *d;
     if (dtype == MT_CUATTN_FP32) {
-        cr_assert_eq(mt_cuattn_malloc(&d, n * 4), 0);
-        cr_assert_eq(mt_cuattn_memcpy_h2d(d, x, n * 4), 0);
+        d = dev_alloc(n * 4);
+        cr_assert_eq(mt_device_copy_h2d(d, x, n * 4, why, sizeof why), 0, "%s", why);
     } else {
         uint16_t *h = malloc(n * 2);
         cr_assert(h);
         for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
-        cr_assert_eq(mt_cuattn_malloc(&d, n * 2), 0);
-        cr_assert_eq(mt_cuattn_memcpy_h2d(d, h, n * 2), 0);
+        d = dev_alloc(n * 2);
+        cr_assert_eq(mt_device_copy_h2d(d, h, n * 2, why, sizeof why), 0, "%s", why);
         free(h);
     }
     return d;
@@ -88,9 +104,8 @@ static void *upload(const float *x, size_t n, int dtype)
 /* n elements of dtype, all bits set (NaN in both dtypes). */
 static void *alloc_poisoned(size_t n, size_t elem)
 {
-    void *d;
-    cr_assert_eq(mt_cuattn_malloc(&d, n * elem), 0);
-    cr_assert_eq(mt_cuattn_memset(d, 0xff, n * elem), 0);
+    void *d = dev_alloc(n * elem);
+    cr_assert_eq(mt_device_memset(d, 0xff, n * elem, why, sizeof why), 0, "%s", why);
     return d;
 }
 
@@ -100,11 +115,11 @@ static float *download(const void *d, size_t n, int dtype)
     float *x = malloc(n * sizeof(float));
     cr_assert(x);
     if (dtype == MT_CUATTN_FP32) {
-        cr_assert_eq(mt_cuattn_memcpy_d2h(x, d, n * 4), 0);
+        cr_assert_eq(mt_device_copy_d2h(x, d, n * 4, why, sizeof why), 0, "%s", why);
     } else {
         uint16_t *h = malloc(n * 2);
         cr_assert(h);
-        cr_assert_eq(mt_cuattn_memcpy_d2h(h, d, n * 2), 0);
+        cr_assert_eq(mt_device_copy_d2h(h, d, n * 2, why, sizeof why), 0, "%s", why);
         for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
         free(h);
     }
@@ -179,7 +194,7 @@ static void check_shape(shape sh, int dtype, uint64_t s)
     void *gout = alloc_poisoned(nq, elem), *glse = alloc_poisoned(nl, 4);
     int rc = mt_cuattn_forward(NULL, dtype, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale);
     cr_assert_eq(rc, 0, "forward: %s", mt_cuattn_strerror(rc));
-    cr_assert_eq(mt_cuattn_sync(NULL), 0);
+    dev_sync();
     float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
     compare("forward out", r_out, out, nq, tol, tol_norm);
     compare("forward lse", r_lse, lse, nl, tol_lse, tol_lse);
@@ -187,19 +202,18 @@ static void check_shape(shape sh, int dtype, uint64_t s)
     void *gdout = upload(dout, nq, dtype), *gout_in = upload(out_in, nq, dtype), *glse_in = upload(lse, nl, 1);
     void *gdq = alloc_poisoned(nq, elem), *gdk = alloc_poisoned(nkv, elem), *gdv = alloc_poisoned(nkv, elem);
     const size_t wsb = mt_cuattn_workspace_bytes(B, S, H, Hkv, D);
-    void *gws;
-    cr_assert_eq(mt_cuattn_malloc(&gws, wsb), 0);
+    void *gws = dev_alloc(wsb);
     rc = mt_cuattn_backward(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, B, S, H, Hkv, D, scale,
                             gws, wsb);
     cr_assert_eq(rc, 0, "backward: %s", mt_cuattn_strerror(rc));
-    cr_assert_eq(mt_cuattn_sync(NULL), 0);
+    dev_sync();
     float *r_dq = download(gdq, nq, dtype), *r_dk = download(gdk, nkv, dtype), *r_dv = download(gdv, nkv, dtype);
     compare("backward dq", r_dq, dq, nq, tol, tol_norm);
     compare("backward dk", r_dk, dk, nkv, tol, tol_norm);
     compare("backward dv", r_dv, dv, nkv, tol, tol_norm);
 
     void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_cuattn_free(dev[i]);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
     float *host[] = {q, k, v, dout, out, lse, dq, dk, dv, out_in, r_out, r_lse, r_dq, r_dk, r_dv};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(ws);
@@ -243,32 +257,30 @@ Test(cuda_attention, deterministic)
         void *t[5]; /* q, k, v, dout, out */
         const size_t n[5] = {nq, nkv, nkv, nq, nq};
         for (int i = 0; i < 5; i++) {
-            cr_assert_eq(mt_cuattn_malloc(&t[i], n[i] * elem), 0);
+            t[i] = dev_alloc(n[i] * elem);
             if (i < 4) cr_assert_eq(mt_cuattn_fill_random(NULL, dtype, t[i], n[i], 100 + (uint64_t)i, 1.0f), 0);
         }
-        void *lse, *ws;
         const size_t wsb = mt_cuattn_workspace_bytes(sh.B, sh.S, sh.H, sh.Hkv, sh.D);
-        cr_assert_eq(mt_cuattn_malloc(&lse, nl * 4), 0);
-        cr_assert_eq(mt_cuattn_malloc(&ws, wsb), 0);
+        void *lse = dev_alloc(nl * 4), *ws = dev_alloc(wsb);
         void *g[2][3];
         unsigned char *h[2][5];
         for (int run = 0; run < 2; run++) {
             for (int i = 0; i < 3; i++) g[run][i] = alloc_poisoned(i ? nkv : nq, elem);
-            cr_assert_eq(mt_cuattn_memset(t[4], 0xff, nq * elem), 0);
-            cr_assert_eq(mt_cuattn_memset(lse, 0xff, nl * 4), 0);
+            cr_assert_eq(mt_device_memset(t[4], 0xff, nq * elem, why, sizeof why), 0, "%s", why);
+            cr_assert_eq(mt_device_memset(lse, 0xff, nl * 4, why, sizeof why), 0, "%s", why);
             cr_assert_eq(mt_cuattn_forward(NULL, dtype, t[4], lse, t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D,
                                            scale),
                          0);
             cr_assert_eq(mt_cuattn_backward(NULL, dtype, g[run][0], g[run][1], g[run][2], t[3], t[4], lse, t[0],
                                             t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale, ws, wsb),
                          0);
-            cr_assert_eq(mt_cuattn_sync(NULL), 0);
+            dev_sync();
             const size_t bytes[5] = {nq * elem, nkv * elem, nkv * elem, nq * elem, nl * 4};
             const void *src[5] = {g[run][0], g[run][1], g[run][2], t[4], lse};
             for (int i = 0; i < 5; i++) {
                 h[run][i] = malloc(bytes[i]);
                 cr_assert(h[run][i]);
-                cr_assert_eq(mt_cuattn_memcpy_d2h(h[run][i], src[i], bytes[i]), 0);
+                cr_assert_eq(mt_device_copy_d2h(h[run][i], src[i], bytes[i], why, sizeof why), 0, "%s", why);
             }
             const char *names[5] = {"dq", "dk", "dv", "out", "lse"};
             if (run == 1)
@@ -278,12 +290,12 @@ Test(cuda_attention, deterministic)
         }
         for (int run = 0; run < 2; run++)
             for (int i = 0; i < 5; i++) {
-                if (i < 3) mt_cuattn_free(g[run][i]);
+                if (i < 3) mt_device_free(g[run][i]);
                 free(h[run][i]);
             }
-        for (int i = 0; i < 5; i++) mt_cuattn_free(t[i]);
-        mt_cuattn_free(lse);
-        mt_cuattn_free(ws);
+        for (int i = 0; i < 5; i++) mt_device_free(t[i]);
+        mt_device_free(lse);
+        mt_device_free(ws);
     }
 }
 
@@ -320,6 +332,6 @@ Test(cuda_attention, argument_checks)
 
 #else /* built without CUDA */
 
-Test(cuda_attention, built_without_cuda) { cr_skip_test("built without CUDA"); }
+Test(cuda_attention, built_without_cuda) { MT_GPU_MISSING("this library was built without CUDA"); }
 
 #endif

@@ -1,9 +1,10 @@
-/* The CUDA backend's own kernels (cuda/kernels.h) against the CPU reference
- * ops (src/cpu_ops.h), in both activation dtypes, on awkward shapes (row
+/* The CUDA backend's own kernels (cuda/kernels/kernels.h) against the CPU reference
+ * ops (src/cpu/cpu_ops.h), in both activation dtypes, on awkward shapes (row
  * lengths that are and are not multiples of 8, rows long enough for every
  * register layout, token counts that are multiples of nothing), plus
  * run-to-run determinism of every reduction. Each test skips on a machine
- * without a CUDA device.
+ * without a CUDA device (fails under MT_REQUIRE_GPU=1, tests/gpu.h). Device
+ * memory goes through the device layer (src/device/device.h).
  *
  * bf16 mode: the inputs are rounded to bf16 first and the CPU reference is
  * run in fp32 on the rounded values, so the only differences are the GPU's
@@ -25,18 +26,26 @@
 #include <string.h>
 
 #include "cuda/kernels/kernels.h"
+#include "device/device.h"
 #include "optim/adamw.h"
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "gpu.h"
 #include "rng.h"
 
 #define U24 5.9604644775390625e-08 /* 2^-24 */
 #define BF16_TOL 3.90625e-03       /* 2^-8 */
 
+static char why[256]; /* the device layer's reason for a failed call */
+
 #define NEED_GPU()                                                                                                     \
     do {                                                                                                               \
-        if (!mt_cu_device_available()) cr_skip_test("no CUDA device");                                                 \
+        if (mt_device_count(why, sizeof why) <= 0) MT_GPU_MISSING("%s", why);                                          \
     } while (0)
+
+/* Blocking copies; a failure fails the test with the device layer's reason. */
+#define H2D(dst, src, bytes) cr_assert(mt_device_copy_h2d(dst, src, bytes, why, sizeof why) == 0, "%s", why)
+#define D2H(dst, src, bytes) cr_assert(mt_device_copy_d2h(dst, src, bytes, why, sizeof why) == 0, "%s", why)
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -52,6 +61,14 @@ static void *xmalloc(size_t n)
     void *p = malloc(n ? n : 1);
     cr_assert(p, "out of host memory");
     return p;
+}
+
+/* Device memory of bytes (> 0); a failure fails the test. */
+static void *dev_alloc(size_t bytes)
+{
+    void *d;
+    cr_assert(mt_device_malloc(&d, bytes, why, sizeof why) == 0 && d, "%zu bytes: %s", bytes, why);
+    return d;
 }
 
 static const char *dtn(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? "bf16" : "f32"; }
@@ -73,10 +90,10 @@ static void t_upload(tensor *t)
     if (t->dt == MT_CU_BF16) {
         uint16_t *h = xmalloc(t->n * 2);
         for (size_t i = 0; i < t->n; i++) h[i] = mt_f32_to_bf16(t->ref[i]);
-        cr_assert(mt_cu_copy_h2d(t->dev, h, t->n * es) == 0);
+        H2D(t->dev, h, t->n * es);
         free(h);
     } else {
-        cr_assert(mt_cu_copy_h2d(t->dev, t->ref, t->n * es) == 0);
+        H2D(t->dev, t->ref, t->n * es);
     }
 }
 
@@ -89,8 +106,7 @@ static tensor t_rand(mt_cu_dtype dt, size_t n, float lo, float hi, size_t off)
         const float v = uni(lo, hi);
         t.ref[i] = dt == MT_CU_BF16 ? mt_bf16_to_f32(mt_f32_to_bf16(v)) : v;
     }
-    t.base = mt_cu_alloc((n + off) * es);
-    cr_assert(t.base, "cudaMalloc of %zu bytes", (n + off) * es);
+    t.base = dev_alloc((n + off) * es);
     t.dev = (char *)t.base + off * es;
     t_upload(&t);
     return t;
@@ -102,11 +118,11 @@ static float *t_fetch(const tensor *t)
     float *out = xmalloc(t->n * sizeof(float));
     if (t->dt == MT_CU_BF16) {
         uint16_t *h = xmalloc(t->n * 2);
-        cr_assert(mt_cu_copy_d2h(h, t->dev, t->n * 2) == 0);
+        D2H(h, t->dev, t->n * 2);
         for (size_t i = 0; i < t->n; i++) out[i] = mt_bf16_to_f32(h[i]);
         free(h);
     } else {
-        cr_assert(mt_cu_copy_d2h(out, t->dev, t->n * 4) == 0);
+        D2H(out, t->dev, t->n * 4);
     }
     return out;
 }
@@ -114,24 +130,21 @@ static float *t_fetch(const tensor *t)
 static void t_free(tensor *t)
 {
     free(t->ref);
-    mt_cu_free(t->base);
+    mt_device_free(t->base);
     memset(t, 0, sizeof *t);
 }
 
 static void *dev_upload(const void *h, size_t bytes)
 {
-    void *d = mt_cu_alloc(bytes);
-    cr_assert(d, "cudaMalloc of %zu bytes", bytes);
-    cr_assert(mt_cu_copy_h2d(d, h, bytes) == 0);
+    void *d = dev_alloc(bytes);
+    H2D(d, h, bytes);
     return d;
 }
 
 static void *dev_scratch(size_t bytes)
 {
     cr_assert(bytes > 0, "scratch size");
-    void *d = mt_cu_alloc(bytes);
-    cr_assert(d, "cudaMalloc of %zu bytes", bytes);
-    return d;
+    return dev_alloc(bytes);
 }
 
 /* The tolerance of a bf16 output on top of the fp32 one. */
@@ -260,15 +273,15 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
                   c, dwg[c], dw.ref[c]);
     }
     /* determinism: again from the same start, the same bits */
-    cr_assert(mt_cu_copy_h2d(dx.dev, dx0, n * sizeof(float)) == 0);
-    cr_assert(mt_cu_copy_h2d(dw.dev, dw0, (size_t)C * sizeof(float)) == 0);
+    H2D(dx.dev, dx0, n * sizeof(float));
+    H2D(dw.dev, dw0, (size_t)C * sizeof(float));
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
                                 eps, scratch, tu) == 0);
     float *dxg2 = t_fetch(&dx), *dwg2 = t_fetch(&dw);
     cr_assert(memcmp(dxg, dxg2, n * sizeof(float)) == 0, "%dx%d: dx differs between two runs", T, C);
     cr_assert(memcmp(dwg, dwg2, (size_t)C * sizeof(float)) == 0, "%dx%d: dw differs between two runs", T, C);
     free(dx0), free(dw0), free(y), free(dxg), free(dwg), free(dxg2), free(dwg2), free(mag);
-    mt_cu_free(scratch);
+    mt_device_free(scratch);
     t_free(&x), t_free(&w), t_free(&dy), t_free(&dx), t_free(&dw), t_free(&r);
 }
 
@@ -308,7 +321,7 @@ Test(cuda_kernels, rmsnorm_backward_variants)
 Test(cuda_kernels, tuning)
 {
 #ifndef MT_HAVE_CUDA
-    cr_skip_test("built without CUDA");
+    MT_GPU_MISSING("this library was built without CUDA");
 #else
     const mt_cu_tuning d = MT_CU_TUNING_DEFAULT;
     mt_cu_tuning t;
@@ -377,7 +390,7 @@ static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
                   D, dtn(dt), inverse, i, g[i], x.ref[i], pos[i / ((size_t)nh * D)]);
     }
     free(pos), free(inv), free(x0), free(g);
-    mt_cu_free(dpos), mt_cu_free(dinv);
+    mt_device_free(dpos), mt_device_free(dinv);
     t_free(&x);
 }
 
@@ -481,7 +494,7 @@ static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt
         cr_assert(memcmp(&g[i], &dwte.ref[i], sizeof(float)) == 0, "T %d C %d V %d: dwte[%zu] = %.9g, CPU %.9g", T, C,
                   V, i, g[i], dwte.ref[i]);
     free(g), free(dwte0), free(tok);
-    mt_cu_free(scratch), mt_cu_free(dtok);
+    mt_device_free(scratch), mt_device_free(dtok);
     t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
 }
 
@@ -519,7 +532,7 @@ Test(cuda_kernels, embedding_tokens_out_of_range)
         if (v != 3)
             for (int c = 0; c < C; c++) cr_assert(g[v * C + c] == dwte.ref[v * C + c], "row %d untouched", v);
     free(o), free(g);
-    mt_cu_free(dtok), mt_cu_free(scratch);
+    mt_device_free(dtok), mt_device_free(scratch);
     t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
 }
 
@@ -562,7 +575,8 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, dcount, scratch, tu) == 0);
     double loss;
     int count;
-    cr_assert(mt_cu_copy_d2h(&loss, dloss, sizeof loss) == 0 && mt_cu_copy_d2h(&count, dcount, sizeof count) == 0);
+    D2H(&loss, dloss, sizeof loss);
+    D2H(&count, dcount, sizeof count);
     cr_assert(count == count0 + count_ref, "n %d V %d: count %d, want %d", n, V, count, count0 + count_ref);
     /* each row's loss M + log S - x[target]: M and x[target] exact; S a sum
      * of exps each within 4 ulp (8u) of the CPU's, so log S within about 8u
@@ -589,10 +603,10 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     /* determinism (not in place: the logits are gone) */
     if (mode != CE_IN_PLACE) {
         const double zero = 0.0;
-        cr_assert(mt_cu_copy_h2d(dloss, &zero, sizeof zero) == 0);
+        H2D(dloss, &zero, sizeof zero);
         cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, NULL, scratch, tu) == 0);
         double loss2;
-        cr_assert(mt_cu_copy_d2h(&loss2, dloss, sizeof loss2) == 0);
+        D2H(&loss2, dloss, sizeof loss2);
         cr_assert(loss0 + loss2 == loss, "n %d V %d: the loss differs between runs", n, V);
         if (g) {
             float *g2 = t_fetch(&dl);
@@ -601,8 +615,8 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
         }
     }
     free(g), free(tg), free(ref);
-    if (mode == CE_SEPARATE) mt_cu_free(dl.base);
-    mt_cu_free(dtg), mt_cu_free(dloss), mt_cu_free(dcount), mt_cu_free(scratch);
+    if (mode == CE_SEPARATE) mt_device_free(dl.base);
+    mt_device_free(dtg), mt_device_free(dloss), mt_device_free(dcount), mt_device_free(scratch);
     t_free(&lg);
 }
 
@@ -707,7 +721,7 @@ static void check_sumsq(size_t n, size_t off)
     void *out = dev_upload(&start, sizeof start), *scratch = dev_scratch(mt_cu_sumsq_scratch_bytes());
     cr_assert(mt_cu_sumsq(NULL, out, x.dev, n, scratch) == 0);
     double got, got2;
-    cr_assert(mt_cu_copy_d2h(&got, out, sizeof got) == 0);
+    D2H(&got, out, sizeof got);
     long double ref = 0;
     for (size_t i = 0; i < n; i++) ref += (long double)x.ref[i] * x.ref[i];
     /* every square exact in double, n additions in double: within n 2^-53
@@ -718,11 +732,11 @@ static void check_sumsq(size_t n, size_t off)
     const double cpu = mt_sumsq_f32(NULL, x.ref, n);
     cr_assert(fabs((got - start) - cpu) <= 1e-12 * cpu + 1e-300, "n %zu: %.17g vs the CPU's %.17g", n, got - start,
               cpu);
-    cr_assert(mt_cu_copy_h2d(out, &start, sizeof start) == 0);
+    H2D(out, &start, sizeof start);
     cr_assert(mt_cu_sumsq(NULL, out, x.dev, n, scratch) == 0);
-    cr_assert(mt_cu_copy_d2h(&got2, out, sizeof got2) == 0);
+    D2H(&got2, out, sizeof got2);
     cr_assert(memcmp(&got, &got2, sizeof got) == 0, "n %zu: two runs differ", n);
-    mt_cu_free(out), mt_cu_free(scratch);
+    mt_device_free(out), mt_device_free(scratch);
     t_free(&x);
 }
 
@@ -752,12 +766,12 @@ static void check_bias(int T, int N, mt_cu_dtype dt)
         cr_assert(fabs(g[c] - db.ref[c]) <= 2.0 * T * U24 * mag, "T %d N %d %s: db[%d] = %.9g, ref %.9g", T, N, dtn(dt),
                   c, g[c], db.ref[c]);
     }
-    cr_assert(mt_cu_copy_h2d(db.dev, db0, (size_t)N * sizeof(float)) == 0);
+    H2D(db.dev, db0, (size_t)N * sizeof(float));
     cr_assert(mt_cu_bias_grad(NULL, db.dev, dt, dy.dev, T, N, scratch) == 0);
     float *g2 = t_fetch(&db);
     cr_assert(memcmp(g, g2, (size_t)N * sizeof(float)) == 0, "T %d N %d: two runs differ", T, N);
     free(g), free(g2), free(db0);
-    mt_cu_free(scratch);
+    mt_device_free(scratch);
     t_free(&dy), t_free(&db);
 }
 
@@ -786,8 +800,7 @@ Test(cuda_kernels, bad_arguments)
     cr_expect(mt_cu_rmsnorm_bwd(NULL, NULL, (float *)&scratch_dummy, NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, NULL, 4,
                                 64, 1e-5f, NULL, NULL) == -1,
               "dw without scratch");
-    float *lg = mt_cu_alloc(64 * sizeof(float));
-    cr_assert(lg);
+    float *lg = dev_alloc(64 * sizeof(float));
     cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy,
                                   NULL) == -1,
               "bf16 gradients cannot overwrite fp32 logits");
@@ -805,6 +818,6 @@ Test(cuda_kernels, bad_arguments)
     cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_F32, NULL, NULL, NULL, &scratch_dummy,
                                   &bad) == -1,
               "too many threads");
-    mt_cu_free(lg);
-    cr_expect(mt_cu_sync() == 0, "no error left behind");
+    mt_device_free(lg);
+    cr_expect(mt_device_sync(why, sizeof why) == 0, "no error left behind: %s", why);
 }

@@ -9,12 +9,13 @@
  * Suite cuda_parity: the CUDA backend, in fp32 and in bf16, on the fixtures
  * whose head_dim its attention supports (32, 64, 128): llama3_rope (32),
  * qwen2_tied_d32 (32) and llama_gqa_d64 (64). Without a CUDA device each test
- * says so and skips; with one, a missing fixture fails.
+ * says so and skips (fails under MT_REQUIRE_GPU=1, tests/gpu.h); with one, a
+ * missing fixture fails.
  * Suite parity_bf16_cpu: the CPU backend in bf16 on all five fixtures. It runs
  * everywhere (CI included) and is what the bf16 tolerances were calibrated on.
  *
  * CUDA, fp32 (TOL_CUDA_FP32). The GEMMs are cuBLASLt with CUBLAS_COMPUTE_32F
- * on fp32 operands (cuda/gemm.cu): true fp32 products with fp32 accumulation,
+ * on fp32 operands (cuda/gemm/gemm.cu): true fp32 products with fp32 accumulation,
  * not TF32 (its 10-bit mantissa would put relative errors of up to ~5e-4 into
  * every product, logits ~1e-3 off, beyond these bounds). The attention runs
  * in fp32 on the CUDA cores with an online softmax over 64-key blocks, the
@@ -93,8 +94,9 @@ static const parity_tol TOL_BF16 = {
     .update_rel_all = 0.25,
 };
 
-/* Skips the test, before it looks for its fixture, where there is no CUDA
- * device: mt_model_create of a small CUDA model returns MT_ERR_NO_DEVICE. */
+/* Skips the test (fails it under MT_REQUIRE_GPU=1), before it looks for its
+ * fixture, where there is no CUDA device: mt_model_create of a small CUDA
+ * model returns MT_ERR_NO_DEVICE. */
 static void require_cuda(void)
 {
     mt_model_config c;

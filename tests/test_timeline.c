@@ -1,4 +1,4 @@
-/* The timeline's split of a step (src/timeline.c) on hand-made traces, and
+/* The timeline's split of a step (src/engine/timeline.c) on hand-made traces, and
  * the public call's refusals. Times are exact binary fractions where sums
  * are compared exactly; elsewhere the tolerance is 1e-12 s (a few roundings
  * of numbers below 100). */
@@ -256,7 +256,7 @@ Test(timeline, the_cpu_backend_splits_its_step_by_host_time)
 }
 
 /* What a caller built against 0.1 receives: the same numbers in 0.1's
- * layout (wait arrays of 5), which src/abi.c asserts matches the 0.1.0
+ * layout (wait arrays of 5), which src/core/abi.c asserts matches the 0.1.0
  * header; its struct_size is kept. */
 Test(timeline, the_0_1_layout_carries_the_same_numbers)
 {

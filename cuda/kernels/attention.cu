@@ -1,5 +1,5 @@
 // Fused causal attention with grouped-query heads: forward and backward,
-// flash-attention 2 style (cuda/attention.h for the contract,
+// flash-attention 2 style (cuda/kernels/attention.h for the contract,
 // docs/attention.md for the algorithm and the measurements).
 //
 // B = batch, S = sequence, H = query heads, Hkv = kv heads, D = head dim.
@@ -19,7 +19,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 
 namespace {
 
@@ -992,7 +991,6 @@ extern "C" const char *mt_cuattn_strerror(int code)
     case MT_CUATTN_EWORKSPACE: return "workspace NULL, too small or misaligned";
     case MT_CUATTN_ECONFIG: return "could not set the kernel's shared-memory size";
     case MT_CUATTN_ELAUNCH: return "kernel launch failed";
-    case MT_CUATTN_ECUDA: return "CUDA runtime call failed";
     case MT_CUATTN_ETOOBIG: return "shape too large for the grid";
     default: return "unknown error code";
     }
@@ -1066,48 +1064,6 @@ extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, v
 
 // ---- helpers ----------------------------------------------------------------------
 
-static int ok_or_clear(cudaError_t e)
-{
-    if (e == cudaSuccess) return MT_CUATTN_OK;
-    cudaGetLastError();
-    return MT_CUATTN_ECUDA;
-}
-
-extern "C" int mt_cuattn_device_count(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
-
-extern "C" int mt_cuattn_malloc(void **p, size_t bytes)
-{
-    *p = NULL;
-    return ok_or_clear(cudaMalloc(p, bytes));
-}
-
-extern "C" void mt_cuattn_free(void *p)
-{
-    if (p && cudaFree(p) != cudaSuccess) cudaGetLastError();
-}
-
-extern "C" int mt_cuattn_memcpy_h2d(void *dst, const void *src, size_t bytes)
-{
-    return ok_or_clear(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-
-extern "C" int mt_cuattn_memcpy_d2h(void *dst, const void *src, size_t bytes)
-{
-    return ok_or_clear(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-
-extern "C" int mt_cuattn_memset(void *p, int byte, size_t bytes) { return ok_or_clear(cudaMemset(p, byte, bytes)); }
-
-extern "C" int mt_cuattn_sync(void *stream) { return ok_or_clear(cudaStreamSynchronize((cudaStream_t)stream)); }
-
 extern "C" int mt_cuattn_fill_random(void *stream, int dtype, void *p, size_t n, uint64_t seed, float stddev)
 {
     if (!p || (dtype != MT_CUATTN_BF16 && dtype != MT_CUATTN_FP32)) return MT_CUATTN_EINVAL;
@@ -1119,16 +1075,4 @@ extern "C" int mt_cuattn_fill_random(void *stream, int dtype, void *p, size_t n,
     else
         fill_random_kernel<float><<<blocks, 256, 0, (cudaStream_t)stream>>>((float *)p, n, seed, stddev);
     return launched();
-}
-
-extern "C" int mt_cuattn_device_name(char *buf, size_t len)
-{
-    int dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return MT_CUATTN_ECUDA;
-    }
-    if (buf && len) snprintf(buf, len, "%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
-    return MT_CUATTN_OK;
 }

@@ -1,11 +1,11 @@
 /* Fused causal attention with grouped-query heads on the GPU, forward and
  * backward, flash-attention style: memory linear in the sequence length (no
  * S x S matrix is ever stored). Plain C: the CUDA toolkit stays in
- * cuda/attention.cu; streams are passed as void * (a cudaStream_t, NULL for
+ * cuda/kernels/attention.cu; streams are passed as void * (a cudaStream_t, NULL for
  * the default stream). docs/attention.md describes the algorithm.
  *
  * Shapes and layouts are those of mt_cpu_attention / mt_cpu_attention_bwd
- * (src/cpu_ops.h): B batch, S sequence, H query heads, Hkv key/value heads
+ * (src/cpu/cpu_ops.h): B batch, S sequence, H query heads, Hkv key/value heads
  * (H % Hkv == 0, query head h reads kv head h / (H/Hkv)), D head dim.
  *   q, out, dout, dq  (B, S, H, D)      k, v, dk, dv  (B, S, Hkv, D)
  *   lse               (B, H, S) fp32: natural log-sum-exp of each query row's
@@ -54,7 +54,7 @@ enum {
     MT_CUATTN_EWORKSPACE = -4, /* workspace NULL, too small, or not 16-byte aligned */
     MT_CUATTN_ECONFIG = -5,    /* the kernel's shared-memory size could not be set (cudaFuncSetAttribute) */
     MT_CUATTN_ELAUNCH = -6,    /* a launch failed (cudaGetLastError after it; no device, bad context, ...) */
-    MT_CUATTN_ECUDA = -7,      /* a CUDA runtime call of the helpers below failed */
+    /* -7 is retired (a runtime helper failed; those helpers are now device/device.h) */
     MT_CUATTN_ETOOBIG = -8,    /* B*H > INT_MAX or S > 1048560 (grid dimensions) */
 };
 
@@ -80,25 +80,14 @@ int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, co
                        const float *lse, const void *q, const void *k, const void *v, int B, int S, int H, int Hkv,
                        int D, float scale, void *workspace, size_t workspace_bytes);
 
-/* ---- small device helpers for tests and benchmarks ------------------------------
- * Each returns 0 or MT_CUATTN_ECUDA (the runtime's error state is cleared). */
+/* ---- for tests and benchmarks ----------------------------------------------------
+ * Device memory, copies and synchronisation are the device layer's
+ * (src/device/device.h). */
 
-/* Number of CUDA devices; 0 when there is no driver or device. */
-int mt_cuattn_device_count(void);
-int mt_cuattn_malloc(void **p, size_t bytes);
-void mt_cuattn_free(void *p); /* NULL ok */
-int mt_cuattn_memcpy_h2d(void *dst, const void *src, size_t bytes);
-int mt_cuattn_memcpy_d2h(void *dst, const void *src, size_t bytes);
-int mt_cuattn_memset(void *p, int byte, size_t bytes);
-/* Waits for the stream (NULL: the default stream) and reports any error of
- * the work on it. */
-int mt_cuattn_sync(void *stream);
 /* Fills n elements of dtype (MT_CUATTN_BF16 or _FP32) at p with pseudo-random
  * values, roughly normal with standard deviation stddev (a sum of uniforms),
  * a pure function of (seed, index). Asynchronous on stream. */
 int mt_cuattn_fill_random(void *stream, int dtype, void *p, size_t n, uint64_t seed, float stddev);
-/* A short device description: "NVIDIA H200 (sm_90, 132 SMs)". */
-int mt_cuattn_device_name(char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,7 @@
 // accesses per thread, or 1 when the row lengths or the pointers do not
 // allow it); the C wrappers at the end pick the instance. Arithmetic is in
 // fp32, row statistics and losses in double. Where the CPU reference
-// (src/cpu_ops.c) writes an expression that the compiler would contract into
+// (src/cpu/cpu_ops.c) writes an expression that the compiler would contract into
 // a fused multiply-add, the fp32 path spells the roundings out (__fmul_rn,
 // __fadd_rn), so that given the same inputs it computes the same bits except
 // where the order of a reduction differs.
@@ -930,53 +930,6 @@ const mt_cu_tuning *tuning_for(const mt_cu_tuning *t)
 // ======================================== the C API ========================================
 
 extern "C" {
-
-int mt_cu_device_available(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n > 0;
-}
-
-void *mt_cu_alloc(size_t bytes)
-{
-    void *p = nullptr;
-    if (bytes == 0) return nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return nullptr;
-    }
-    return p;
-}
-
-void mt_cu_free(void *p)
-{
-    if (p && cudaFree(p) != cudaSuccess) cudaGetLastError();
-}
-
-int mt_cu_copy_h2d(void *dst, const void *src, size_t bytes)
-{
-    if (bytes == 0) return 0;
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : (cudaGetLastError(), -1);
-}
-
-int mt_cu_copy_d2h(void *dst, const void *src, size_t bytes)
-{
-    if (bytes == 0) return 0;
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : (cudaGetLastError(), -1);
-}
-
-int mt_cu_sync(void)
-{
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return 0;
-}
 
 size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
 

@@ -1,11 +1,11 @@
 /* The CUDA backend's own kernels (everything but the GEMMs and attention):
  * RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, elementwise helpers and
  * deterministic reductions. A plain C API, so host code and tests include it
- * without the CUDA headers; the kernels are in cuda/kernels.cu. See
+ * without the CUDA headers; the kernels are in cuda/kernels/kernels.cu. See
  * docs/cuda-kernels.md for the design and the measured bandwidth.
  *
  * Conventions
- * - Shapes as in src/cpu_ops.h: T tokens, C hidden, nh heads of D, V vocab.
+ * - Shapes as in src/cpu/cpu_ops.h: T tokens, C hidden, nh heads of D, V vocab.
  *   Tensors are row-major and dense; device pointers unless said otherwise.
  * - Activations (and the weights read from a weight slot) are in an
  *   mt_cu_dtype: bf16 (the default mode) or fp32 (the reference mode).
@@ -29,9 +29,11 @@
  *   16-byte aligned and the row lengths multiples of 8 (4 for the fp32
  *   logits); otherwise the same kernels run element by element.
  *
+ * Device memory, copies and synchronisation are the device layer's
+ * (src/device/device.h): mt_device_malloc, mt_device_copy_h2d, mt_device_sync.
+ *
  * When the library is built without CUDA (CUDA=0) this header supplies
- * stand-ins that report no device and fail every call, so callers (tests)
- * compile unchanged. */
+ * stand-ins that fail every call, so callers (tests) compile unchanged. */
 #ifndef MT_CUDA_KERNELS_H
 #define MT_CUDA_KERNELS_H
 
@@ -82,18 +84,8 @@ typedef struct mt_cu_tuning {
 
 #if defined(MT_HAVE_CUDA) || defined(__CUDACC__)
 
-/* ---- helpers (synchronous; for tests, benchmarks and set-up) --------------- */
+/* ---- helpers --------------------------------------------------------------------- */
 
-/* 1 when a CUDA device can be used, else 0 (no driver, no device). */
-int mt_cu_device_available(void);
-/* cudaMalloc; NULL on failure or bytes == 0. */
-void *mt_cu_alloc(size_t bytes);
-void mt_cu_free(void *p); /* NULL ok */
-/* Blocking copies; 0 or -1. */
-int mt_cu_copy_h2d(void *dst, const void *src, size_t bytes);
-int mt_cu_copy_d2h(void *dst, const void *src, size_t bytes);
-/* Waits for all work on the device; 0, or -1 when any of it failed. */
-int mt_cu_sync(void);
 /* Bytes of one element. */
 size_t mt_cu_dtype_size(mt_cu_dtype dt);
 
@@ -209,12 +201,6 @@ int mt_cu_bias_grad(mt_cu_stream s, float *db, mt_cu_dtype dt, const void *dy, i
 
 #else /* built without CUDA: no device, every call fails */
 
-static inline int mt_cu_device_available(void) { return 0; }
-static inline void *mt_cu_alloc(size_t bytes) { (void)bytes; return NULL; }
-static inline void mt_cu_free(void *p) { (void)p; }
-static inline int mt_cu_copy_h2d(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return -1; }
-static inline int mt_cu_copy_d2h(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return -1; }
-static inline int mt_cu_sync(void) { return -1; }
 static inline size_t mt_cu_dtype_size(mt_cu_dtype dt) { return dt == MT_CU_BF16 ? 2 : 4; }
 static inline void mt_cu_tuning_default(mt_cu_tuning *t)
 {

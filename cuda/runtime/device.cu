@@ -1,6 +1,8 @@
-// Host-side CUDA runtime services: device discovery, pinning host memory,
-// device placement. Every function reports failure instead of throwing or
-// aborting, and works (reporting no device) on a machine without a driver.
+// The device layer on the CUDA runtime (src/device/device.h for the
+// contract): device discovery and placement, pinning host memory, and the
+// synchronous device-memory calls. Every function reports failure instead of
+// throwing or aborting, clears the runtime's last-error state after one, and
+// works (reporting no device) on a machine without a driver.
 #include "device/device.h"
 
 #include <cuda_runtime.h>
@@ -116,4 +118,58 @@ extern "C" int mt_device_name(int device, char *buf, size_t len)
     }
     snprintf(buf, len, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor, (double)p.totalGlobalMem / (1u << 30));
     return 0;
+}
+
+// ---- device memory ---------------------------------------------------------------
+
+// 0, or -1 with the reason in why and the runtime's last error cleared.
+static int done(cudaError_t e, char *why, size_t len, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    say(why, len, what, e);
+    cudaGetLastError();
+    return -1;
+}
+
+extern "C" int mt_device_malloc(void **p, size_t bytes, char *why, size_t why_len)
+{
+    *p = nullptr;
+    if (bytes == 0) return 0;
+    char what[64];
+    snprintf(what, sizeof what, "cudaMalloc of %zu bytes", bytes);
+    if (done(cudaMalloc(p, bytes), why, why_len, what)) {
+        *p = nullptr;
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void mt_device_free(void *p)
+{
+    if (p && cudaFree(p) != cudaSuccess) cudaGetLastError();
+}
+
+extern "C" int mt_device_copy_h2d(void *dst, const void *src, size_t bytes, char *why, size_t why_len)
+{
+    if (bytes == 0) return 0;
+    return done(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), why, why_len, "copy to the device");
+}
+
+extern "C" int mt_device_copy_d2h(void *dst, const void *src, size_t bytes, char *why, size_t why_len)
+{
+    if (bytes == 0) return 0;
+    return done(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), why, why_len, "copy from the device");
+}
+
+extern "C" int mt_device_memset(void *p, int byte, size_t bytes, char *why, size_t why_len)
+{
+    if (bytes == 0) return 0;
+    if (done(cudaMemset(p, byte, bytes), why, why_len, "cudaMemset")) return -1;
+    // cudaMemset of device memory may return before it has run
+    return done(cudaStreamSynchronize(0), why, why_len, "cudaMemset");
+}
+
+extern "C" int mt_device_sync(char *why, size_t why_len)
+{
+    return done(cudaDeviceSynchronize(), why, why_len, "device work");
 }

@@ -10,7 +10,7 @@
 /* struct_size of each struct's first release. A caller that passes it (or
  * any size up to this library's) gets the defaults of the fields appended
  * since (option structs), or just the fields it knows (output structs).
- * src/abi.c asserts where each one ends; these numbers never change. */
+ * src/core/abi.c asserts where each one ends; these numbers never change. */
 enum {
     MT_FIRST_SIZE_MODEL_CONFIG = 96,     /* 0.1: ... seed, initializer_range, reserved0 */
     MT_FIRST_SIZE_OFFLOAD_POLICY = 88,   /* 0.1: ... abort_callback, abort_user_data */

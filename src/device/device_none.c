@@ -1,20 +1,26 @@
-/* Stand-ins for a build without CUDA (make CUDA=0): there is never a device. */
+/* The device layer's stand-ins for a build without CUDA (make CUDA=0): there
+ * is never a device, and every call with work to do fails, saying why. */
 #include "device/device.h"
 
 #ifndef MT_HAVE_CUDA
 #include <stdio.h>
 
-int mt_device_count(char *why, size_t why_len)
+static int no_cuda(char *why, size_t why_len)
 {
     if (why && why_len) snprintf(why, why_len, "this library was built without CUDA");
+    return -1;
+}
+
+int mt_device_count(char *why, size_t why_len)
+{
+    no_cuda(why, why_len);
     return 0;
 }
 
 int mt_device_host_register(void *p, size_t n, char *why, size_t why_len)
 {
     (void)p, (void)n;
-    if (why && why_len) snprintf(why, why_len, "this library was built without CUDA");
-    return -1;
+    return no_cuda(why, why_len);
 }
 
 void mt_device_host_unregister(void *p) { (void)p; }
@@ -36,6 +42,34 @@ int mt_device_name(int device, char *buf, size_t len)
     if (buf && len) buf[0] = '\0';
     return -1;
 }
+
+int mt_device_malloc(void **p, size_t bytes, char *why, size_t why_len)
+{
+    *p = NULL;
+    return bytes ? no_cuda(why, why_len) : 0;
+}
+
+void mt_device_free(void *p) { (void)p; }
+
+int mt_device_copy_h2d(void *dst, const void *src, size_t bytes, char *why, size_t why_len)
+{
+    (void)dst, (void)src;
+    return bytes ? no_cuda(why, why_len) : 0;
+}
+
+int mt_device_copy_d2h(void *dst, const void *src, size_t bytes, char *why, size_t why_len)
+{
+    (void)dst, (void)src;
+    return bytes ? no_cuda(why, why_len) : 0;
+}
+
+int mt_device_memset(void *p, int byte, size_t bytes, char *why, size_t why_len)
+{
+    (void)p, (void)byte;
+    return bytes ? no_cuda(why, why_len) : 0;
+}
+
+int mt_device_sync(char *why, size_t why_len) { return no_cuda(why, why_len); }
 #else
-typedef int mt_cuda_host_none_unused; /* ISO C forbids an empty translation unit */
+typedef int mt_device_none_unused; /* ISO C forbids an empty translation unit */
 #endif
