@@ -13,7 +13,9 @@
  * llama3 RoPE scaling, several micro-batches, three weight slots and more
  * than one logits chunk; on CUDA each runs with activations kept on the
  * device and kept attention outputs, and again with checkpoints in host
- * memory and full recompute. `7b` runs three steps of the Llama-2-7B shape
+ * memory and full recompute. `fixtures DIR cpu|cuda` runs the models of the
+ * transformers fixtures (tests/fixtures) with their weights, in both
+ * precisions. `7b` runs three steps of the Llama-2-7B shape
  * at 131072 tokens each on the GPU (about two minutes on an H200). */
 #include <megatrain.h>
 
@@ -47,6 +49,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+static int train(const run *r, const mt_model_config *cfg, const char *load_dir, uint32_t backend, uint32_t recompute,
+                 uint32_t activations, const char *variant);
+
 static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t activations, const char *variant)
 {
     mt_model_config cfg;
@@ -72,6 +77,16 @@ static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t acti
         cfg.rope_original_max_position = 64;
         cfg.rope_theta = 500000;
     }
+    return train(r, &cfg, NULL, backend, recompute, activations, variant);
+}
+
+/* Three steps of r's batch shape on the model of cfg (weights from
+ * load_dir, a Hugging Face folder, when given), then an evaluation and the
+ * logits: each printed in hexadecimal or hashed. */
+static int train(const run *r, const mt_model_config *cfg_in, const char *load_dir, uint32_t backend, uint32_t recompute,
+                 uint32_t activations, const char *variant)
+{
+    const mt_model_config cfg = *cfg_in;
     mt_offload_policy pol;
     mt_offload_policy_init(&pol);
     pol.backend = backend;
@@ -84,14 +99,19 @@ static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t acti
         fprintf(stderr, "%s: mt_model_create: %s: %s\n", r->name, mt_status_str(st), mt_last_errmsg());
         return 1;
     }
+    if (load_dir && (st = mt_model_load(m, load_dir))) {
+        fprintf(stderr, "%s: mt_model_load: %s: %s\n", r->name, mt_status_str(st), mt_model_errmsg(m));
+        mt_model_destroy(m);
+        return 1;
+    }
     const size_t per = (size_t)r->n_seq * r->seq_len, n = per * r->n_micro;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
-    float *lg = malloc((size_t)r->n_seq * r->vocab * sizeof *lg);
+    float *lg = malloc((size_t)r->n_seq * cfg.vocab_size * sizeof *lg);
     if (!tok || !tgt || !lg) return 1;
     uint64_t s = 12345;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((s >> 33) % r->vocab);
+        tok[i] = (int32_t)((s >> 33) % cfg.vocab_size);
     }
     for (size_t i = 0; i < n; i++) tgt[i] = i % 11 == 5 ? MT_IGNORE_INDEX : tok[(i + 1) % n];
     mt_batch b;
@@ -124,19 +144,53 @@ static int one(const run *r, uint32_t backend, uint32_t recompute, uint32_t acti
     if (rc && st) fprintf(stderr, "%s: %s: %s\n", r->name, mt_status_str(st), mt_model_errmsg(m));
     if (!rc)
         printf("%s %s eval %a logits %016llx\n", r->name, variant, es.loss,
-               (unsigned long long)fnv(1469598103934665603ull, lg, (size_t)r->n_seq * r->vocab * sizeof *lg));
+               (unsigned long long)fnv(1469598103934665603ull, lg, (size_t)r->n_seq * cfg.vocab_size * sizeof *lg));
     mt_model_destroy(m);
     free(tok), free(tgt), free(lg);
     return rc;
 }
 
+/* `fingerprint fixtures DIR cpu|cuda`: the models of the transformers
+ * fixtures (DIR/NAME/model, Hugging Face folders), their weights loaded, in
+ * fp32 and bf16; on CUDA with activations kept and with host checkpoints. */
+static int fixtures(const char *dir, int cuda)
+{
+    static const char *names[] = {"llama3_rope", "llama_gqa", "llama_gqa_d64", "qwen2_tied", "qwen2_tied_d32"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        for (uint32_t prec = 0; prec < 2; prec++) {
+            char path[4096], name[96];
+            snprintf(path, sizeof path, "%s/%s/model", dir, names[i]);
+            mt_model_config cfg;
+            mt_model_config_init(&cfg);
+            mt_status st = mt_config_load(&cfg, path);
+            if (st) {
+                fprintf(stderr, "%s: mt_config_load: %s: %s\n", path, mt_status_str(st), mt_last_errmsg());
+                return 1;
+            }
+            cfg.precision = prec ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+            snprintf(name, sizeof name, "%s-%s", names[i], prec ? "fp32" : "bf16");
+            const uint32_t seq = cfg.max_position_embeddings < 64 ? cfg.max_position_embeddings : 64;
+            const run r = {name, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, seq, 2, 2};
+            if (!cuda) {
+                rc |= train(&r, &cfg, path, MT_BACKEND_CPU, MT_RECOMPUTE_AUTO, MT_PLACE_AUTO, "cpu");
+                continue;
+            }
+            rc |= train(&r, &cfg, path, MT_BACKEND_CUDA, MT_RECOMPUTE_AUTO, MT_PLACE_DEVICE, "cuda-kept");
+            rc |= train(&r, &cfg, path, MT_BACKEND_CUDA, MT_RECOMPUTE_FULL, MT_PLACE_HOST, "cuda-host");
+        }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") && strcmp(argv[1], "7b"))) {
-        fprintf(stderr, "usage: %s cpu|cuda|7b\n", argv[0]);
+    const int fix = argc == 4 && !strcmp(argv[1], "fixtures") && (!strcmp(argv[3], "cpu") || !strcmp(argv[3], "cuda"));
+    if (!fix && (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") && strcmp(argv[1], "7b")))) {
+        fprintf(stderr, "usage: %s cpu|cuda|7b, or %s fixtures DIR cpu|cuda\n", argv[0], argv[0]);
         return 2;
     }
     if (!strcmp(argv[1], "7b")) return one(&RUN_7B, MT_BACKEND_CUDA, MT_RECOMPUTE_AUTO, MT_PLACE_AUTO, "cuda");
+    if (!strcmp(argv[1], "fixtures")) return fixtures(argv[2], !strcmp(argv[3], "cuda"));
     const int cuda = !strcmp(argv[1], "cuda");
     int rc = 0;
     for (size_t i = 0; i < sizeof RUNS / sizeof RUNS[0]; i++) {

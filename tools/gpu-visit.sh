@@ -30,9 +30,9 @@ run machine sh -c 'date -u; nvidia-smi; lscpu | head -20; free -g; nproc'
 run gpu_tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
 run gpu_backend env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'backend/*'
 # the bits of the same runs from an earlier build (PREV_FP) and this one
-for fp in fingerprint:cuda fingerprint_7b:7b; do
-  [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_prev sh -c "\"$PREV_FP\" ${fp#*:} > \"$OUT/${fp%%:*}_prev.txt\""
-  run ${fp%%:*} sh -c "build/bench/fingerprint ${fp#*:} > \"$OUT/${fp%%:*}.txt\""
+for fp in fingerprint:cuda fingerprint_fx:fixtures,tests/fixtures,cuda fingerprint_7b:7b; do
+  [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_prev sh -c "\"$PREV_FP\" $(echo ${fp#*:} | tr , ' ') > \"$OUT/${fp%%:*}_prev.txt\""
+  run ${fp%%:*} sh -c "build/bench/fingerprint $(echo ${fp#*:} | tr , ' ') > \"$OUT/${fp%%:*}.txt\""
   [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_cmp cmp "$OUT/${fp%%:*}_prev.txt" "$OUT/${fp%%:*}.txt"
 done
 run tests build/tests/mt_tests --jobs 8
