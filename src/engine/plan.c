@@ -127,6 +127,8 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
                        0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0};
     st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
-    mt_copy_out(err, out, &p, sizeof p, MT_FIRST_SIZE_MEMORY_PLAN, "mt_memory_plan");
+    /* a plan that does not fit is still filled; after any other failure *out is untouched */
+    if (st == MT_OK || st == MT_ERR_HOST_BUDGET || st == MT_ERR_GPU_BUDGET)
+        mt_copy_out(err, out, &p, sizeof p, MT_FIRST_SIZE_MEMORY_PLAN, "mt_memory_plan");
     return st;
 }
