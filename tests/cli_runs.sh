@@ -153,6 +153,9 @@ has "plan a config.json" "parameters"
 expect "plan a GPU anywhere" 0 "$BIN" plan --model "$dir/v300/config.json" --seq-len 4096 --gpu-memory 80
 has "plan a GPU anywhere" "CUDA backend"
 has "plan a GPU anywhere" "budget 80.00 GiB"
+# a head size the CUDA attention cannot run (12): an error, and no plan printed
+expect "plan a head size the GPU cannot run" 1 "$BIN" plan --layers 2 --hidden 36 --heads 3 --ffn 64 --vocab 100 --seq-len 64 --gpu-memory 80
+has "plan a head size the GPU cannot run" "head_dim"
 expect "plan a GPU too small" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 11008 --seq-len 4096 --gpu-memory 4
 has "plan a GPU too small" "does not fit"
 

@@ -559,10 +559,12 @@ Test(api, plan_for_a_gpu_anywhere)
     cr_assert(strstr(mt_last_errmsg(), "built without CUDA"), "%s", mt_last_errmsg());
     return;
 #endif
-    /* head_dim 8: the CUDA backend's attention cannot run it, and its plan says so */
+    /* head_dim 12 (not a multiple of 8): the CUDA backend's attention cannot
+     * run it, and its plan says so */
+    c.head_dim = 12;
     cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_ERR_UNSUPPORTED);
     cr_assert(strstr(mt_last_errmsg(), "head_dim"), "%s", mt_last_errmsg());
-    c.num_attention_heads = c.num_key_value_heads = 1; /* head_dim 32 */
+    c.head_dim = 0; /* hidden / heads: 8 */
     cr_assert_eq(mt_plan(&plan, &c, &p, &s), MT_OK, "%s", mt_last_errmsg());
     cr_assert_eq(plan.backend, MT_BACKEND_CUDA);
     cr_assert_gt(plan.gpu_bytes, 0);

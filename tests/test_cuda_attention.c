@@ -244,6 +244,20 @@ Test(cuda_attention, fp32_mha_s256_d128) { check_shape(MHA_128, MT_CUATTN_FP32, 
 Test(cuda_attention, fp32_mqa_s1000_d64) { check_shape(MQA_LONG, MT_CUATTN_FP32, 7); }
 Test(cuda_attention, fp32_gqa_s130_d32) { check_shape(D32, MT_CUATTN_FP32, 8); }
 
+/* Head sizes between the kernels' tiles run padded (16 in the 32 tile, 80
+ * and 96 in the 128 tile) and 256 in its own; the same tolerances. */
+static const shape D16 = {2, 90, 4, 2, 16}, D80 = {1, 200, 6, 2, 80}, D96 = {2, 131, 4, 4, 96},
+                   D256 = {1, 150, 4, 1, 256}, D8 = {1, 40, 2, 1, 8};
+Test(cuda_attention, bf16_gqa_s90_d16) { check_shape(D16, MT_CUATTN_BF16, 11); }
+Test(cuda_attention, bf16_gqa_s200_d80) { check_shape(D80, MT_CUATTN_BF16, 12); }
+Test(cuda_attention, bf16_mha_s131_d96) { check_shape(D96, MT_CUATTN_BF16, 13); }
+Test(cuda_attention, bf16_mqa_s150_d256) { check_shape(D256, MT_CUATTN_BF16, 14); }
+Test(cuda_attention, bf16_s40_d8) { check_shape(D8, MT_CUATTN_BF16, 15); }
+Test(cuda_attention, fp32_gqa_s90_d16) { check_shape(D16, MT_CUATTN_FP32, 16); }
+Test(cuda_attention, fp32_gqa_s200_d80) { check_shape(D80, MT_CUATTN_FP32, 17); }
+Test(cuda_attention, fp32_mha_s131_d96) { check_shape(D96, MT_CUATTN_FP32, 18); }
+Test(cuda_attention, fp32_mqa_s150_d256) { check_shape(D256, MT_CUATTN_FP32, 19); }
+
 /* Two forwards and two backwards on the same inputs give the same bits. */
 Test(cuda_attention, deterministic)
 {
@@ -307,8 +321,11 @@ Test(cuda_attention, argument_checks)
     void *p = base, *odd = base + 8;
     float *l = (float *)(void *)base;
     const float sc = 0.125f;
-    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 4, 2, 48, sc), MT_CUATTN_EHEADDIM);
-    cr_expect_eq(mt_cuattn_forward(NULL, 1, p, l, p, p, p, 1, 8, 4, 2, 256, sc), MT_CUATTN_EHEADDIM);
+    cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 4, 2, 44, sc), MT_CUATTN_EHEADDIM);
+    cr_expect_eq(mt_cuattn_forward(NULL, 1, p, l, p, p, p, 1, 8, 4, 2, 264, sc), MT_CUATTN_EHEADDIM);
+    cr_expect_eq(mt_cuattn_forward(NULL, 1, p, l, p, p, p, 1, 8, 4, 2, 0, sc), MT_CUATTN_EHEADDIM);
+    for (int D = 1; D <= 300; D++)
+        cr_expect_eq(mt_cuattn_head_dim_ok(D), D % 8 == 0 && D <= 256, "head size %d", D);
     cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 6, 4, 64, sc), MT_CUATTN_EINVAL);
     cr_expect_eq(mt_cuattn_forward(NULL, 2, p, l, p, p, p, 1, 8, 4, 2, 64, sc), MT_CUATTN_EINVAL);
     cr_expect_eq(mt_cuattn_forward(NULL, 0, p, l, p, p, p, 1, 8, 4, 2, 64, 0.0f), MT_CUATTN_EINVAL);
@@ -325,7 +342,7 @@ Test(cuda_attention, argument_checks)
                  MT_CUATTN_EWORKSPACE);
     cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, odd, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, p, wsb),
                  MT_CUATTN_EALIGN);
-    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 40, sc, p, wsb),
+    cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 36, sc, p, wsb),
                  MT_CUATTN_EHEADDIM);
     for (int c = 0; c >= -9; c--) cr_expect(mt_cuattn_strerror(c) != NULL && mt_cuattn_strerror(c)[0] != '\0');
 }

@@ -575,9 +575,9 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     memset(n, 0, sizeof *n);
     set_dims(b);
     if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend has no layer template for this architecture");
-    if (b->d.D != 32 && b->d.D != 64 && b->d.D != 128)
-        return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend's attention supports head_dim 32, 64 and 128, not %d",
-                       b->d.D);
+    if (!mt_cuattn_head_dim_ok(b->d.D))
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "the CUDA backend's attention supports head_dim of a multiple of 8 up to 256, not %d", b->d.D);
     // the budget covers the GEMM workspace (allocated with the backend) and the arena
     const size_t held = mt_gemm_device_bytes();
     const uint64_t budget =

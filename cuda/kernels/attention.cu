@@ -88,16 +88,17 @@ __device__ __forceinline__ float ex2(float x)
 }
 
 // A tile of ROWS rows x D bf16 from global rows row0.. (row stride ld
-// elements) into shared memory (row stride D + 8), rows >= S zero-filled.
+// elements) into shared memory (row stride D + 8), rows >= S and columns >=
+// dh (the head's own size, a multiple of 8 up to the tile's D) zero-filled.
 template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, size_t ld, int row0, int S, int tid)
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, size_t ld, int row0, int S, int dh, int tid)
 {
     constexpr int CPR = D / 8, LD = D + 8, N = ROWS * CPR;
     static_assert(N % THREADS == 0, "tile size must be a multiple of the block");
 #pragma unroll
     for (int it = 0; it < N / THREADS; ++it) {
         const int c = tid + it * THREADS, r = c / CPR, cc = c % CPR, i = row0 + r;
-        const bool ok = i < S;
+        const bool ok = i < S && cc * 8 < dh; // columns past the head's dh are zeros
         cp_async16(s + r * LD + cc * 8, g + (size_t)(ok ? i : 0) * ld + cc * 8, ok);
     }
 }
@@ -168,9 +169,13 @@ __device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&p)[
 // unnormalised. A warp whose rows all precede a key block skips it (its
 // probabilities there would be exactly 0 and its state unchanged).
 
-constexpr int FWD_MT = 2, FWD_WARPS = 4, FWD_BM = 16 * FWD_MT * FWD_WARPS, FWD_BN = 64, FWD_THREADS = 32 * FWD_WARPS;
+constexpr int FWD_WARPS = 4, FWD_BN = 64, FWD_THREADS = 32 * FWD_WARPS;
+// m16 tiles per warp: two up to D 128; one at D 256, where two would hold
+// 2 x 128 accumulators of O per thread and spill
+template <int D> __host__ __device__ constexpr int fwd_mt() { return D > 128 ? 1 : 2; }
+template <int D> __host__ __device__ constexpr int fwd_bm() { return 16 * fwd_mt<D>() * FWD_WARPS; }
 
-template <int D> constexpr int fwd_smem_bytes() { return (FWD_BM + 4 * FWD_BN) * (D + 8) * 2; }
+template <int D> constexpr int fwd_smem_bytes() { return (fwd_bm<D>() + 4 * FWD_BN) * (D + 8) * 2; }
 
 // acc[mt][16 x 8*NT] += A_mt(16 x D) * B^T for MT m-tiles of 16 rows at sA,
 // sA + 16 LD, ...: every B fragment is read once for all MT tiles.
@@ -228,12 +233,13 @@ __device__ __forceinline__ void mma_pv_m(float (&acc)[MT][D / 8][4], const float
     }
 }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(FWD_THREADS, 2)
     fwd_bf16_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
-                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, int S, int H, int Hkv, float scale)
+                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, int S, int H, int Hkv, int dh_arg, float scale)
 {
-    constexpr int BM = FWD_BM, BN = FWD_BN, MT = FWD_MT, LD = D + 8;
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
+    constexpr int BM = fwd_bm<D>(), BN = FWD_BN, MT = fwd_mt<D>(), LD = D + 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem); // (BM, LD)
     bf16 *sK = sQ + BM * LD;                   // 2 x (BN, LD)
@@ -242,16 +248,16 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int b = blockIdx.x / H, h = blockIdx.x % H, g = h / (H / Hkv);
     const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const bf16 *qg = q + ((size_t)b * S * H + h) * D;   // (S, D), row stride ldq
-    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * D; // (S, D), row stride ldkv
-    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const bf16 *qg = q + ((size_t)b * S * H + h) * dh;   // (S, D), row stride ldq
+    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * dh; // (S, D), row stride ldkv
+    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkb = (min(S, m0 + BM) - 1) / BN + 1; // key blocks this query block sees
     const float sl2 = scale * LOG2E;
 
-    load_tile<BM, D, FWD_THREADS>(sQ, qg, ldq, m0, S, tid);
-    load_tile<BN, D, FWD_THREADS>(sK, kg, ldkv, 0, S, tid);
-    load_tile<BN, D, FWD_THREADS>(sV, vg, ldkv, 0, S, tid);
+    load_tile<BM, D, FWD_THREADS>(sQ, qg, ldq, m0, S, dh, tid);
+    load_tile<BN, D, FWD_THREADS>(sK, kg, ldkv, 0, S, dh, tid);
+    load_tile<BN, D, FWD_THREADS>(sV, vg, ldkv, 0, S, dh, tid);
     cp_async_commit();
 
     float o[MT][D / 8][4];
@@ -271,8 +277,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     for (int it = 0; it < nkb; ++it) {
         const int buf = it & 1;
         if (it + 1 < nkb) {
-            load_tile<BN, D, FWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, tid);
-            load_tile<BN, D, FWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, tid);
+            load_tile<BN, D, FWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, dh, tid);
+            load_tile<BN, D, FWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, dh, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -340,11 +346,12 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
             const int row = r0 + mt * 16 + r * 8;
             if (row < S) {
                 const float inv = 1.f / l;
-                bf16 *op = out + (((size_t)b * S + row) * H + h) * D + c0;
+                bf16 *op = out + (((size_t)b * S + row) * H + h) * dh + c0;
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
-                    *reinterpret_cast<uint32_t *>(op + j * 8) =
-                        pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
+                    if (j * 8 < dh)
+                        *reinterpret_cast<uint32_t *>(op + j * 8) =
+                            pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
                 if ((lane & 3) == 0) lse[((size_t)b * H + h) * S + row] = mrow[mt][r] * scale + logf(l);
             }
         }
@@ -369,12 +376,13 @@ constexpr int BWD_B = 64, BWD_THREADS = 128; // query rows and key rows per tile
 template <int D> constexpr int bwd_dq_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2; }
 template <int D> constexpr int bwd_dkdv_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2 + 4 * BWD_B * 4; }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dq_bf16_kernel(bf16 *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                        const bf16 *__restrict__ v, const bf16 *__restrict__ dout, const float *__restrict__ lse,
-                       const float *__restrict__ Di, int S, int H, int Hkv, float scale)
+                       const float *__restrict__ Di, int S, int H, int Hkv, int dh_arg, float scale)
 {
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem); // (BM, LD)
@@ -385,18 +393,18 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int b = blockIdx.x / H, h = blockIdx.x % H, g = h / (H / Hkv);
     const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const bf16 *qg = q + ((size_t)b * S * H + h) * D;
-    const bf16 *og = dout + ((size_t)b * S * H + h) * D;
-    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * D;
-    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const bf16 *qg = q + ((size_t)b * S * H + h) * dh;
+    const bf16 *og = dout + ((size_t)b * S * H + h) * dh;
+    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * dh;
+    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkb = (min(S, m0 + BM) - 1) / BN + 1;
     const float sl2 = scale * LOG2E;
 
-    load_tile<BM, D, BWD_THREADS>(sQ, qg, ldq, m0, S, tid);
-    load_tile<BM, D, BWD_THREADS>(sO, og, ldq, m0, S, tid);
-    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, 0, S, tid);
-    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, 0, S, tid);
+    load_tile<BM, D, BWD_THREADS>(sQ, qg, ldq, m0, S, dh, tid);
+    load_tile<BM, D, BWD_THREADS>(sO, og, ldq, m0, S, dh, tid);
+    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, 0, S, dh, tid);
+    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, 0, S, dh, tid);
     cp_async_commit();
 
     const int wrow0 = m0 + warp * 16, r0 = wrow0 + (lane >> 2), c0 = 2 * (lane & 3);
@@ -415,8 +423,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     for (int it = 0; it < nkb; ++it) {
         const int buf = it & 1;
         if (it + 1 < nkb) {
-            load_tile<BN, D, BWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, tid);
-            load_tile<BN, D, BWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, tid);
+            load_tile<BN, D, BWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, dh, tid);
+            load_tile<BN, D, BWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, dh, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -451,21 +459,24 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     for (int r = 0; r < 2; ++r) {
         const int row = r0 + r * 8;
         if (row < S) {
-            bf16 *p = dq + (((size_t)b * S + row) * H + h) * D + c0;
+            bf16 *p = dq + (((size_t)b * S + row) * H + h) * dh + c0;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j)
-                *reinterpret_cast<uint32_t *>(p + j * 8) = pack_bf16(acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
+                if (j * 8 < dh)
+                    *reinterpret_cast<uint32_t *>(p + j * 8) =
+                        pack_bf16(acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
         }
     }
 }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dkdv_bf16_kernel(bf16 *__restrict__ dk, bf16 *__restrict__ dv, const bf16 *__restrict__ q,
                          const bf16 *__restrict__ k, const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
                          const float *__restrict__ lse, const float *__restrict__ Di, int S, int H, int Hkv,
-                         float scale)
+                         int dh_arg, float scale)
 {
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(smem); // (BN, LD)
@@ -479,17 +490,17 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     const int b = blockIdx.x / Hkv, g = blockIdx.x % Hkv, rep = H / Hkv;
     const int n0 = blockIdx.y * BN; // block y = 0: the keys with the most queries, first
     const int mstart = n0 / BM, nmb = (S + BM - 1) / BM, per_head = nmb - mstart, total = rep * per_head;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * D;
-    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const bf16 *kg = k + ((size_t)b * S * Hkv + g) * dh;
+    const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const float sl2 = scale * LOG2E;
 
     // iteration it: head h = g*rep + it / per_head, query block mstart + it % per_head
     auto issue = [&](int it, int buf) {
         const int h = g * rep + it / per_head, qm0 = (mstart + it % per_head) * BM;
-        const size_t off = ((size_t)b * S * H + h) * D;
-        load_tile<BM, D, BWD_THREADS>(sQ + buf * BM * LD, q + off, ldq, qm0, S, tid);
-        load_tile<BM, D, BWD_THREADS>(sO + buf * BM * LD, dout + off, ldq, qm0, S, tid);
+        const size_t off = ((size_t)b * S * H + h) * dh;
+        load_tile<BM, D, BWD_THREADS>(sQ + buf * BM * LD, q + off, ldq, qm0, S, dh, tid);
+        load_tile<BM, D, BWD_THREADS>(sO + buf * BM * LD, dout + off, ldq, qm0, S, dh, tid);
     };
     // threads 0..BM-1 fetch lse, BM..2BM-1 fetch D_i of iteration it's query rows
     auto fetch_row = [&](int it) -> float {
@@ -500,8 +511,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     };
     static_assert(BWD_THREADS == 2 * BM, "one thread per lse and per D_i value");
 
-    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, n0, S, tid);
-    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, n0, S, tid);
+    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, n0, S, dh, tid);
+    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, n0, S, dh, tid);
     issue(0, 0);
     cp_async_commit();
     {
@@ -570,9 +581,10 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     for (int r = 0; r < 2; ++r) {
         const int key = k0 + r * 8;
         if (key < S) {
-            const size_t off = (((size_t)b * S + key) * Hkv + g) * D + c0;
+            const size_t off = (((size_t)b * S + key) * Hkv + g) * dh + c0;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
+                if (j * 8 >= dh) break;
                 *reinterpret_cast<uint32_t *>(dk + off + j * 8) =
                     pack_bf16(dka[j][2 * r] * scale, dka[j][2 * r + 1] * scale);
                 *reinterpret_cast<uint32_t *>(dv + off + j * 8) = pack_bf16(dva[j][2 * r], dva[j][2 * r + 1]);
@@ -626,13 +638,15 @@ constexpr int F_R = 16, F_C = 64, F_THREADS = 256;
 template <int D> constexpr int f_fwd_smem_bytes() { return ((F_R + F_C) * (D + 1) + F_C * D + F_R * (F_C + 1) + 3 * F_R) * 4; }
 template <int D> constexpr int f_bwd_smem_bytes() { return (2 * (F_R + F_C) * (D + 1) + 2 * F_R * (F_C + 1) + 2 * F_C) * 4; }
 
-// rows [row0, row0 + n) of a (S, D) matrix with row stride ld into s (row stride lds), zeros past S
+// rows [row0, row0 + n) of a (S, dh) matrix with row stride ld into s (row stride lds, D columns), zeros
+// past S and past dh
 template <int D>
-__device__ __forceinline__ void f_load(float *s, int lds, const float *g, size_t ld, int row0, int n, int S, int tid)
+__device__ __forceinline__ void f_load(float *s, int lds, const float *g, size_t ld, int row0, int n, int S, int dh,
+                                       int tid)
 {
     for (int x = tid; x < n * D; x += F_THREADS) {
-        const int r = x / D, d = x % D, i = row0 + r;
-        s[r * lds + d] = i < S ? g[(size_t)i * ld + d] : 0.f;
+        const int r = x / D, col = x % D, i = row0 + r;
+        s[r * lds + col] = i < S && col < dh ? g[(size_t)i * ld + col] : 0.f;
     }
 }
 
@@ -644,11 +658,12 @@ template <int D> __device__ __forceinline__ float f_dot(const float *a, const fl
     return acc;
 }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     fwd_f32_kernel(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q,
-                   const float *__restrict__ k, const float *__restrict__ v, int S, int H, int Hkv, float scale)
+                   const float *__restrict__ k, const float *__restrict__ v, int S, int H, int Hkv, int dh_arg, float scale)
 {
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
     extern __shared__ __align__(128) unsigned char smem[];
     float *sQ = reinterpret_cast<float *>(smem); // (F_R, LDP)
@@ -660,11 +675,11 @@ __global__ void __launch_bounds__(F_THREADS)
     const int tid = threadIdx.x, row = tid >> 4, c = tid & 15;
     const int b = blockIdx.x / H, h = blockIdx.x % H, g = h / (H / Hkv);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * F_R, qi = q0 + row;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const float *kg = k + ((size_t)b * S * Hkv + g) * D, *vg = v + ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const float *kg = k + ((size_t)b * S * Hkv + g) * dh, *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkt = (min(S, q0 + F_R) - 1) / F_C + 1;
 
-    f_load<D>(sQ, LDP, q + ((size_t)b * S * H + h) * D, ldq, q0, F_R, S, tid);
+    f_load<D>(sQ, LDP, q + ((size_t)b * S * H + h) * dh, ldq, q0, F_R, S, dh, tid);
     if (tid < F_R) {
         sM[tid] = -INFINITY;
         sL[tid] = 0.f;
@@ -676,8 +691,8 @@ __global__ void __launch_bounds__(F_THREADS)
     for (int t = 0; t < nkt; ++t) {
         const int k0 = t * F_C;
         __syncthreads();
-        f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, tid);
-        f_load<D>(sV, D, vg, ldkv, k0, F_C, S, tid);
+        f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, dh, tid);
+        f_load<D>(sV, D, vg, ldkv, k0, F_C, S, dh, tid);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -723,19 +738,21 @@ __global__ void __launch_bounds__(F_THREADS)
     }
     if (qi < S) {
         const float l = sL[row];
-        float *op = out + (((size_t)b * S + qi) * H + h) * D;
+        float *op = out + (((size_t)b * S + qi) * H + h) * dh;
 #pragma unroll
-        for (int u = 0; u < D / 16; ++u) op[c + 16 * u] = o[u] / l;
+        for (int u = 0; u < D / 16; ++u)
+            if (c + 16 * u < dh) op[c + 16 * u] = o[u] / l;
         if (c == 0) lse[((size_t)b * H + h) * S + qi] = sM[row] * scale + logf(l);
     }
 }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dq_f32_kernel(float *__restrict__ dq, const float *__restrict__ q, const float *__restrict__ k,
                       const float *__restrict__ v, const float *__restrict__ dout, const float *__restrict__ lse,
-                      const float *__restrict__ Di, int S, int H, int Hkv, float scale)
+                      const float *__restrict__ Di, int S, int H, int Hkv, int dh_arg, float scale)
 {
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
     extern __shared__ __align__(128) unsigned char smem[];
     float *sQ = reinterpret_cast<float *>(smem); // (F_R, LDP)
@@ -747,13 +764,13 @@ __global__ void __launch_bounds__(F_THREADS)
     const int tid = threadIdx.x, row = tid >> 4, c = tid & 15;
     const int b = blockIdx.x / H, h = blockIdx.x % H, g = h / (H / Hkv);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * F_R, qi = q0 + row;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const float *kg = k + ((size_t)b * S * Hkv + g) * D, *vg = v + ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const float *kg = k + ((size_t)b * S * Hkv + g) * dh, *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkt = (min(S, q0 + F_R) - 1) / F_C + 1;
-    const size_t qoff = ((size_t)b * S * H + h) * D;
+    const size_t qoff = ((size_t)b * S * H + h) * dh;
 
-    f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_R, S, tid);
-    f_load<D>(sO, LDP, dout + qoff, ldq, q0, F_R, S, tid);
+    f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_R, S, dh, tid);
+    f_load<D>(sO, LDP, dout + qoff, ldq, q0, F_R, S, dh, tid);
     const size_t ridx = ((size_t)b * H + h) * S + qi;
     const float lrow = qi < S ? lse[ridx] : 0.f, drow = qi < S ? Di[ridx] : 0.f;
     float acc[D / 16];
@@ -763,8 +780,8 @@ __global__ void __launch_bounds__(F_THREADS)
     for (int t = 0; t < nkt; ++t) {
         const int k0 = t * F_C;
         __syncthreads();
-        f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, tid);
-        f_load<D>(sV, LDP, vg, ldkv, k0, F_C, S, tid);
+        f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, dh, tid);
+        f_load<D>(sV, LDP, vg, ldkv, k0, F_C, S, dh, tid);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -784,19 +801,21 @@ __global__ void __launch_bounds__(F_THREADS)
         }
     }
     if (qi < S) {
-        float *p = dq + (((size_t)b * S + qi) * H + h) * D;
+        float *p = dq + (((size_t)b * S + qi) * H + h) * dh;
 #pragma unroll
-        for (int u = 0; u < D / 16; ++u) p[c + 16 * u] = acc[u] * scale;
+        for (int u = 0; u < D / 16; ++u)
+            if (c + 16 * u < dh) p[c + 16 * u] = acc[u] * scale;
     }
 }
 
-template <int D>
+template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dkdv_f32_kernel(float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ q,
                         const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ dout,
                         const float *__restrict__ lse, const float *__restrict__ Di, int S, int H, int Hkv,
-                        float scale)
+                        int dh_arg, float scale)
 {
+    const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
     extern __shared__ __align__(128) unsigned char smem[];
     float *sK = reinterpret_cast<float *>(smem); // (F_R, LDP)
@@ -810,21 +829,21 @@ __global__ void __launch_bounds__(F_THREADS)
     const int tid = threadIdx.x, row = tid >> 4, c = tid & 15;
     const int b = blockIdx.x / Hkv, g = blockIdx.x % Hkv, rep = H / Hkv;
     const int k0 = blockIdx.y * F_R, key = k0 + row;
-    const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
-    const size_t kvoff = ((size_t)b * S * Hkv + g) * D;
+    const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
+    const size_t kvoff = ((size_t)b * S * Hkv + g) * dh;
 
-    f_load<D>(sK, LDP, k + kvoff, ldkv, k0, F_R, S, tid);
-    f_load<D>(sV, LDP, v + kvoff, ldkv, k0, F_R, S, tid);
+    f_load<D>(sK, LDP, k + kvoff, ldkv, k0, F_R, S, dh, tid);
+    f_load<D>(sV, LDP, v + kvoff, ldkv, k0, F_R, S, dh, tid);
     float dka[D / 16], dva[D / 16];
 #pragma unroll
     for (int u = 0; u < D / 16; ++u) dka[u] = dva[u] = 0.f;
 
     for (int h = g * rep; h < (g + 1) * rep; ++h) {
-        const size_t qoff = ((size_t)b * S * H + h) * D;
+        const size_t qoff = ((size_t)b * S * H + h) * dh;
         for (int q0 = k0 / F_C * F_C; q0 < S; q0 += F_C) {
             __syncthreads();
-            f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_C, S, tid);
-            f_load<D>(sO, LDP, dout + qoff, ldq, q0, F_C, S, tid);
+            f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_C, S, dh, tid);
+            f_load<D>(sO, LDP, dout + qoff, ldq, q0, F_C, S, dh, tid);
             if (tid < F_C) {
                 const int qi = q0 + tid;
                 const size_t idx = ((size_t)b * H + h) * S + qi;
@@ -856,9 +875,10 @@ __global__ void __launch_bounds__(F_THREADS)
         }
     }
     if (key < S) {
-        const size_t off = (((size_t)b * S + key) * Hkv + g) * D;
+        const size_t off = (((size_t)b * S + key) * Hkv + g) * dh;
 #pragma unroll
         for (int u = 0; u < D / 16; ++u) {
+            if (c + 16 * u >= dh) break;
             dk[off + c + 16 * u] = dka[u] * scale;
             dv[off + c + 16 * u] = dva[u];
         }
@@ -892,13 +912,17 @@ __global__ void fill_random_kernel(T *p, size_t n, uint64_t seed, float stddev)
 
 bool misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 0; }
 
+// The kernels' tile for head size D: the smallest of 32, 64, 128 and 256 that
+// holds it; the columns past D are zeros in shared memory and never stored.
+int tile_of(int D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : 256; }
+
 // 0 when the shape is supported (the grids: x = B*H, y = ceil(S/16) at most, for the fp32 kernels)
 int check_shape(int dtype, int B, int S, int H, int Hkv, int D, float scale)
 {
     if (dtype != MT_CUATTN_BF16 && dtype != MT_CUATTN_FP32) return MT_CUATTN_EINVAL;
     if (B < 0 || S < 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || !(scale > 0.f) || isinf(scale))
         return MT_CUATTN_EINVAL;
-    if (D != 32 && D != 64 && D != 128) return MT_CUATTN_EHEADDIM;
+    if (!mt_cuattn_head_dim_ok(D)) return MT_CUATTN_EHEADDIM;
     if ((long long)B * H > 0x7fffffffLL || (S + F_R - 1) / F_R > 65535) return MT_CUATTN_ETOOBIG;
     return MT_CUATTN_OK;
 }
@@ -917,76 +941,87 @@ int launched()
     return cudaGetLastError() == cudaSuccess ? MT_CUATTN_OK : MT_CUATTN_ELAUNCH;
 }
 
-template <int D>
+template <int D, bool PAD>
 int fwd_bf16(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v, int B, int S, int H,
-             int Hkv, float scale)
+             int Hkv, int dh, float scale)
 {
     constexpr int smem = fwd_smem_bytes<D>();
-    if (int e = set_smem(fwd_bf16_kernel<D>, smem)) return e;
-    const dim3 grid(B * H, (S + FWD_BM - 1) / FWD_BM);
-    fwd_bf16_kernel<D><<<grid, FWD_THREADS, smem, st>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                                                         (const bf16 *)v, S, H, Hkv, scale);
+    if (int e = set_smem(fwd_bf16_kernel<D, PAD>, smem)) return e;
+    const dim3 grid(B * H, (S + fwd_bm<D>() - 1) / fwd_bm<D>());
+    fwd_bf16_kernel<D, PAD><<<grid, FWD_THREADS, smem, st>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
+                                                         (const bf16 *)v, S, H, Hkv, dh, scale);
     return launched();
 }
 
-template <int D>
+template <int D, bool PAD>
 int fwd_f32(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v, int B, int S, int H,
-            int Hkv, float scale)
+            int Hkv, int dh, float scale)
 {
     constexpr int smem = f_fwd_smem_bytes<D>();
-    if (int e = set_smem(fwd_f32_kernel<D>, smem)) return e;
+    if (int e = set_smem(fwd_f32_kernel<D, PAD>, smem)) return e;
     const dim3 grid(B * H, (S + F_R - 1) / F_R);
-    fwd_f32_kernel<D><<<grid, F_THREADS, smem, st>>>((float *)out, lse, (const float *)q, (const float *)k,
-                                                      (const float *)v, S, H, Hkv, scale);
+    fwd_f32_kernel<D, PAD><<<grid, F_THREADS, smem, st>>>((float *)out, lse, (const float *)q, (const float *)k,
+                                                      (const float *)v, S, H, Hkv, dh, scale);
     return launched();
 }
 
-template <int D>
+template <int D, bool PAD>
 int bwd_bf16(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
-             const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, float scale)
+             const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, int dh, float scale)
 {
     constexpr int smem_dq = bwd_dq_smem_bytes<D>(), smem_kv = bwd_dkdv_smem_bytes<D>();
-    if (int e = set_smem(bwd_dq_bf16_kernel<D>, smem_dq)) return e;
-    if (int e = set_smem(bwd_dkdv_bf16_kernel<D>, smem_kv)) return e;
+    if (int e = set_smem(bwd_dq_bf16_kernel<D, PAD>, smem_dq)) return e;
+    if (int e = set_smem(bwd_dkdv_bf16_kernel<D, PAD>, smem_kv)) return e;
     const int nb = (S + BWD_B - 1) / BWD_B;
-    bwd_dq_bf16_kernel<D><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
-        (bf16 *)dq, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, S, H, Hkv, scale);
+    bwd_dq_bf16_kernel<D, PAD><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
+        (bf16 *)dq, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, S, H, Hkv, dh, scale);
     if (int e = launched()) return e;
-    bwd_dkdv_bf16_kernel<D><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
+    bwd_dkdv_bf16_kernel<D, PAD><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
         (bf16 *)dk, (bf16 *)dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, S, H,
-        Hkv, scale);
+        Hkv, dh, scale);
     return launched();
 }
 
-template <int D>
+template <int D, bool PAD>
 int bwd_f32(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
-            const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, float scale)
+            const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, int dh, float scale)
 {
     constexpr int smem = f_bwd_smem_bytes<D>();
-    if (int e = set_smem(bwd_dq_f32_kernel<D>, smem)) return e;
-    if (int e = set_smem(bwd_dkdv_f32_kernel<D>, smem)) return e;
+    if (int e = set_smem(bwd_dq_f32_kernel<D, PAD>, smem)) return e;
+    if (int e = set_smem(bwd_dkdv_f32_kernel<D, PAD>, smem)) return e;
     const int nb = (S + F_R - 1) / F_R;
-    bwd_dq_f32_kernel<D><<<dim3(B * H, nb), F_THREADS, smem, st>>>((float *)dq, (const float *)q, (const float *)k,
+    bwd_dq_f32_kernel<D, PAD><<<dim3(B * H, nb), F_THREADS, smem, st>>>((float *)dq, (const float *)q, (const float *)k,
                                                                     (const float *)v, (const float *)dout, lse, Di, S,
-                                                                    H, Hkv, scale);
+                                                                    H, Hkv, dh, scale);
     if (int e = launched()) return e;
-    bwd_dkdv_f32_kernel<D><<<dim3(B * Hkv, nb), F_THREADS, smem, st>>>(
+    bwd_dkdv_f32_kernel<D, PAD><<<dim3(B * Hkv, nb), F_THREADS, smem, st>>>(
         (float *)dk, (float *)dv, (const float *)q, (const float *)k, (const float *)v, (const float *)dout, lse, Di,
-        S, H, Hkv, scale);
+        S, H, Hkv, dh, scale);
     return launched();
 }
 
 } // namespace
 
+// The launcher of fn for head size D: its tile, padded (PAD) when D is smaller.
+#define BY_TILE(fn, ...)                                                                                               \
+    switch (tile_of(D)) {                                                                                              \
+    case 32: return D == 32 ? fn<32, false>(__VA_ARGS__) : fn<32, true>(__VA_ARGS__);                                  \
+    case 64: return D == 64 ? fn<64, false>(__VA_ARGS__) : fn<64, true>(__VA_ARGS__);                                  \
+    case 128: return D == 128 ? fn<128, false>(__VA_ARGS__) : fn<128, true>(__VA_ARGS__);                              \
+    default: return D == 256 ? fn<256, false>(__VA_ARGS__) : fn<256, true>(__VA_ARGS__);                               \
+    }
+
 // ---------------------------------------------------------------------------
 // C API
+
+extern "C" int mt_cuattn_head_dim_ok(int D) { return D >= 8 && D <= 256 && D % 8 == 0; }
 
 extern "C" const char *mt_cuattn_strerror(int code)
 {
     switch (code) {
     case MT_CUATTN_OK: return "success";
     case MT_CUATTN_EINVAL: return "invalid argument (shape, dtype, scale or NULL pointer)";
-    case MT_CUATTN_EHEADDIM: return "unsupported head dimension (D must be 32, 64 or 128)";
+    case MT_CUATTN_EHEADDIM: return "unsupported head dimension (D must be a multiple of 8 from 8 to 256)";
     case MT_CUATTN_EALIGN: return "a tensor is not 16-byte aligned";
     case MT_CUATTN_EWORKSPACE: return "workspace NULL, too small or misaligned";
     case MT_CUATTN_ECONFIG: return "could not set the kernel's shared-memory size";
@@ -1006,17 +1041,9 @@ extern "C" int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse,
     if (B == 0 || S == 0) return MT_CUATTN_OK;
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == MT_CUATTN_BF16) {
-        switch (D) {
-        case 32: return fwd_bf16<32>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-        case 64: return fwd_bf16<64>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-        default: return fwd_bf16<128>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-        }
+        BY_TILE(fwd_bf16, st, out, lse, q, k, v, B, S, H, Hkv, D, scale);
     }
-    switch (D) {
-    case 32: return fwd_f32<32>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-    case 64: return fwd_f32<64>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-    default: return fwd_f32<128>(st, out, lse, q, k, v, B, S, H, Hkv, scale);
-    }
+    BY_TILE(fwd_f32, st, out, lse, q, k, v, B, S, H, Hkv, D, scale);
 }
 
 extern "C" size_t mt_cuattn_workspace_bytes(int B, int S, int H, int Hkv, int D)
@@ -1047,19 +1074,11 @@ extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, v
     if (dtype == MT_CUATTN_BF16) {
         bwd_di_kernel<bf16><<<di_blocks, 256, 0, st>>>(Di, (const bf16 *)dout, (const bf16 *)out, S, H, D, rows);
         if (int e = launched()) return e;
-        switch (D) {
-        case 32: return bwd_bf16<32>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-        case 64: return bwd_bf16<64>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-        default: return bwd_bf16<128>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-        }
+        BY_TILE(bwd_bf16, st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, D, scale);
     }
     bwd_di_kernel<float><<<di_blocks, 256, 0, st>>>(Di, (const float *)dout, (const float *)out, S, H, D, rows);
     if (int e = launched()) return e;
-    switch (D) {
-    case 32: return bwd_f32<32>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-    case 64: return bwd_f32<64>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-    default: return bwd_f32<128>(st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, scale);
-    }
+    BY_TILE(bwd_f32, st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, D, scale);
 }
 
 // ---- helpers ----------------------------------------------------------------------

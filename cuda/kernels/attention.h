@@ -19,7 +19,9 @@
  *   probabilities P and dS are rounded to bf16 before their products.
  * dtype MT_CUATTN_FP32: all fp32, computed in fp32 on the CUDA cores (the
  *   reference mode: slower).
- * D must be 32, 64 or 128 (either dtype).
+ * D may be any multiple of 8 from 8 to 256 (either dtype): the kernels run
+ * tiles of 32, 64, 128 or 256 columns, the smallest that holds D, with the
+ * columns past D zero in shared memory (mt_cuattn_head_dim_ok).
  *
  * Determinism: every output element is written by one thread block that sums
  * its terms in an order fixed by the shapes (no atomics), so results are
@@ -49,7 +51,7 @@ enum {
 enum {
     MT_CUATTN_OK = 0,
     MT_CUATTN_EINVAL = -1,     /* a shape <= 0 (or B, S < 0), H % Hkv != 0, scale not > 0, unknown dtype, NULL pointer */
-    MT_CUATTN_EHEADDIM = -2,   /* D is not 32, 64 or 128 */
+    MT_CUATTN_EHEADDIM = -2,   /* D is not a multiple of 8 from 8 to 256 */
     MT_CUATTN_EALIGN = -3,     /* a tensor is not 16-byte aligned */
     MT_CUATTN_EWORKSPACE = -4, /* workspace NULL, too small, or not 16-byte aligned */
     MT_CUATTN_ECONFIG = -5,    /* the kernel's shared-memory size could not be set (cudaFuncSetAttribute) */
@@ -60,6 +62,8 @@ enum {
 
 /* A static string describing a return code; never NULL. */
 const char *mt_cuattn_strerror(int code);
+/* Nonzero when the kernels take head size D. */
+int mt_cuattn_head_dim_ok(int D);
 
 /* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. */
 int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,

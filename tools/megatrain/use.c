@@ -381,7 +381,8 @@ int cmd_plan(int argc, char **argv)
     mt_memory_plan p;
     mt_memory_plan_init(&p);
     mt_status st = mt_plan(&p, &cfg, &pol, &sh);
-    if (st == MT_ERR_INVALID_ARGUMENT || st == MT_ERR_STRUCT_SIZE || st == MT_ERR_NO_DEVICE) cli_die("%s", mt_last_errmsg());
+    /* a plan that does not fit is printed with the reason; any other failure has no plan to print */
+    if (st != MT_OK && st != MT_ERR_HOST_BUDGET && st != MT_ERR_GPU_BUDGET) cli_die("%s", mt_last_errmsg());
     printf("model:       %.3f B parameters in %u units, %s\n", p.num_params / 1e9, p.num_units,
            cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
     printf("batch:       %u x %u x %u tokens per step, %s backend\n", sh.num_micro_batches, sh.micro_batch_size,
