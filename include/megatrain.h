@@ -372,6 +372,13 @@ typedef struct mt_batch {
     uint32_t num_micro_batches;
     const int32_t *tokens;      /* [num_micro_batches * micro_batch_size * seq_len] input ids */
     const int32_t *targets;     /* same shape: the id to predict at each position, or MT_IGNORE_INDEX */
+    /* 0.2. NULL, or the same shape: documents packed into each sequence,
+     * given as each token's position in its document (transformers'
+     * position_ids for packed, padding-free batches): 0 where a document
+     * starts, then one more at each token. Every sequence starts one. A
+     * token attends only to the tokens of its own document up to itself,
+     * and RoPE rotates it by its position. NULL: one document a sequence. */
+    const int32_t *positions;
 } mt_batch;
 
 MT_API void mt_batch_init_sized(mt_batch *batch, uint32_t size);

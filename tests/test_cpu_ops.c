@@ -735,3 +735,79 @@ Test(cpu_ops, threads_bit_identical)
     free(x); free(W); free(b); free(dy); free(xn); free(wn); free(dyn); free(q); free(k); free(v); free(dout);
     free(g); free(u); free(logits); free(pos); free(tok); free(tgt);
 }
+
+/* Documents packed into a sequence (doc_start) give, for each document, the
+ * outputs, log-sum-exps and gradients of that document run alone: both
+ * compute the same sums over the same keys; only the GEMMs' blocking of
+ * those sums differs, so the results agree to fp32 rounding (measured
+ * ~1e-7; bound 1e-5 of the largest value). Documents of 1 token, ones that
+ * straddle a query block (ATT_BQ) and a last one cut by the sequence's end. */
+static void copy_rows(float *dst, const float *src, int rows, int width, size_t src_ld)
+{
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * width, src + (size_t)r * src_ld, (size_t)width * sizeof(float));
+}
+
+static double max_abs(const float *x, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+Test(cpu_ops, attention_documents_equal_separate_runs)
+{
+    enum { B = 2, S = 150, H = 4, Hkv = 2, D = 16 };
+    /* first tokens of the documents of each sequence */
+    static const int starts[B][6] = {{0, 13, 14, 70, 131, -1}, {0, 64, 65, 140, -1, -1}};
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const float scale = 1.0f / sqrtf((float)D);
+    seed(77);
+    float *q = rand_vec(nq, 2), *k = rand_vec(nkv, 2), *v = rand_vec(nkv, 1), *dout = rand_vec(nq, 1);
+    float *out = rand_vec(nq, 1), *lse = rand_vec(nl, 1), *dq = rand_vec(nq, 1), *dk = rand_vec(nkv, 1),
+          *dv = rand_vec(nkv, 1);
+    int32_t *st = malloc((size_t)B * S * sizeof *st);
+    cr_assert(st);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; d < 6 && starts[b][d] >= 0; d++)
+            for (int i = starts[b][d]; i < S && (d == 5 || starts[b][d + 1] < 0 || i < starts[b][d + 1]); i++)
+                st[b * S + i] = starts[b][d];
+    void *ws = ws_alloc(2, S);
+    mt_pool *p = mt_pool_create(2, NULL);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    const double big = fmax(max_abs(dq, nq), fmax(max_abs(dk, nkv), max_abs(dv, nkv)));
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int d = 0; d < 6 && starts[b][d] >= 0; d++, docs++) {
+            const int s0 = starts[b][d], n = (d < 5 && starts[b][d + 1] >= 0 ? starts[b][d + 1] : S) - s0;
+            const size_t wq = (size_t)H * D, wk = (size_t)Hkv * D;
+            float *q1 = malloc(n * wq * 4), *k1 = malloc(n * wk * 4), *v1 = malloc(n * wk * 4), *do1 = malloc(n * wq * 4);
+            float *o1 = malloc(n * wq * 4), *l1 = malloc((size_t)H * n * 4), *dq1 = malloc(n * wq * 4),
+                  *dk1 = malloc(n * wk * 4), *dv1 = malloc(n * wk * 4);
+            cr_assert(q1 && k1 && v1 && do1 && o1 && l1 && dq1 && dk1 && dv1);
+            const size_t rq = (size_t)(b * S + s0), rk = rq;
+            copy_rows(q1, q + rq * wq, n, (int)wq, wq);
+            copy_rows(k1, k + rk * wk, n, (int)wk, wk);
+            copy_rows(v1, v + rk * wk, n, (int)wk, wk);
+            copy_rows(do1, dout + rq * wq, n, (int)wq, wq);
+            mt_cpu_attention(p, ws, o1, l1, q1, k1, v1, 1, n, H, Hkv, D, scale);
+            mt_cpu_attention_bwd(p, ws, dq1, dk1, dv1, do1, o1, l1, q1, k1, v1, 1, n, H, Hkv, D, scale);
+            for (int i = 0; i < n; i++) {
+                for (size_t e = 0; e < wq; e++) {
+                    cr_assert(fabs(out[(rq + i) * wq + e] - o1[i * wq + e]) <= 1e-5, "doc %d out row %d", docs, i);
+                    cr_assert(fabs(dq[(rq + i) * wq + e] - dq1[i * wq + e]) <= 1e-5 * big, "doc %d dq row %d", docs, i);
+                }
+                for (size_t e = 0; e < wk; e++) {
+                    cr_assert(fabs(dk[(rk + i) * wk + e] - dk1[i * wk + e]) <= 1e-5 * big, "doc %d dk row %d", docs, i);
+                    cr_assert(fabs(dv[(rk + i) * wk + e] - dv1[i * wk + e]) <= 1e-5 * big, "doc %d dv row %d", docs, i);
+                }
+                for (int h = 0; h < H; h++)
+                    cr_assert(fabs(lse[((size_t)b * H + h) * S + s0 + i] - l1[(size_t)h * n + i]) <= 1e-5,
+                              "doc %d lse row %d", docs, i);
+            }
+            free(q1), free(k1), free(v1), free(do1), free(o1), free(l1), free(dq1), free(dk1), free(dv1);
+        }
+    cr_assert_eq(docs, 9);
+    mt_pool_destroy(p);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(st), free(ws);
+}

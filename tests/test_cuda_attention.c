@@ -167,8 +167,10 @@ typedef struct {
     int B, S, H, Hkv, D;
 } shape;
 
-/* Forward and backward of one shape in one dtype against the CPU. */
-static void check_shape(shape sh, int dtype, uint64_t s)
+/* Forward and backward of one shape in one dtype against the CPU; with
+ * docs, documents packed into each sequence (lengths 1, 37, 70, 5, 90, ...
+ * in turn, the last cut by the end). */
+static void check(shape sh, int dtype, uint64_t s, int docs)
 {
     need_gpu();
     const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D, bf = dtype == MT_CUATTN_BF16;
@@ -183,16 +185,28 @@ static void check_shape(shape sh, int dtype, uint64_t s)
     float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nkv * 4),
           *dv = malloc(nkv * 4);
     void *ws = malloc(mt_cpu_ws_size(1, S));
-    cr_assert(out && lse && dq && dk && dv && ws);
-    mt_cpu_attention(NULL, ws, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    int32_t *st = docs ? malloc((size_t)B * S * sizeof *st) : NULL;
+    cr_assert(out && lse && dq && dk && dv && ws && (st || !docs));
+    static const int lens[] = {1, 37, 70, 5, 90, 12};
+    for (int b = 0, d = 0; docs && b < B; b++)
+        for (int i = 0, first = 0, left = lens[d]; i < S; i++, left--) {
+            if (i && left == 0) first = i, d = (d + 1) % 6, left = lens[d];
+            st[(size_t)b * S + i] = first;
+        }
+    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
     float *out_in = malloc(nq * 4); /* the forward output both backwards get */
     cr_assert(out_in);
     for (size_t i = 0; i < nq; i++) out_in[i] = bf ? mt_bf16_to_f32(mt_f32_to_bf16(out[i])) : out[i];
-    mt_cpu_attention_bwd(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, st, B, S, H, Hkv, D, scale);
 
     void *gq = upload(q, nq, dtype), *gk = upload(k, nkv, dtype), *gv = upload(v, nkv, dtype);
     void *gout = alloc_poisoned(nq, elem), *glse = alloc_poisoned(nl, 4);
-    int rc = mt_cuattn_forward(NULL, dtype, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale);
+    void *gst = NULL;
+    if (st) {
+        gst = dev_alloc((size_t)B * S * 4);
+        cr_assert_eq(mt_device_copy_h2d(gst, st, (size_t)B * S * 4, why, sizeof why), 0, "%s", why);
+    }
+    int rc = mt_cuattn_forward_docs(NULL, dtype, gout, glse, gq, gk, gv, gst, B, S, H, Hkv, D, scale);
     cr_assert_eq(rc, 0, "forward: %s", mt_cuattn_strerror(rc));
     dev_sync();
     float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
@@ -203,8 +217,8 @@ static void check_shape(shape sh, int dtype, uint64_t s)
     void *gdq = alloc_poisoned(nq, elem), *gdk = alloc_poisoned(nkv, elem), *gdv = alloc_poisoned(nkv, elem);
     const size_t wsb = mt_cuattn_workspace_bytes(B, S, H, Hkv, D);
     void *gws = dev_alloc(wsb);
-    rc = mt_cuattn_backward(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, B, S, H, Hkv, D, scale,
-                            gws, wsb);
+    rc = mt_cuattn_backward_docs(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, gst, B, S, H, Hkv, D,
+                                 scale, gws, wsb);
     cr_assert_eq(rc, 0, "backward: %s", mt_cuattn_strerror(rc));
     dev_sync();
     float *r_dq = download(gdq, nq, dtype), *r_dk = download(gdk, nkv, dtype), *r_dv = download(gdv, nkv, dtype);
@@ -212,12 +226,15 @@ static void check_shape(shape sh, int dtype, uint64_t s)
     compare("backward dk", r_dk, dk, nkv, tol, tol_norm);
     compare("backward dv", r_dv, dv, nkv, tol, tol_norm);
 
-    void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws};
+    void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws, gst};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
     float *host[] = {q, k, v, dout, out, lse, dq, dk, dv, out_in, r_out, r_lse, r_dq, r_dk, r_dv};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(ws);
+    free(st);
 }
+
+static void check_shape(shape sh, int dtype, uint64_t s) { check(sh, dtype, s, 0); }
 
 static const shape GQA_SMALL = {2, 77, 4, 2, 64}, MHA_128 = {1, 256, 8, 8, 128}, MQA_LONG = {1, 1000, 4, 1, 64},
                    D32 = {2, 130, 6, 2, 32}, ONE = {2, 1, 4, 2, 64}, QWEN = {3, 17, 28, 4, 128};
@@ -257,6 +274,16 @@ Test(cuda_attention, fp32_gqa_s90_d16) { check_shape(D16, MT_CUATTN_FP32, 16); }
 Test(cuda_attention, fp32_gqa_s200_d80) { check_shape(D80, MT_CUATTN_FP32, 17); }
 Test(cuda_attention, fp32_mha_s131_d96) { check_shape(D96, MT_CUATTN_FP32, 18); }
 Test(cuda_attention, fp32_mqa_s150_d256) { check_shape(D256, MT_CUATTN_FP32, 19); }
+
+/* Documents packed into the sequences: one-token documents, documents across
+ * query and key blocks, a block whose rows start in different documents;
+ * against the CPU's packed attention, with the same tolerances. */
+static const shape DOCS_LONG = {2, 300, 4, 2, 64}, DOCS_128 = {1, 260, 8, 8, 128}, DOCS_96 = {2, 190, 4, 1, 96};
+Test(cuda_attention, bf16_docs_s300_d64) { check(DOCS_LONG, MT_CUATTN_BF16, 21, 1); }
+Test(cuda_attention, bf16_docs_s260_d128) { check(DOCS_128, MT_CUATTN_BF16, 22, 1); }
+Test(cuda_attention, bf16_docs_s190_d96) { check(DOCS_96, MT_CUATTN_BF16, 23, 1); }
+Test(cuda_attention, fp32_docs_s300_d64) { check(DOCS_LONG, MT_CUATTN_FP32, 24, 1); }
+Test(cuda_attention, fp32_docs_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 25, 1); }
 
 /* Two forwards and two backwards on the same inputs give the same bits. */
 Test(cuda_attention, deterministic)

@@ -127,14 +127,18 @@ func (m *Model) call(f func(c *C.mt_model) C.mt_status) error {
 func (m *Model) batchToC(b *Batch) (C.mt_batch, error) {
 	var cb C.mt_batch
 	n := uint64(b.MicroBatchSize) * uint64(b.SeqLen) * uint64(b.NumMicroBatches)
-	if uint64(len(b.Tokens)) != n || uint64(len(b.Targets)) != n {
+	if uint64(len(b.Tokens)) != n || uint64(len(b.Targets)) != n || (b.Positions != nil && uint64(len(b.Positions)) != n) {
 		return cb, goError(StatusInvalidArgument,
-			"Batch holds %d tokens and %d targets, but %d micro-batches of %d sequences of %d tokens are %d",
-			len(b.Tokens), len(b.Targets), b.NumMicroBatches, b.MicroBatchSize, b.SeqLen, n)
+			"Batch holds %d tokens, %d targets and %d positions, but %d micro-batches of %d sequences of %d tokens are %d",
+			len(b.Tokens), len(b.Targets), len(b.Positions), b.NumMicroBatches, b.MicroBatchSize, b.SeqLen, n)
 	}
-	need := 2 * len(b.Tokens)
+	arrays := 2
+	if b.Positions != nil {
+		arrays = 3
+	}
+	need := arrays * len(b.Tokens)
 	if need == 0 {
-		need = 2 // non-NULL pointers: the library refuses the empty shape itself
+		need = arrays // non-NULL pointers: the library refuses the empty shape itself
 	}
 	if m.bufLen < need {
 		C.free(unsafe.Pointer(m.buf))
@@ -146,14 +150,19 @@ func (m *Model) batchToC(b *Batch) (C.mt_batch, error) {
 		m.buf, m.bufLen = (*C.int32_t)(p), need
 	}
 	ids := unsafe.Slice((*int32)(unsafe.Pointer(m.buf)), need)
+	per := need / arrays
 	copy(ids, b.Tokens)
-	copy(ids[len(b.Tokens):], b.Targets)
+	copy(ids[per:], b.Targets)
 	C.mt_batch_init(&cb)
 	cb.micro_batch_size = C.uint32_t(b.MicroBatchSize)
 	cb.seq_len = C.uint32_t(b.SeqLen)
 	cb.num_micro_batches = C.uint32_t(b.NumMicroBatches)
 	cb.tokens = m.buf
-	cb.targets = (*C.int32_t)(unsafe.Pointer(&ids[need/2]))
+	cb.targets = (*C.int32_t)(unsafe.Pointer(&ids[per]))
+	if b.Positions != nil {
+		copy(ids[2*per:], b.Positions)
+		cb.positions = (*C.int32_t)(unsafe.Pointer(&ids[2*per]))
+	}
 	return cb, nil
 }
 

@@ -477,6 +477,10 @@ type Batch struct {
 	NumMicroBatches uint32
 	Tokens          []int32
 	Targets         []int32
+	// Positions, when not nil, packs documents into each sequence: each
+	// token's position in its document, 0 where one starts (the same length
+	// as Tokens). Attention never crosses a document and RoPE restarts.
+	Positions []int32
 }
 
 // NewBatch returns the library's default batch (all zero: no tokens).

@@ -98,7 +98,10 @@ struct cu_be {
     cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
     int32_t *tokens, *targets; // (n_micro, T)
-    int32_t *pos;   // (T)
+    int32_t *pos;   // (n_micro, T) each token's position in its document
+    int32_t *doc_start; // (n_micro, T) each token's first key (mt_doc_layout)
+    int *docs;      // (n_micro) on the host: the micro-batch packs documents
+    int mb;         // the micro-batch the kernels run on
     float *inv_freq;// (D/2)
     void *attn_ws;  // the attention backward's workspace
     size_t attn_ws_bytes;
@@ -305,16 +308,24 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
 {
     cu_be *b = B(kc);
-    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos, b->inv_freq, T, nh, D, inverse), inverse ? "rope backward" : "rope");
+    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse),
+       inverse ? "rope backward" : "rope");
 }
 
 static int attn_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32; }
+
+// The current micro-batch's document starts, or NULL when it has one document a sequence.
+static const int32_t *docs_of(const cu_be *b)
+{
+    return b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL;
+}
 
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
                         int seq_len, int H, int Hkv, int D, float scale)
 {
     cu_be *b = B(kc);
-    const int rc = mt_cuattn_forward(b->comp, attn_type(b), out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+    const int rc = mt_cuattn_forward_docs(b->comp, attn_type(b), out, lse, q, k, v, docs_of(b), n_seq, seq_len, H, Hkv,
+                                          D, scale);
     if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
@@ -323,8 +334,8 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
                             int H, int Hkv, int D, float scale)
 {
     cu_be *b = B(kc);
-    const int rc = mt_cuattn_backward(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len, H,
-                                      Hkv, D, scale, b->attn_ws, b->attn_ws_bytes);
+    const int rc = mt_cuattn_backward_docs(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, docs_of(b), n_seq,
+                                           seq_len, H, Hkv, D, scale, b->attn_ws, b->attn_ws_bytes);
     if (rc && !b->failed)
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
@@ -513,7 +524,8 @@ static void layout_buffers(cu_be *b, carver *c)
     b->h_keep = HM ? carve(c, HM * T * C * es) : NULL;
     b->tokens = (int32_t *)carve(c, M * T * 4);
     b->targets = (int32_t *)carve(c, M * T * 4);
-    b->pos = (int32_t *)carve(c, T * 4);
+    b->pos = (int32_t *)carve(c, M * T * 4);
+    b->doc_start = (int32_t *)carve(c, M * T * 4);
     b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
     // the template's working buffers
     mt_work_buf wb[MT_WORK_MAX_BUFS];
@@ -602,7 +614,7 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     }
     const size_t row = ck_row_bytes(b);
     n->device_bytes = need + held;
-    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 2 * sizeof(int32_t) + (b->ck_host ? (uint64_t)(b->L - 1) * row : 0);
+    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (b->ck_host ? (uint64_t)(b->L - 1) * row : 0);
     n->checkpoint_bytes = (uint64_t)(b->ck_host ? b->L + 1 : s->want_grad ? b->L + 1 : 2) * row;
     n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
     n->keep_att = b->keep_att, n->keep_h = b->keep_h;
@@ -641,6 +653,8 @@ static void free_device(cu_be *b)
     b->arena_bytes = 0;
     if (b->h_tokens) cudaFreeHost(b->h_tokens);
     b->h_tokens = NULL;
+    free(b->docs);
+    b->docs = NULL;
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
     b->ck_host = 0;
@@ -722,8 +736,9 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     b->arena_bytes = need;
     layout_buffers(b, &c);
     b->shape = *s;
-    if (cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * 2 * sizeof(int32_t),
-                      cudaHostAllocPortable) != cudaSuccess) {
+    b->docs = (int *)calloc((size_t)s->n_micro, sizeof *b->docs);
+    if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * 4 * sizeof(int32_t),
+                                  cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the tokens");
@@ -737,21 +752,17 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                        "cannot allocate %s of pinned host memory for the activation checkpoints",
                        mt_fmt_bytes(b1, sizeof b1, (uint64_t)(b->L - 1) * ck_row_bytes(b)));
     }
-    // positions and frequencies, as the CPU backend computes them
-    int32_t *pos = (int32_t *)malloc((size_t)b->d.T * sizeof *pos);
+    // frequencies, as the CPU backend computes them (positions come with each micro-batch's tokens)
     float *inv = (float *)malloc((size_t)b->d.D / 2 * sizeof *inv);
-    if (!pos || !inv) {
-        free(pos), free(inv);
+    if (!inv) {
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     }
-    for (int t = 0; t < b->d.T; t++) pos[t] = t % s->seq_len;
     mt_rope_inv_freq_of(inv, b->req.cfg);
-    cudaError_t e1 = cudaMemcpy(b->pos, pos, (size_t)b->d.T * 4, cudaMemcpyHostToDevice);
-    cudaError_t e2 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
-    cudaError_t e3 = cudaMemset(b->d_loss, 0, 8), e4 = cudaMemset(b->d_sumsq, 0, 8);
-    free(pos), free(inv);
-    if (e1 || e2 || e3 || e4) {
+    cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
+    cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
+    free(inv);
+    if (e1 || e2 || e3) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_DEVICE, "cannot initialise the CUDA backend's buffers");
@@ -770,18 +781,22 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     return MT_OK;
 }
 
-static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets)
+static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions)
 {
     cu_be *b = (cu_be *)be;
     const size_t n = (size_t)b->d.T, M = (size_t)b->shape.n_micro;
-    int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = b->h_tokens + (M + (size_t)mb) * n;
-    // the staging buffer is free: every step, evaluation and logits call ends in sync()
+    // the staging buffer (tokens, targets, positions, document starts of every micro-batch) is
+    // free: every step, evaluation and logits call ends in sync()
+    int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = ht + M * n, *hp = hg + M * n, *hs = hp + M * n;
     memcpy(ht, tokens, n * 4);
     CU(b, cudaMemcpyAsync(b->tokens + (size_t)mb * n, ht, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (targets) {
         memcpy(hg, targets, n * 4);
         CU(b, cudaMemcpyAsync(b->targets + (size_t)mb * n, hg, n * 4, cudaMemcpyHostToDevice, b->comp));
     }
+    b->docs[mb] = mt_doc_layout(hp, hs, positions, b->d.n_seq, b->d.seq_len);
+    CU(b, cudaMemcpyAsync(b->pos + (size_t)mb * n, hp, n * 4, cudaMemcpyHostToDevice, b->comp));
+    if (b->docs[mb]) CU(b, cudaMemcpyAsync(b->doc_start + (size_t)mb * n, hs, n * 4, cudaMemcpyHostToDevice, b->comp));
 }
 
 // ---- weights ---------------------------------------------------------------------------------
@@ -852,8 +867,11 @@ static void cu_end_visit(mt_be *be, int slot)
 
 // ---- units -----------------------------------------------------------------------------------
 
-static mt_exec exec_of(cu_be *b)
+// What the template runs on for micro-batch mb (the kernels' RoPE positions
+// and documents are the micro-batch's).
+static mt_exec exec_of(cu_be *b, int mb)
 {
+    b->mb = mb;
     mt_exec x = {&CUDA_KERNELS, b, &b->d, &b->w};
     return x;
 }
@@ -865,7 +883,7 @@ static float *grads_of(cu_be *b, int unit) { return unit == 0 && b->tied_acc ? b
 static void cu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), b->es);
     const int r = unit % 2;
@@ -889,7 +907,7 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
 static void cu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     if (unit == 0) {
         b->tpl->embed_backward(&x, grads_of(b, 0), tokens_of(b, mb), dx_of(b, mb));
         return;
@@ -917,7 +935,7 @@ static const void *bind_head(cu_be *b, int slot, void **w)
 static void cu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     float *gw[MT_T_ROLE_COUNT];
     const void *lm = bind_head(b, slot, w);
@@ -934,7 +952,7 @@ static void cu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad
 static void cu_head_logits(mt_be *be, int slot, int mb, float *out)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     const void *lm = bind_head(b, slot, w);
     b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);

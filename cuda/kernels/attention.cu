@@ -233,10 +233,11 @@ __device__ __forceinline__ void mma_pv_m(float (&acc)[MT][D / 8][4], const float
     }
 }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool DOCS>
 __global__ void __launch_bounds__(FWD_THREADS, 2)
     fwd_bf16_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
-                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, int S, int H, int Hkv, int dh_arg, float scale)
+                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, const int32_t *__restrict__ doc_start, int S,
+                    int H, int Hkv, int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = fwd_bm<D>(), BN = FWD_BN, MT = fwd_mt<D>(), LD = D + 8;
@@ -254,10 +255,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkb = (min(S, m0 + BM) - 1) / BN + 1; // key blocks this query block sees
     const float sl2 = scale * LOG2E;
+    // documents: the rows' first keys, nondecreasing, so no row of the block sees a key before st[m0]
+    // (a template flag: without documents the kernel compiles as if they did not exist)
+    const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr;
+    const int kb0 = st ? st[m0] / BN : 0;
 
     load_tile<BM, D, FWD_THREADS>(sQ, qg, ldq, m0, S, dh, tid);
-    load_tile<BN, D, FWD_THREADS>(sK, kg, ldkv, 0, S, dh, tid);
-    load_tile<BN, D, FWD_THREADS>(sV, vg, ldkv, 0, S, dh, tid);
+    load_tile<BN, D, FWD_THREADS>(sK, kg, ldkv, kb0 * BN, S, dh, tid);
+    load_tile<BN, D, FWD_THREADS>(sV, vg, ldkv, kb0 * BN, S, dh, tid);
     cp_async_commit();
 
     float o[MT][D / 8][4];
@@ -273,9 +278,16 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     const int r0 = wrow0 + (lane >> 2);    // this thread's rows: r0 + 16 mt, r0 + 16 mt + 8
     const int c0 = 2 * (lane & 3);         // and columns c0, c0 + 1 of each n-tile
     const bf16 *sQw = sQ + warp * 16 * MT * LD;
+    int rs[MT][2]; // the first key of each of this thread's rows (0 without documents)
+    int wlast = 0; // the latest first key of the warp's rows
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rs[mt][r] = st ? st[min(r0 + mt * 16 + r * 8, S - 1)] : 0;
+    if (st) wlast = st[min(wrow0 + 16 * MT - 1, S - 1)];
 
-    for (int it = 0; it < nkb; ++it) {
-        const int buf = it & 1;
+    for (int it = kb0; it < nkb; ++it) {
+        const int buf = (it - kb0) & 1;
         if (it + 1 < nkb) {
             load_tile<BN, D, FWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, dh, tid);
             load_tile<BN, D, FWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, dh, tid);
@@ -293,14 +305,17 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
                 for (int j = 0; j < BN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
             mma_abt_m<D, MT, BN / 8>(s, sQw, sK + buf * BN * LD, lane);
 
-            if (n0 + BN - 1 > wrow0) { // the causal diagonal (or the end of the keys) crosses the warp's rows
+            // the causal diagonal (or the end of the keys), or a document's start, crosses the warp's rows
+            if (n0 + BN - 1 > wrow0 || n0 < wlast) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (n0 + j * 8 + c0 + (e & 1) > r0 + mt * 16 + (e >> 1) * 8) s[mt][j][e] = -INFINITY;
+                        for (int e = 0; e < 4; ++e) {
+                            const int key = n0 + j * 8 + c0 + (e & 1);
+                            if (key > r0 + mt * 16 + (e >> 1) * 8 || key < rs[mt][e >> 1]) s[mt][j][e] = -INFINITY;
+                        }
             }
 
 #pragma unroll
@@ -312,7 +327,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
                     for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-                    const float mref = mx == -INFINITY ? 0.f : mx; // no key yet (cannot happen: key 0 comes first)
+                    const float mref = mx == -INFINITY ? 0.f : mx; // no key yet: every key so far is another document's
                     const float alpha = ex2((mrow[mt][r] - mref) * sl2);
                     const float msc = mref * sl2;
                     mrow[mt][r] = mx;
@@ -374,13 +389,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
 constexpr int BWD_B = 64, BWD_THREADS = 128; // query rows and key rows per tile, both passes
 
 template <int D> constexpr int bwd_dq_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2; }
-template <int D> constexpr int bwd_dkdv_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2 + 4 * BWD_B * 4; }
+template <int D> constexpr int bwd_dkdv_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2 + 6 * BWD_B * 4; }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool DOCS>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dq_bf16_kernel(bf16 *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                        const bf16 *__restrict__ v, const bf16 *__restrict__ dout, const float *__restrict__ lse,
-                       const float *__restrict__ Di, int S, int H, int Hkv, int dh_arg, float scale)
+                       const float *__restrict__ Di, const int32_t *__restrict__ doc_start, int S, int H, int Hkv,
+                       int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
@@ -400,14 +416,18 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkb = (min(S, m0 + BM) - 1) / BN + 1;
     const float sl2 = scale * LOG2E;
+    const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr; // (a template flag, as in the forward)
+    const int kb0 = st ? st[m0] / BN : 0; // no row of the block sees a key before st[m0]
 
     load_tile<BM, D, BWD_THREADS>(sQ, qg, ldq, m0, S, dh, tid);
     load_tile<BM, D, BWD_THREADS>(sO, og, ldq, m0, S, dh, tid);
-    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, 0, S, dh, tid);
-    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, 0, S, dh, tid);
+    load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, kb0 * BN, S, dh, tid);
+    load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, kb0 * BN, S, dh, tid);
     cp_async_commit();
 
     const int wrow0 = m0 + warp * 16, r0 = wrow0 + (lane >> 2), c0 = 2 * (lane & 3);
+    const int rs[2] = {st ? st[min(r0, S - 1)] : 0, st ? st[min(r0 + 8, S - 1)] : 0};
+    const int wlast = st ? st[min(wrow0 + 15, S - 1)] : 0;
     float lse2[2], di[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -420,8 +440,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-    for (int it = 0; it < nkb; ++it) {
-        const int buf = it & 1;
+    for (int it = kb0; it < nkb; ++it) {
+        const int buf = (it - kb0) & 1;
         if (it + 1 < nkb) {
             load_tile<BN, D, BWD_THREADS>(sK + (buf ^ 1) * BN * LD, kg, ldkv, (it + 1) * BN, S, dh, tid);
             load_tile<BN, D, BWD_THREADS>(sV + (buf ^ 1) * BN * LD, vg, ldkv, (it + 1) * BN, S, dh, tid);
@@ -441,14 +461,14 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         mma_abt<D, BN / 8>(dp, sO + warp * 16 * LD, cV, lane);
 
         const int n0 = it * BN;
-        const bool diag = n0 + BN - 1 > wrow0;
+        const bool diag = n0 + BN - 1 > wrow0 || n0 < wlast;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1;
+                const int r = e >> 1, key = n0 + j * 8 + c0 + (e & 1);
                 float p = ex2(fmaf(s[j][e], sl2, -lse2[r]));
-                if (diag && n0 + j * 8 + c0 + (e & 1) > r0 + r * 8) p = 0.f;
+                if (diag && (key > r0 + r * 8 || key < rs[r])) p = 0.f;
                 dp[j][e] = p * (dp[j][e] - di[r]); // dS
             }
         mma_pv<D, BN / 16>(acc, dp, cK, lane);
@@ -469,12 +489,12 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     }
 }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool DOCS>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dkdv_bf16_kernel(bf16 *__restrict__ dk, bf16 *__restrict__ dv, const bf16 *__restrict__ q,
                          const bf16 *__restrict__ k, const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
-                         const float *__restrict__ lse, const float *__restrict__ Di, int S, int H, int Hkv,
-                         int dh_arg, float scale)
+                         const float *__restrict__ lse, const float *__restrict__ Di,
+                         const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
@@ -485,6 +505,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     bf16 *sO = sQ + 2 * BM * LD;               // dout, 2 x (BM, LD)
     float *sL = reinterpret_cast<float *>(sO + 2 * BM * LD); // 2 x BM: lse * log2 e (+inf past S)
     float *sD = sL + 2 * BM;                                  // 2 x BM: D_i (0 past S)
+    int *sSt = reinterpret_cast<int *>(sD + 2 * BM);          // 2 x BM: the queries' first keys (documents)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int b = blockIdx.x / Hkv, g = blockIdx.x % Hkv, rep = H / Hkv;
@@ -510,6 +531,12 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         return qi < S ? Di[idx] : 0.f;
     };
     static_assert(BWD_THREADS == 2 * BM, "one thread per lse and per D_i value");
+    const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr; // (a template flag, as in the forward)
+    // threads 0..BM-1 also fetch the first key of iteration it's query rows
+    auto fetch_start = [&](int it) -> int {
+        const int qi = (mstart + it % per_head) * BM + (tid & (BM - 1));
+        return st && qi < S ? st[qi] : 0;
+    };
 
     load_tile<BN, D, BWD_THREADS>(sK, kg, ldkv, n0, S, dh, tid);
     load_tile<BN, D, BWD_THREADS>(sV, vg, ldkv, n0, S, dh, tid);
@@ -517,7 +544,10 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     cp_async_commit();
     {
         const float x = fetch_row(0);
-        if (tid < BM) sL[tid] = x;
+        if (tid < BM) {
+            sL[tid] = x;
+            if (DOCS) sSt[tid] = fetch_start(0);
+        }
         else sD[tid - BM] = x;
     }
 
@@ -533,32 +563,35 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     for (int it = 0; it < total; ++it) {
         const int buf = it & 1;
         float next = 0.f;
+        int next_st = 0;
         if (it + 1 < total) {
             issue(it + 1, buf ^ 1);
             next = fetch_row(it + 1);
+            if (DOCS && tid < BM) next_st = fetch_start(it + 1);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *cQ = sQ + buf * BM * LD, *cO = sO + buf * BM * LD;
         const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+        const int *cSt = sSt + buf * BM;
         const int qm0 = (mstart + it % per_head) * BM;
 
-        float st[BM / 8][4]; // S^T, then P^T: (16 keys, BM queries) per warp
+        float pt[BM / 8][4]; // S^T, then P^T: (16 keys, BM queries) per warp
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.f;
-        mma_abt<D, BM / 8>(st, sKw, cQ, lane);
+        for (int j = 0; j < BM / 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.f;
+        mma_abt<D, BM / 8>(pt, sKw, cQ, lane);
         const bool diag = wkey0 + 15 > qm0;
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int qi = j * 8 + c0 + (e & 1);
-                float p = ex2(fmaf(st[j][e], sl2, -cL[qi]));
-                if (diag && k0 + (e >> 1) * 8 > qm0 + qi) p = 0.f;
-                st[j][e] = p;
+                const int qi = j * 8 + c0 + (e & 1), key = k0 + (e >> 1) * 8;
+                float p = ex2(fmaf(pt[j][e], sl2, -cL[qi]));
+                if ((diag && key > qm0 + qi) || (st && key < cSt[qi])) p = 0.f;
+                pt[j][e] = p;
             }
-        mma_pv<D, BM / 16>(dva, st, cO, lane);
+        mma_pv<D, BM / 16>(dva, pt, cO, lane);
 
         float dp[BM / 8][4]; // dP^T, then dS^T
 #pragma unroll
@@ -567,11 +600,14 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[j][e] = st[j][e] * (dp[j][e] - cD[j * 8 + c0 + (e & 1)]);
+            for (int e = 0; e < 4; ++e) dp[j][e] = pt[j][e] * (dp[j][e] - cD[j * 8 + c0 + (e & 1)]);
         mma_pv<D, BM / 16>(dka, dp, cQ, lane);
 
         if (it + 1 < total) { // buf ^ 1 was last read in iteration it - 1, before its closing barrier
-            if (tid < BM) sL[(buf ^ 1) * BM + tid] = next;
+            if (tid < BM) {
+                sL[(buf ^ 1) * BM + tid] = next;
+                if (DOCS) sSt[(buf ^ 1) * BM + tid] = next_st;
+            }
             else sD[(buf ^ 1) * BM + tid - BM] = next;
         }
         __syncthreads();
@@ -636,7 +672,7 @@ __global__ void __launch_bounds__(256)
 constexpr int F_R = 16, F_C = 64, F_THREADS = 256;
 
 template <int D> constexpr int f_fwd_smem_bytes() { return ((F_R + F_C) * (D + 1) + F_C * D + F_R * (F_C + 1) + 3 * F_R) * 4; }
-template <int D> constexpr int f_bwd_smem_bytes() { return (2 * (F_R + F_C) * (D + 1) + 2 * F_R * (F_C + 1) + 2 * F_C) * 4; }
+template <int D> constexpr int f_bwd_smem_bytes() { return (2 * (F_R + F_C) * (D + 1) + 2 * F_R * (F_C + 1) + 3 * F_C) * 4; }
 
 // rows [row0, row0 + n) of a (S, dh) matrix with row stride ld into s (row stride lds, D columns), zeros
 // past S and past dh
@@ -661,7 +697,8 @@ template <int D> __device__ __forceinline__ float f_dot(const float *a, const fl
 template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     fwd_f32_kernel(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q,
-                   const float *__restrict__ k, const float *__restrict__ v, int S, int H, int Hkv, int dh_arg, float scale)
+                   const float *__restrict__ k, const float *__restrict__ v, const int32_t *__restrict__ doc_start, int S,
+                   int H, int Hkv, int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
@@ -678,6 +715,9 @@ __global__ void __launch_bounds__(F_THREADS)
     const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
     const float *kg = k + ((size_t)b * S * Hkv + g) * dh, *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkt = (min(S, q0 + F_R) - 1) / F_C + 1;
+    const int32_t *st = doc_start ? doc_start + (size_t)b * S : nullptr;
+    const int kt0 = st ? st[q0] / F_C : 0;          // no row of the block sees a key before st[q0]
+    const int first = st && qi < S ? st[qi] : 0; // this row's first key
 
     f_load<D>(sQ, LDP, q + ((size_t)b * S * H + h) * dh, ldq, q0, F_R, S, dh, tid);
     if (tid < F_R) {
@@ -688,7 +728,7 @@ __global__ void __launch_bounds__(F_THREADS)
 #pragma unroll
     for (int u = 0; u < D / 16; ++u) o[u] = 0.f;
 
-    for (int t = 0; t < nkt; ++t) {
+    for (int t = kt0; t < nkt; ++t) {
         const int k0 = t * F_C;
         __syncthreads();
         f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, dh, tid);
@@ -698,7 +738,7 @@ __global__ void __launch_bounds__(F_THREADS)
         for (int u = 0; u < 4; ++u) {
             const int j = c + 16 * u, key = k0 + j;
             const float s = f_dot<D>(sQ + row * LDP, sK + j * LDP);
-            sP[row * LDS + j] = key <= qi && key < S ? s : -INFINITY;
+            sP[row * LDS + j] = key <= qi && key < S && key >= first ? s : -INFINITY;
         }
         __syncthreads();
         { // softmax: warp w updates rows 2w and 2w + 1
@@ -750,7 +790,8 @@ template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dq_f32_kernel(float *__restrict__ dq, const float *__restrict__ q, const float *__restrict__ k,
                       const float *__restrict__ v, const float *__restrict__ dout, const float *__restrict__ lse,
-                      const float *__restrict__ Di, int S, int H, int Hkv, int dh_arg, float scale)
+                      const float *__restrict__ Di, const int32_t *__restrict__ doc_start, int S, int H, int Hkv,
+                       int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
@@ -767,6 +808,9 @@ __global__ void __launch_bounds__(F_THREADS)
     const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
     const float *kg = k + ((size_t)b * S * Hkv + g) * dh, *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkt = (min(S, q0 + F_R) - 1) / F_C + 1;
+    const int32_t *st = doc_start ? doc_start + (size_t)b * S : nullptr;
+    const int kt0 = st ? st[q0] / F_C : 0;          // no row of the block sees a key before st[q0]
+    const int first = st && qi < S ? st[qi] : 0; // this row's first key
     const size_t qoff = ((size_t)b * S * H + h) * dh;
 
     f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_R, S, dh, tid);
@@ -777,7 +821,7 @@ __global__ void __launch_bounds__(F_THREADS)
 #pragma unroll
     for (int u = 0; u < D / 16; ++u) acc[u] = 0.f;
 
-    for (int t = 0; t < nkt; ++t) {
+    for (int t = kt0; t < nkt; ++t) {
         const int k0 = t * F_C;
         __syncthreads();
         f_load<D>(sK, LDP, kg, ldkv, k0, F_C, S, dh, tid);
@@ -788,7 +832,7 @@ __global__ void __launch_bounds__(F_THREADS)
             const int j = c + 16 * u, key = k0 + j;
             const float s = f_dot<D>(sQ + row * LDP, sK + j * LDP);
             const float dp = f_dot<D>(sO + row * LDP, sV + j * LDP);
-            const float p = key <= qi && key < S ? expf(s * scale - lrow) : 0.f;
+            const float p = key <= qi && key < S && key >= first ? expf(s * scale - lrow) : 0.f;
             sS[row * LDS + j] = p * (dp - drow);
         }
         __syncthreads();
@@ -812,8 +856,8 @@ template <int D, bool PAD>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dkdv_f32_kernel(float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ q,
                         const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ dout,
-                        const float *__restrict__ lse, const float *__restrict__ Di, int S, int H, int Hkv,
-                        int dh_arg, float scale)
+                        const float *__restrict__ lse, const float *__restrict__ Di,
+                        const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
@@ -825,9 +869,11 @@ __global__ void __launch_bounds__(F_THREADS)
     float *sP = sO + F_C * LDP;                  // P^T (F_R, LDS)
     float *sS = sP + F_R * LDS;                  // dS^T (F_R, LDS)
     float *sL = sS + F_R * LDS, *sD = sL + F_C;  // (F_C) each
+    int *sSt = reinterpret_cast<int *>(sD + F_C); // (F_C): the queries' first keys (documents)
 
     const int tid = threadIdx.x, row = tid >> 4, c = tid & 15;
     const int b = blockIdx.x / Hkv, g = blockIdx.x % Hkv, rep = H / Hkv;
+    const int32_t *st = doc_start ? doc_start + (size_t)b * S : nullptr;
     const int k0 = blockIdx.y * F_R, key = k0 + row;
     const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
     const size_t kvoff = ((size_t)b * S * Hkv + g) * dh;
@@ -849,6 +895,7 @@ __global__ void __launch_bounds__(F_THREADS)
                 const size_t idx = ((size_t)b * H + h) * S + qi;
                 sL[tid] = qi < S ? lse[idx] : 0.f;
                 sD[tid] = qi < S ? Di[idx] : 0.f;
+                sSt[tid] = st && qi < S ? st[qi] : 0;
             }
             __syncthreads();
 #pragma unroll
@@ -856,7 +903,7 @@ __global__ void __launch_bounds__(F_THREADS)
                 const int j = c + 16 * u, qi = q0 + j;
                 const float s = f_dot<D>(sK + row * LDP, sQ + j * LDP);
                 const float dp = f_dot<D>(sV + row * LDP, sO + j * LDP);
-                const float p = qi < S && key <= qi ? expf(s * scale - sL[j]) : 0.f;
+                const float p = qi < S && key <= qi && key >= sSt[j] ? expf(s * scale - sL[j]) : 0.f;
                 sP[row * LDS + j] = p;
                 sS[row * LDS + j] = p * (dp - sD[j]);
             }
@@ -942,61 +989,79 @@ int launched()
 }
 
 template <int D, bool PAD>
-int fwd_bf16(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v, int B, int S, int H,
-             int Hkv, int dh, float scale)
+int fwd_bf16(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
+             const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale)
 {
     constexpr int smem = fwd_smem_bytes<D>();
-    if (int e = set_smem(fwd_bf16_kernel<D, PAD>, smem)) return e;
     const dim3 grid(B * H, (S + fwd_bm<D>() - 1) / fwd_bm<D>());
-    fwd_bf16_kernel<D, PAD><<<grid, FWD_THREADS, smem, st>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                                                         (const bf16 *)v, S, H, Hkv, dh, scale);
+    if (doc) {
+        if (int e = set_smem(fwd_bf16_kernel<D, PAD, true>, smem)) return e;
+        fwd_bf16_kernel<D, PAD, true><<<grid, FWD_THREADS, smem, st>>>(
+            (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, doc, S, H, Hkv, dh, scale);
+    } else {
+        if (int e = set_smem(fwd_bf16_kernel<D, PAD, false>, smem)) return e;
+        fwd_bf16_kernel<D, PAD, false><<<grid, FWD_THREADS, smem, st>>>(
+            (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, doc, S, H, Hkv, dh, scale);
+    }
     return launched();
 }
 
 template <int D, bool PAD>
-int fwd_f32(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v, int B, int S, int H,
-            int Hkv, int dh, float scale)
+int fwd_f32(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
+            const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale)
 {
     constexpr int smem = f_fwd_smem_bytes<D>();
     if (int e = set_smem(fwd_f32_kernel<D, PAD>, smem)) return e;
     const dim3 grid(B * H, (S + F_R - 1) / F_R);
     fwd_f32_kernel<D, PAD><<<grid, F_THREADS, smem, st>>>((float *)out, lse, (const float *)q, (const float *)k,
-                                                      (const float *)v, S, H, Hkv, dh, scale);
+                                                      (const float *)v, doc, S, H, Hkv, dh, scale);
+    return launched();
+}
+
+template <int D, bool PAD, bool DOCS>
+int bwd_bf16_run(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
+                 const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
+                 float scale)
+{
+    constexpr int smem_dq = bwd_dq_smem_bytes<D>(), smem_kv = bwd_dkdv_smem_bytes<D>();
+    if (int e = set_smem(bwd_dq_bf16_kernel<D, PAD, DOCS>, smem_dq)) return e;
+    if (int e = set_smem(bwd_dkdv_bf16_kernel<D, PAD, DOCS>, smem_kv)) return e;
+    const int nb = (S + BWD_B - 1) / BWD_B;
+    bwd_dq_bf16_kernel<D, PAD, DOCS><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
+        (bf16 *)dq, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, doc, S, H, Hkv, dh,
+        scale);
+    if (int e = launched()) return e;
+    bwd_dkdv_bf16_kernel<D, PAD, DOCS><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
+        (bf16 *)dk, (bf16 *)dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, doc, S,
+        H, Hkv, dh, scale);
     return launched();
 }
 
 template <int D, bool PAD>
 int bwd_bf16(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
-             const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, int dh, float scale)
+             const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
+             float scale)
 {
-    constexpr int smem_dq = bwd_dq_smem_bytes<D>(), smem_kv = bwd_dkdv_smem_bytes<D>();
-    if (int e = set_smem(bwd_dq_bf16_kernel<D, PAD>, smem_dq)) return e;
-    if (int e = set_smem(bwd_dkdv_bf16_kernel<D, PAD>, smem_kv)) return e;
-    const int nb = (S + BWD_B - 1) / BWD_B;
-    bwd_dq_bf16_kernel<D, PAD><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
-        (bf16 *)dq, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, S, H, Hkv, dh, scale);
-    if (int e = launched()) return e;
-    bwd_dkdv_bf16_kernel<D, PAD><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
-        (bf16 *)dk, (bf16 *)dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, S, H,
-        Hkv, dh, scale);
-    return launched();
+    return doc ? bwd_bf16_run<D, PAD, true>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale)
+               : bwd_bf16_run<D, PAD, false>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale);
 }
 
 template <int D, bool PAD>
 int bwd_f32(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
-            const void *q, const void *k, const void *v, int B, int S, int H, int Hkv, int dh, float scale)
+            const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
+             float scale)
 {
     constexpr int smem = f_bwd_smem_bytes<D>();
     if (int e = set_smem(bwd_dq_f32_kernel<D, PAD>, smem)) return e;
     if (int e = set_smem(bwd_dkdv_f32_kernel<D, PAD>, smem)) return e;
     const int nb = (S + F_R - 1) / F_R;
     bwd_dq_f32_kernel<D, PAD><<<dim3(B * H, nb), F_THREADS, smem, st>>>((float *)dq, (const float *)q, (const float *)k,
-                                                                    (const float *)v, (const float *)dout, lse, Di, S,
-                                                                    H, Hkv, dh, scale);
+                                                                    (const float *)v, (const float *)dout, lse, Di, doc,
+                                                                    S, H, Hkv, dh, scale);
     if (int e = launched()) return e;
     bwd_dkdv_f32_kernel<D, PAD><<<dim3(B * Hkv, nb), F_THREADS, smem, st>>>(
         (float *)dk, (float *)dv, (const float *)q, (const float *)k, (const float *)v, (const float *)dout, lse, Di,
-        S, H, Hkv, dh, scale);
+        doc, S, H, Hkv, dh, scale);
     return launched();
 }
 
@@ -1031,8 +1096,9 @@ extern "C" const char *mt_cuattn_strerror(int code)
     }
 }
 
-extern "C" int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
-                                 const void *v, int B, int S, int H, int Hkv, int D, float scale)
+extern "C" int mt_cuattn_forward_docs(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
+                                      const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                      float scale)
 {
     if (int e = check_shape(dtype, B, S, H, Hkv, D, scale)) return e;
     if (!out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
@@ -1041,9 +1107,15 @@ extern "C" int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse,
     if (B == 0 || S == 0) return MT_CUATTN_OK;
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == MT_CUATTN_BF16) {
-        BY_TILE(fwd_bf16, st, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+        BY_TILE(fwd_bf16, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale);
     }
-    BY_TILE(fwd_f32, st, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    BY_TILE(fwd_f32, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+}
+
+extern "C" int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
+                                 const void *v, int B, int S, int H, int Hkv, int D, float scale)
+{
+    return mt_cuattn_forward_docs(stream, dtype, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale);
 }
 
 extern "C" size_t mt_cuattn_workspace_bytes(int B, int S, int H, int Hkv, int D)
@@ -1054,10 +1126,10 @@ extern "C" size_t mt_cuattn_workspace_bytes(int B, int S, int H, int Hkv, int D)
     return ((size_t)B * H * S * sizeof(float) + 255) / 256 * 256;
 }
 
-extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
-                                  const void *out, const float *lse, const void *q, const void *k, const void *v,
-                                  int B, int S, int H, int Hkv, int D, float scale, void *workspace,
-                                  size_t workspace_bytes)
+extern "C" int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                                       const void *out, const float *lse, const void *q, const void *k,
+                                       const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                       float scale, void *workspace, size_t workspace_bytes)
 {
     if (int e = check_shape(dtype, B, S, H, Hkv, D, scale)) return e;
     if (!dq || !dk || !dv || !dout || !out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
@@ -1074,11 +1146,20 @@ extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, v
     if (dtype == MT_CUATTN_BF16) {
         bwd_di_kernel<bf16><<<di_blocks, 256, 0, st>>>(Di, (const bf16 *)dout, (const bf16 *)out, S, H, D, rows);
         if (int e = launched()) return e;
-        BY_TILE(bwd_bf16, st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, D, scale);
+        BY_TILE(bwd_bf16, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale);
     }
     bwd_di_kernel<float><<<di_blocks, 256, 0, st>>>(Di, (const float *)dout, (const float *)out, S, H, D, rows);
     if (int e = launched()) return e;
-    BY_TILE(bwd_f32, st, dq, dk, dv, dout, lse, Di, q, k, v, B, S, H, Hkv, D, scale);
+    BY_TILE(bwd_f32, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+}
+
+extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                                  const void *out, const float *lse, const void *q, const void *k, const void *v,
+                                  int B, int S, int H, int Hkv, int D, float scale, void *workspace,
+                                  size_t workspace_bytes)
+{
+    return mt_cuattn_backward_docs(stream, dtype, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale,
+                                   workspace, workspace_bytes);
 }
 
 // ---- helpers ----------------------------------------------------------------------

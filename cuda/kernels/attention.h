@@ -84,6 +84,20 @@ int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, co
                        const float *lse, const void *q, const void *k, const void *v, int B, int S, int H, int Hkv,
                        int D, float scale, void *workspace, size_t workspace_bytes);
 
+/* Both with documents packed into each sequence: doc_start (B, S) on the
+ * device gives, for each token, the index in its sequence of its document's
+ * first token (nondecreasing along the sequence, doc_start[i] <= i); query i
+ * then sees keys [doc_start[i], i] only. NULL: one document per sequence. A
+ * block of queries starts at the first key any of its rows sees; blocks of
+ * keys after a document's end are still visited (and masked), so packing
+ * saves little work yet. */
+int mt_cuattn_forward_docs(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
+                           const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale);
+int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, const int32_t *doc_start,
+                            int B, int S, int H, int Hkv, int D, float scale, void *workspace,
+                            size_t workspace_bytes);
+
 /* ---- for tests and benchmarks ----------------------------------------------------
  * Device memory, copies and synchronisation are the device layer's
  * (src/device/device.h). */

@@ -100,14 +100,15 @@ _Static_assert(offsetof(mt_memory_plan, num_units) == 112, "mt_memory_plan.num_u
 _Static_assert(offsetof(mt_memory_plan, reserved0) == 116, "mt_memory_plan.reserved0: offset");
 _Static_assert(offsetof(mt_memory_plan, largest_unit_params) == 120, "mt_memory_plan.largest_unit_params: offset");
 
-_Static_assert(sizeof(mt_batch) == 32, "mt_batch: size");
-_Static_assert(offsetof(mt_batch, targets) + sizeof(((mt_batch *)0)->targets) == 32, "mt_batch: no tail padding");
+_Static_assert(sizeof(mt_batch) == 40, "mt_batch: size");
+_Static_assert(offsetof(mt_batch, positions) + sizeof(((mt_batch *)0)->positions) == 40, "mt_batch: no tail padding");
 _Static_assert(offsetof(mt_batch, struct_size) == 0, "mt_batch.struct_size: offset");
 _Static_assert(offsetof(mt_batch, micro_batch_size) == 4, "mt_batch.micro_batch_size: offset");
 _Static_assert(offsetof(mt_batch, seq_len) == 8, "mt_batch.seq_len: offset");
 _Static_assert(offsetof(mt_batch, num_micro_batches) == 12, "mt_batch.num_micro_batches: offset");
 _Static_assert(offsetof(mt_batch, tokens) == 16, "mt_batch.tokens: offset");
 _Static_assert(offsetof(mt_batch, targets) == 24, "mt_batch.targets: offset");
+_Static_assert(offsetof(mt_batch, positions) == 32, "mt_batch.positions: offset");
 
 _Static_assert(sizeof(mt_step_stats) == 88, "mt_step_stats: size");
 _Static_assert(offsetof(mt_step_stats, optimizer_seconds) + sizeof(((mt_step_stats *)0)->optimizer_seconds) == 88, "mt_step_stats: no tail padding");

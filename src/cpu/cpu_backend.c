@@ -34,7 +34,10 @@ typedef struct cpu_be {
     float *ck;                 /* (L+1, n_micro, T, C) checkpoints: the output of units 0..L */
     float *dx;                 /* (n_micro, T, C) gradient of the hidden state */
     int32_t *tokens, *targets; /* (n_micro, T) */
-    int32_t *pos;              /* (T) position of each token in its sequence */
+    int32_t *pos;              /* (n_micro, T) position of each token in its document */
+    int32_t *doc_start;        /* (n_micro, T) the first key of each token (mt_doc_layout) */
+    int32_t *docs;             /* (n_micro) the micro-batch packs documents */
+    int mb;                    /* the micro-batch the kernels run on */
     float *inv_freq;           /* (D/2) */
     void *ws;                  /* the ops' per-thread workspace */
     double loss_sum, sumsq;
@@ -78,20 +81,25 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
 {
     cpu_be *b = kc;
-    mt_cpu_rope(b->pool, x, b->pos, b->inv_freq, T, nh, D, inverse);
+    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse);
 }
 
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
                         int seq_len, int H, int Hkv, int D, float scale)
 {
-    mt_cpu_attention(P(kc), WS(kc), out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+    cpu_be *b = kc;
+    mt_cpu_attention_docs(b->pool, b->ws, out, lse, q, k, v, b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL,
+                          n_seq, seq_len, H, Hkv, D, scale);
 }
 
 static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
                             int H, int Hkv, int D, float scale)
 {
-    mt_cpu_attention_bwd(P(kc), WS(kc), dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale);
+    cpu_be *b = kc;
+    mt_cpu_attention_bwd_docs(b->pool, b->ws, dq, dk, dv, dout, out, lse, q, k, v,
+                              b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL, n_seq, seq_len, H, Hkv,
+                              D, scale);
 }
 
 static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
@@ -233,7 +241,9 @@ static void list_buffers(cpu_be *b, buf_list *l)
     if (s->want_grad) add(l, &b->dx, M * T * C * f);
     add(l, &b->tokens, M * T * sizeof(int32_t));
     add(l, &b->targets, M * T * sizeof(int32_t));
-    add(l, &b->pos, T * sizeof(int32_t));
+    add(l, &b->pos, M * T * sizeof(int32_t));
+    add(l, &b->doc_start, M * T * sizeof(int32_t));
+    add(l, &b->docs, M * sizeof(int32_t));
     add(l, &b->inv_freq, (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
     mt_work_buf wb[MT_WORK_MAX_BUFS];
@@ -307,18 +317,21 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                            mt_fmt_bytes(b1, sizeof b1, n.host_bytes));
         }
     count(&l, &b->base.held);
-    for (int t = 0; t < b->d.T; t++) b->pos[t] = t % s->seq_len;
+    for (int mb = 0; mb < s->n_micro; mb++)
+        b->docs[mb] = mt_doc_layout(b->pos + (size_t)mb * b->d.T, b->doc_start + (size_t)mb * b->d.T, NULL, s->n_seq,
+                                    s->seq_len);
     mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg);
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
 }
 
-static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets)
+static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions)
 {
     cpu_be *b = (cpu_be *)be;
     const size_t T = (size_t)b->d.T;
     memcpy(b->tokens + (size_t)mb * T, tokens, T * sizeof *tokens);
     if (targets) memcpy(b->targets + (size_t)mb * T, targets, T * sizeof *targets);
+    b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->d.n_seq, b->d.seq_len);
 }
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
@@ -353,7 +366,13 @@ static float *ck_at(cpu_be *b, int idx, int mb)
 
 static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
 static const int32_t *tokens_of(cpu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
-static mt_exec exec_of(cpu_be *b) { return (mt_exec){&cpu_kernels, b, &b->d, &b->w}; }
+/* What the template runs on for micro-batch mb (the kernels' RoPE positions
+ * and documents are the micro-batch's). */
+static mt_exec exec_of(cpu_be *b, int mb)
+{
+    b->mb = mb;
+    return (mt_exec){&cpu_kernels, b, &b->d, &b->w};
+}
 
 /* The layer's activations all live in the work buffers: nothing is kept. */
 static mt_layer_acts acts_of(cpu_be *b) { return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0}; }
@@ -361,7 +380,7 @@ static mt_layer_acts acts_of(cpu_be *b) { return (mt_layer_acts){b->w.att, b->w.
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
     if (unit == 0) {
@@ -375,7 +394,7 @@ static void cpu_forward(mt_be *be, int slot, int unit, int mb)
 static void cpu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     if (unit == 0) {
         b->tpl->embed_backward(&x, b->tied_acc ? b->tied_acc : b->acc, tokens_of(b, mb), dx_of(b, mb));
         return;
@@ -402,7 +421,7 @@ static const void *bind_head(cpu_be *b, int slot, void **w)
 static void cpu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     float *gw[MT_T_ROLE_COUNT];
     const void *lm = bind_head(b, slot, w);
@@ -415,7 +434,7 @@ static void cpu_head(mt_be *be, int slot, int mb, float loss_scale, int want_gra
 static void cpu_head_logits(mt_be *be, int slot, int mb, float *out)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b);
+    const mt_exec x = exec_of(b, mb);
     void *w[MT_T_ROLE_COUNT];
     const void *lm = bind_head(b, slot, w);
     b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);

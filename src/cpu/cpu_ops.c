@@ -353,6 +353,7 @@ void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq
 typedef struct {
     float *out, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout, *out_in, *lse_in;
+    const int32_t *doc_start; /* (B, S) or NULL: the first key each query may see */
     int B, S, H, Hkv, D, nqb;
     float scale;
     float *ws;        /* 64-byte aligned */
@@ -367,37 +368,48 @@ static void att_fwd_task(void *ctx, size_t task, int thread)
     const int H = a->H, Hkv = a->Hkv, D = a->D, S = a->S;
     const int qb = (int)(task % (size_t)a->nqb), h = (int)(task / (size_t)a->nqb % (size_t)H);
     const int b = (int)(task / ((size_t)a->nqb * H)), g = h / (H / Hkv);
-    const int i0 = qb * ATT_BQ, rows = S - i0 < ATT_BQ ? S - i0 : ATT_BQ, nk = i0 + rows;
+    const int i0 = qb * ATT_BQ, rows = S - i0 < ATT_BQ ? S - i0 : ATT_BQ;
+    const int32_t *st = a->doc_start ? a->doc_start + (size_t)b * S : NULL;
+    /* keys [k0, i0 + rows): no row of the block sees a key before its first row's document */
+    const int k0 = st ? st[i0] : 0, nk = i0 + rows - k0;
     float *gws = a->ws + (size_t)thread * a->ws_stride;
     float *sc = gws + mt_cpu_gemm_ws_bytes() / sizeof(float);         /* (rows, nk) */
     const size_t ldq = (size_t)H * D, ldkv = (size_t)Hkv * D;
     const float *q = a->q + ((size_t)(b * S + i0) * H + h) * D;       /* (rows, D), stride ldq */
-    const float *k = a->k + ((size_t)b * S * Hkv + g) * D;            /* (nk, D), stride ldkv */
-    const float *v = a->v + ((size_t)b * S * Hkv + g) * D;            /* (nk, D), stride ldkv */
+    const float *k = a->k + ((size_t)(b * S + k0) * Hkv + g) * D;     /* (nk, D), stride ldkv */
+    const float *v = a->v + ((size_t)(b * S + k0) * Hkv + g) * D;     /* (nk, D), stride ldkv */
     float *out = a->out + ((size_t)(b * S + i0) * H + h) * D;         /* (rows, D), stride ldq */
     float *lse = a->lse + ((size_t)b * H + h) * S + i0;               /* (rows) */
 
     mt_cpu_gemm(NULL, gws, 0, 1, rows, nk, D, q, ldq, k, ldkv, sc, (size_t)nk, NULL, 0);
     for (int r = 0; r < rows; r++) {
         float *s = sc + (size_t)r * nk;
-        const int n = i0 + r + 1;                  /* causal: keys [0, n) */
-        const float m = vec_max(s, n) * a->scale;  /* scale > 0 */
-        const double sum = vec_exp(s, s, a->scale, m, n);
-        vec_scale(s, (float)(1.0 / sum), n);
+        const int lo = st ? st[i0 + r] - k0 : 0; /* the row's keys: [lo, n) of the block's */
+        const int n = i0 + r + 1 - k0;           /* causal */
+        const float m = vec_max(s + lo, n - lo) * a->scale; /* scale > 0 */
+        const double sum = vec_exp(s + lo, s + lo, a->scale, m, n - lo);
+        vec_scale(s + lo, (float)(1.0 / sum), n - lo);
+        memset(s, 0, (size_t)lo * sizeof(float));
         memset(s + n, 0, (size_t)(nk - n) * sizeof(float));
         lse[r] = m + (float)log(sum);
     }
     mt_cpu_gemm(NULL, gws, 0, 0, rows, D, nk, sc, (size_t)nk, v, ldkv, out, ldq, NULL, 0);
 }
 
+void mt_cpu_attention_docs(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k,
+                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale)
+{
+    if (B <= 0 || S <= 0 || H <= 0) return;
+    att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .doc_start = doc_start, .B = B, .S = S, .H = H,
+                  .Hkv = Hkv, .D = D, .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .ws = mt_cpu_ws_align(ws),
+                  .ws_stride = ws_thread_bytes(S) / sizeof(float)};
+    mt_pool_run(p, (size_t)B * H * a.nqb, att_fwd_task, &a);
+}
+
 void mt_cpu_attention(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k, const float *v,
                       int B, int S, int H, int Hkv, int D, float scale)
 {
-    if (B <= 0 || S <= 0 || H <= 0) return;
-    att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .S = S, .H = H, .Hkv = Hkv, .D = D,
-                  .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .ws = mt_cpu_ws_align(ws),
-                  .ws_stride = ws_thread_bytes(S) / sizeof(float)};
-    mt_pool_run(p, (size_t)B * H * a.nqb, att_fwd_task, &a);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale);
 }
 
 /* All of kv head g in batch b: dk and dv rows are owned by this task and
@@ -421,42 +433,56 @@ static void att_bwd_task(void *ctx, size_t task, int thread)
         memset(dk + j * ldkv, 0, (size_t)D * sizeof(float));
         memset(dv + j * ldkv, 0, (size_t)D * sizeof(float));
     }
+    const int32_t *st = a->doc_start ? a->doc_start + (size_t)b * S : NULL;
     for (int h = g * rep; h < (g + 1) * rep; h++) {
         for (int i0 = 0; i0 < S; i0 += ATT_BQ) {
-            const int rows = S - i0 < ATT_BQ ? S - i0 : ATT_BQ, nk = i0 + rows;
+            const int rows = S - i0 < ATT_BQ ? S - i0 : ATT_BQ;
+            const int k0 = st ? st[i0] : 0, nk = i0 + rows - k0; /* the block's keys [k0, i0 + rows) */
             const size_t q0 = ((size_t)(b * S + i0) * H + h) * D;
             const float *q = a->q + q0, *dout = a->dout + q0, *out = a->out_in + q0; /* (rows, D), stride ldq */
             float *dq = a->dq + q0;                                                   /* (rows, D), stride ldq */
             const float *lse = a->lse_in + ((size_t)b * H + h) * S + i0;              /* (rows) */
+            const float *kb = k + (size_t)k0 * ldkv, *vb = v + (size_t)k0 * ldkv;
+            float *dkb = dk + (size_t)k0 * ldkv, *dvb = dv + (size_t)k0 * ldkv;
 
-            mt_cpu_gemm(NULL, gws, 0, 1, rows, nk, D, q, ldq, k, ldkv, pb, (size_t)nk, NULL, 0);
-            mt_cpu_gemm(NULL, gws, 0, 1, rows, nk, D, dout, ldq, v, ldkv, ds, (size_t)nk, NULL, 0);
+            mt_cpu_gemm(NULL, gws, 0, 1, rows, nk, D, q, ldq, kb, ldkv, pb, (size_t)nk, NULL, 0);
+            mt_cpu_gemm(NULL, gws, 0, 1, rows, nk, D, dout, ldq, vb, ldkv, ds, (size_t)nk, NULL, 0);
             for (int r = 0; r < rows; r++) {
                 float *pr = pb + (size_t)r * nk, *dsr = ds + (size_t)r * nk;
-                const int n = i0 + r + 1;
+                const int lo = st ? st[i0 + r] - k0 : 0, n = i0 + r + 1 - k0; /* the row's keys [lo, n) */
                 double di = 0.0;
                 for (int d = 0; d < D; d++) di += (double)dout[r * ldq + d] * out[r * ldq + d];
-                vec_exp(pr, pr, a->scale, lse[r], n);
-                vec_dsoftmax(dsr, pr, (float)di, a->scale, n);
+                vec_exp(pr + lo, pr + lo, a->scale, lse[r], n - lo);
+                vec_dsoftmax(dsr + lo, pr + lo, (float)di, a->scale, n - lo);
+                memset(pr, 0, (size_t)lo * sizeof(float));
+                memset(dsr, 0, (size_t)lo * sizeof(float));
                 memset(pr + n, 0, (size_t)(nk - n) * sizeof(float));
                 memset(dsr + n, 0, (size_t)(nk - n) * sizeof(float));
             }
-            mt_cpu_gemm(NULL, gws, 0, 0, rows, D, nk, ds, (size_t)nk, k, ldkv, dq, ldq, NULL, 0);
-            mt_cpu_gemm(NULL, gws, 1, 0, nk, D, rows, ds, (size_t)nk, q, ldq, dk, ldkv, NULL, 1);
-            mt_cpu_gemm(NULL, gws, 1, 0, nk, D, rows, pb, (size_t)nk, dout, ldq, dv, ldkv, NULL, 1);
+            mt_cpu_gemm(NULL, gws, 0, 0, rows, D, nk, ds, (size_t)nk, kb, ldkv, dq, ldq, NULL, 0);
+            mt_cpu_gemm(NULL, gws, 1, 0, nk, D, rows, ds, (size_t)nk, q, ldq, dkb, ldkv, NULL, 1);
+            mt_cpu_gemm(NULL, gws, 1, 0, nk, D, rows, pb, (size_t)nk, dout, ldq, dvb, ldkv, NULL, 1);
         }
     }
+}
+
+void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float *dv, const float *dout,
+                               const float *out, const float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale)
+{
+    if (B <= 0 || S <= 0 || H <= 0) return;
+    att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .out_in = out, .lse_in = lse,
+                  .doc_start = doc_start, .B = B, .S = S, .H = H, .Hkv = Hkv, .D = D,
+                  .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .ws = mt_cpu_ws_align(ws),
+                  .ws_stride = ws_thread_bytes(S) / sizeof(float)};
+    mt_pool_run(p, (size_t)B * Hkv, att_bwd_task, &a);
 }
 
 void mt_cpu_attention_bwd(mt_pool *p, void *ws, float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v, int B, int S, int H,
                           int Hkv, int D, float scale)
 {
-    if (B <= 0 || S <= 0 || H <= 0) return;
-    att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .out_in = out, .lse_in = lse,
-                  .B = B, .S = S, .H = H, .Hkv = Hkv, .D = D, .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale,
-                  .ws = mt_cpu_ws_align(ws), .ws_stride = ws_thread_bytes(S) / sizeof(float)};
-    mt_pool_run(p, (size_t)B * Hkv, att_bwd_task, &a);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------- */

@@ -124,6 +124,16 @@ void mt_cpu_attention_bwd(mt_pool *p, void *ws, float *dq, float *dk, float *dv,
                           const float *lse, const float *q, const float *k, const float *v, int B, int S, int H,
                           int Hkv, int D, float scale);
 
+/* Both with documents packed into each sequence: doc_start (B, S) gives, for
+ * each token, the index in its sequence of its document's first token
+ * (nondecreasing along the sequence, doc_start[i] <= i), and query i sees the
+ * keys [doc_start[i], i]. NULL: one document per sequence, as above. */
+void mt_cpu_attention_docs(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k,
+                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale);
+void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float *dv, const float *dout,
+                               const float *out, const float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale);
+
 /* ---- elementwise, embedding, loss ------------------------------------------- */
 
 /* out = silu(gate) * up = gate / (1 + exp(-gate)) * up.  out, gate, up (n) */

@@ -84,8 +84,11 @@ typedef struct mt_be_ops {
     mt_status (*reserve)(mt_be *be, const mt_be_shape *shape, mt_err err);
     /* Frees what reserve() allocated (once the work issued is done). */
     void (*release)(mt_be *be);
-    /* The step's inputs: tokens and targets of micro-batch mb (n_seq * seq_len each; targets may be NULL). */
-    void (*set_tokens)(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets);
+    /* The step's inputs: tokens and targets of micro-batch mb (n_seq * seq_len
+     * each; targets may be NULL), and the tokens' positions in their
+     * documents (validated: mt_batch.positions), or NULL for one document
+     * a sequence. */
+    void (*set_tokens)(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions);
     /* Copies unit's weights from its host tile (the bf16 block, or the fp32
      * master in fp32 mode) into slot, after the slot's previous user released it. */
     void (*load_weights)(mt_be *be, int slot, int unit);

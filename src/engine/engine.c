@@ -225,6 +225,19 @@ static mt_status check_batch(mt_model *m, mt_batch *b, const mt_batch *src, int 
     }
     if (need_targets && count == 0)
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "every target of the batch is MT_IGNORE_INDEX: nothing to learn");
+    /* documents: each sequence starts one at position 0; a position is 0
+     * (the next document) or one more than the one before */
+    for (size_t i = 0; b->positions && i < n; i++) {
+        const int32_t p = b->positions[i];
+        if (i % b->seq_len == 0 && p != 0)
+            return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                           "mt_batch.positions[%zu] is %d, but a sequence starts a document: its first position is 0",
+                           i, p);
+        if (i % b->seq_len && p != 0 && p != b->positions[i - 1] + 1)
+            return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                           "mt_batch.positions[%zu] is %d after %d: a position is 0 (a new document) or one more than "
+                           "the one before", i, p, b->positions[i - 1]);
+    }
     *n_targets = count;
     return MT_OK;
 }
@@ -233,7 +246,8 @@ static void stage_tokens(mt_model *m, const mt_batch *b)
 {
     const size_t per = (size_t)b->micro_batch_size * b->seq_len;
     for (uint32_t mb = 0; mb < b->num_micro_batches; mb++)
-        m->be->ops->set_tokens(m->be, (int)mb, b->tokens + mb * per, b->targets ? b->targets + mb * per : NULL);
+        m->be->ops->set_tokens(m->be, (int)mb, b->tokens + mb * per, b->targets ? b->targets + mb * per : NULL,
+                               b->positions ? b->positions + mb * per : NULL);
 }
 
 /* After a failed step in bf16 mode the weight blocks hold gradients: put

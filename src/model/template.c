@@ -24,3 +24,20 @@ void mt_bind_unit_f32(float **w, float *block, const mt_unit_desc *u)
     memset(w, 0, MT_T_ROLE_COUNT * sizeof *w);
     for (int i = 0; i < u->n_tensors; i++) w[u->tensors[i].role] = block + u->tensors[i].offset;
 }
+
+int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, int n_seq, int seq_len)
+{
+    int docs = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int32_t first = 0;
+        for (int i = 0; i < seq_len; i++) {
+            const size_t t = (size_t)s * seq_len + i;
+            const int32_t p = positions ? positions[t] : i;
+            if (p == 0) first = i;
+            docs |= first != 0;
+            pos[t] = p;
+            doc_start[t] = first;
+        }
+    }
+    return docs;
+}

@@ -154,6 +154,13 @@ typedef struct mt_template {
     void (*head_logits)(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out);
 } mt_template;
 
+/* From the positions of a micro-batch (n_seq sequences of seq_len, each
+ * token's position in its document; NULL: one document a sequence): pos, the
+ * positions RoPE rotates by, and doc_start, the index in its sequence of each
+ * token's first key (its document's first token). Returns whether the
+ * micro-batch has more than one document in any sequence. */
+int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, int n_seq, int seq_len);
+
 /* The template of a validated config's family. */
 const mt_template *mt_template_for(const mt_model_config *cfg);
 

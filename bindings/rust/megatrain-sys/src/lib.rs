@@ -288,6 +288,7 @@ pub struct mt_batch {
     pub num_micro_batches: u32,
     pub tokens: *const i32,
     pub targets: *const i32,
+    pub positions: *const i32,
 }
 
 #[repr(C)]

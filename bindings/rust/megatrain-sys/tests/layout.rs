@@ -132,13 +132,14 @@ layout! {
 }
 
 layout! {
-    mt_batch, size 32, align 8,
+    mt_batch, size 40, align 8,
     struct_size: 0,
     micro_batch_size: 4,
     seq_len: 8,
     num_micro_batches: 12,
     tokens: 16,
     targets: 24,
+    positions: 32,
 }
 
 layout! {

@@ -710,6 +710,9 @@ pub struct Batch<'a> {
     pub micro_batch_size: u32,
     pub seq_len: u32,
     pub num_micro_batches: u32,
+    /// Documents packed into each sequence: each token's position in its
+    /// document (0 where one starts); `None`, one document a sequence.
+    pub positions: Option<&'a [i32]>,
 }
 
 impl<'a> Batch<'a> {
@@ -721,6 +724,7 @@ impl<'a> Batch<'a> {
             micro_batch_size,
             seq_len,
             num_micro_batches: 1,
+            positions: None,
         }
     }
 
@@ -730,14 +734,19 @@ impl<'a> Batch<'a> {
         let n = (self.micro_batch_size as u64)
             .checked_mul(self.seq_len as u64)
             .and_then(|n| n.checked_mul(self.num_micro_batches as u64));
-        if n != Some(self.tokens.len() as u64) || n != Some(self.targets.len() as u64) {
+        let positions_len = self.positions.map_or(self.tokens.len(), |p| p.len());
+        if n != Some(self.tokens.len() as u64)
+            || n != Some(self.targets.len() as u64)
+            || n != Some(positions_len as u64)
+        {
             return Err(invalid(format!(
-                "batch of {} x {} x {} tokens given {} tokens and {} targets",
+                "batch of {} x {} x {} tokens given {} tokens, {} targets and {} positions",
                 self.num_micro_batches,
                 self.micro_batch_size,
                 self.seq_len,
                 self.tokens.len(),
-                self.targets.len()
+                self.targets.len(),
+                positions_len
             )));
         }
         let mut r = sys::mt_batch::init();
@@ -746,6 +755,7 @@ impl<'a> Batch<'a> {
         r.num_micro_batches = self.num_micro_batches;
         r.tokens = self.tokens.as_ptr();
         r.targets = self.targets.as_ptr();
+        r.positions = self.positions.map_or(ptr::null(), |p| p.as_ptr());
         Ok(r)
     }
 }
