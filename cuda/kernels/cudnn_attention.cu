@@ -529,11 +529,21 @@ static plan_entry *get_plan(mt_cudnn_attn *a, int bwd, int B, int S, int H, int 
                     }
                     plan = p;
                     ws = (size_t)w;
+                    // the plan's config (and the heuristics that made it)
+                    // live as long as the plan
+                    g.owned.push_back(cfgs[(size_t)i]);
+                    cfgs[(size_t)i] = NULL;
                 }
             }
-            for (desc_t c : cfgs) a->bdestroy(c);
+            for (desc_t c : cfgs)
+                if (c) a->bdestroy(c);
+        } else if (!strcmp(first_err, "no engine")) {
+            char last[200] = {0};
+            a->last_error(last, sizeof last);
+            snprintf(first_err, sizeof first_err, "heuristics found %lld configs %s", (long long)n, last);
         }
-        a->bdestroy(heur);
+        if (plan) g.owned.push_back(heur);
+        else a->bdestroy(heur);
     }
     if (g.failed || !plan) {
         sayf(why, why_len, "cuDNN %zu refuses the %s graph (B=%d S=%d H=%d Hkv=%d D=%d): %s", a->version,
