@@ -467,6 +467,25 @@ Test(cuda_attention, cudnn_bf16_other_head_sizes)
     mt_cudnn_attn_destroy(a);
 }
 
+/* Without a GPU: the installed cuDNN accepts every operation of the graphs
+ * (types, shapes, broadcasts of grouped heads), for the shapes above. Skips
+ * where cuDNN cannot be loaded. */
+Test(cuda_attention, cudnn_ops_build_without_a_gpu)
+{
+    const shape shapes[] = {GQA_SMALL, MHA_128, MQA_LONG, QWEN, D32, D96, D256};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shape sh = shapes[i];
+        char w[512] = "";
+        size_t version = 0;
+        const int rc = mt_cudnn_attn_check_ops(sh.B, sh.S, sh.H, sh.Hkv, sh.D, &version, w, sizeof w);
+        if (rc && !version) cr_skip_test("cuDNN not available: %s", w);
+        cr_expect_eq(rc, 0, "cuDNN %zu, B=%d S=%d H=%d Hkv=%d D=%d: %s", version, sh.B, sh.S, sh.H, sh.Hkv, sh.D, w);
+    }
+    char w[256] = "";
+    cr_expect_eq(mt_cudnn_attn_check_ops(1, 8, 6, 4, 64, NULL, w, sizeof w), MT_CUDNN_EINVAL);
+    cr_expect_eq(mt_cudnn_attn_check_ops(1, 8, 4, 2, 44, NULL, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+}
+
 /* Two backwards on the same inputs give the same bits (the default,
  * deterministic plans). */
 Test(cuda_attention, cudnn_deterministic)

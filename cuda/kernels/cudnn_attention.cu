@@ -80,7 +80,8 @@ static void sayf(char *why, size_t len, const char *fmt, ...)
     va_end(ap);
 }
 
-extern "C" mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len)
+// Loads the library and resolves the entry points; no handle yet.
+static mt_cudnn_attn *load(char *why, size_t why_len)
 {
     const char *names[] = {"libcudnn.so.9", "/usr/local/cuda/lib64/libcudnn.so.9"};
     void *lib = NULL;
@@ -122,6 +123,13 @@ extern "C" mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len)
         mt_cudnn_attn_destroy(a);
         return NULL;
     }
+    return a;
+}
+
+extern "C" mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len)
+{
+    mt_cudnn_attn *a = load(why, why_len);
+    if (!a) return NULL;
     cudnnStatus_t s = a->create(&a->handle);
     if (s != CUDNN_STATUS_SUCCESS) {
         a->handle = NULL;
@@ -702,4 +710,28 @@ extern "C" int mt_cudnn_attn_backward(mt_cudnn_attn *a, void *stream, void *dq, 
     const int64_t uids[9] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV};
     void *const ptrs[9] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)lse, (void *)dout, dq, dk, dv};
     return run(a, stream, 1, B, S, H, Hkv, D, scale, uids, ptrs, 9, workspace, workspace_bytes, why, why_len);
+}
+
+extern "C" int mt_cudnn_attn_check_ops(int B, int S, int H, int Hkv, int D, size_t *version, char *why,
+                                       size_t why_len)
+{
+    int rc = check_shape(B, S, H, Hkv, D, why, why_len);
+    if (rc) return rc;
+    if (B == 0 || S == 0) return MT_CUDNN_EINVAL;
+    mt_cudnn_attn *a = load(why, why_len);
+    if (!a) return MT_CUDNN_EUNSUPPORTED;
+    if (version) *version = a->version;
+    for (int k = 0; k < 3 && !rc; k++) {
+        builder g;
+        g.a = a;
+        if (k == 0) build_forward(g, B, S, H, Hkv, D);
+        else build_backward(g, B, S, H, Hkv, D, k == 1);
+        if (g.failed) {
+            sayf(why, why_len, "%s: %s", k == 0 ? "forward" : k == 1 ? "deterministic backward" : "backward", g.msg);
+            rc = MT_CUDNN_EUNSUPPORTED;
+        }
+        for (size_t i = g.owned.size(); i-- > 0;) a->bdestroy(g.owned[i]);
+    }
+    mt_cudnn_attn_destroy(a);
+    return rc;
 }

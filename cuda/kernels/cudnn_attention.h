@@ -73,6 +73,14 @@ int mt_cudnn_attn_backward(mt_cudnn_attn *a, void *stream, void *dq, void *dk, v
                            int S, int H, int Hkv, int D, float scale, void *workspace, size_t workspace_bytes,
                            char *why, size_t why_len);
 
+/* For tests without a GPU: loads cuDNN (no handle, no device needed) and
+ * builds and finalizes every operation of the forward and both backward
+ * graphs of a shape (not the graphs themselves, nor plans: those need a
+ * device). 0 when cuDNN accepts them all; MT_CUDNN_EUNSUPPORTED with the
+ * reason when it cannot be loaded or refuses one. *version (may be NULL)
+ * gets cudnnGetVersion() once loaded. */
+int mt_cudnn_attn_check_ops(int B, int S, int H, int Hkv, int D, size_t *version, char *why, size_t why_len);
+
 #ifdef __cplusplus
 }
 #endif
