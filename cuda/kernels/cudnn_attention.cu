@@ -80,6 +80,11 @@ static void sayf(char *why, size_t len, const char *fmt, ...)
     va_end(ap);
 }
 
+static void no_last_error(char *message, size_t max_size)
+{
+    if (message && max_size) message[0] = '\0';
+}
+
 // Loads the library and resolves the entry points; no handle yet.
 static mt_cudnn_attn *load(char *why, size_t why_len)
 {
@@ -109,7 +114,6 @@ static mt_cudnn_attn *load(char *why, size_t why_len)
     LOAD(destroy, cudnnDestroy)
     LOAD(set_stream, cudnnSetStream)
     LOAD(err_string, cudnnGetErrorString)
-    LOAD(last_error, cudnnGetLastErrorString)
     LOAD(bcreate, cudnnBackendCreateDescriptor)
     LOAD(bdestroy, cudnnBackendDestroyDescriptor)
     LOAD(bset, cudnnBackendSetAttribute)
@@ -117,6 +121,9 @@ static mt_cudnn_attn *load(char *why, size_t why_len)
     LOAD(bfinalize, cudnnBackendFinalize)
     LOAD(bexecute, cudnnBackendExecute)
 #undef LOAD
+    // optional: only the messages need it
+    *(void **)&a->last_error = dlsym(lib, "cudnnGetLastErrorString");
+    if (!a->last_error) a->last_error = no_last_error;
     a->version = a->get_version();
     if (a->version < 90000) {
         sayf(why, why_len, "cuDNN %zu is older than 9.0", a->version);
