@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
@@ -43,6 +44,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include "cuda/kernels/attention.h"
+#include "cuda/kernels/cudnn_attention.h"
 #include "device/device.h"
 #include "rng.h"
 
@@ -289,7 +291,7 @@ Test(cuda_attention, fp32_docs_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 25, 1)
 Test(cuda_attention, deterministic)
 {
     need_gpu();
-    const shape sh = {2, 1000, 8, 2, 128};
+    const shape sh = {2, 1024, 8, 2, 128}; /* S a multiple of 128: every cuDNN 9 backward takes it */
     const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
                  nl = (size_t)sh.B * sh.H * sh.S;
     const float scale = 1.0f / sqrtf((float)sh.D);
@@ -372,6 +374,285 @@ Test(cuda_attention, argument_checks)
     cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 36, sc, p, wsb),
                  MT_CUATTN_EHEADDIM);
     for (int c = 0; c >= -9; c--) cr_expect(mt_cuattn_strerror(c) != NULL && mt_cuattn_strerror(c)[0] != '\0');
+}
+
+/* ---- cuDNN fused attention (cuda/kernels/cudnn_attention.h) ----------------------
+ * The same comparison against the CPU, bf16 only, through cuDNN's fused SDPA
+ * engines. Skips where libcudnn.so.9 cannot be loaded (the library works
+ * without it: the hand-written kernels above serve). The cuDNN kernels keep P
+ * and dS in bf16 for their products like ours, so the same tolerances hold. */
+
+static mt_cudnn_attn *cudnn_or_skip(void)
+{
+    need_gpu();
+    char w[256] = "";
+    mt_cudnn_attn *a = mt_cudnn_attn_create(w, sizeof w);
+    if (!a) cr_skip_test("cuDNN not available: %s", w);
+    fprintf(stderr, "cuDNN %zu, backward %s\n", mt_cudnn_attn_version(a),
+            mt_cudnn_attn_deterministic(a) ? "deterministic" : "non-deterministic");
+    return a;
+}
+
+/* Forward and backward of one shape against the CPU; returns 0, or
+ * MT_CUDNN_EUNSUPPORTED (after saying so) where cuDNN has no engine and
+ * may_refuse is set. */
+static int check_cudnn(mt_cudnn_attn *a, shape sh, uint64_t s, int may_refuse)
+{
+    const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D;
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const float scale = 1.0f / sqrtf((float)D);
+    const double tol = 2e-2, tol_norm = 1e-2, tol_lse = 1e-4;
+    char w[512] = "";
+    fprintf(stderr, "cudnn bf16 B=%d S=%d H=%d Hkv=%d D=%d\n", B, S, H, Hkv, D);
+    size_t fws = 0, bws = 0;
+    int rc = mt_cudnn_attn_forward_workspace(a, B, S, H, Hkv, D, &fws, w, sizeof w);
+    if (rc == MT_CUDNN_EUNSUPPORTED && may_refuse) {
+        fprintf(stderr, "  refused (the hand-written kernels serve this shape): %s\n", w);
+        return rc;
+    }
+    cr_assert_eq(rc, 0, "forward workspace query: %s", w);
+    /* a known limit: before 9.16 the backward takes no S that is not a
+     * multiple of 128 (a padding mask would be needed); it must say so */
+    const int bwd_refused = mt_cudnn_attn_version(a) < 91600 && S % 128 != 0;
+    rc = mt_cudnn_attn_backward_workspace(a, B, S, H, Hkv, D, &bws, w, sizeof w);
+    if (bwd_refused) {
+        cr_assert_eq(rc, MT_CUDNN_EUNSUPPORTED, "backward at S %d on cuDNN %zu: %d", S, mt_cudnn_attn_version(a), rc);
+        cr_assert(strstr(w, "S % 128"), "%s", w);
+        fprintf(stderr, "  backward refused as documented (the kernels serve it): %s\n", w);
+    } else if (rc == MT_CUDNN_EUNSUPPORTED && may_refuse) {
+        fprintf(stderr, "  refused (the hand-written kernels serve this shape): %s\n", w);
+        return rc;
+    } else {
+        cr_assert_eq(rc, 0, "backward workspace query: %s", w);
+    }
+    fprintf(stderr, "  workspace: forward %zu bytes, backward %zu bytes\n", fws, bws);
+
+    seed(s);
+    float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1), *dout = randn(nq, 1);
+    float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nkv * 4),
+          *dv = malloc(nkv * 4), *out_in = malloc(nq * 4);
+    void *ws = malloc(mt_cpu_ws_size(1, S));
+    cr_assert(out && lse && dq && dk && dv && out_in && ws);
+    mt_cpu_attention(NULL, ws, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    for (size_t i = 0; i < nq; i++) out_in[i] = mt_bf16_to_f32(mt_f32_to_bf16(out[i]));
+    mt_cpu_attention_bwd(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, B, S, H, Hkv, D, scale);
+
+    const int bf = MT_CUATTN_BF16;
+    void *gq = upload(q, nq, bf), *gk = upload(k, nkv, bf), *gv = upload(v, nkv, bf);
+    void *gout = alloc_poisoned(nq, 2), *glse = alloc_poisoned(nl, 4);
+    void *gws = dev_alloc((fws > bws ? fws : bws) + 16);
+    rc = mt_cudnn_attn_forward(a, NULL, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale, gws, fws, w, sizeof w);
+    cr_assert_eq(rc, 0, "forward: %s", w);
+    dev_sync();
+    float *r_out = download(gout, nq, bf), *r_lse = download(glse, nl, MT_CUATTN_FP32);
+    compare("cudnn forward out", r_out, out, nq, tol, tol_norm);
+    compare("cudnn forward lse", r_lse, lse, nl, tol_lse, tol_lse);
+
+    void *gdout = upload(dout, nq, bf), *gout_in = upload(out_in, nq, bf), *glse_in = upload(lse, nl, 1);
+    void *gdq = alloc_poisoned(nq, 2), *gdk = alloc_poisoned(nkv, 2), *gdv = alloc_poisoned(nkv, 2);
+    float *r_dq = NULL, *r_dk = NULL, *r_dv = NULL;
+    if (!bwd_refused) {
+        rc = mt_cudnn_attn_backward(a, NULL, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, B, S, H, Hkv, D,
+                                    scale, gws, bws, w, sizeof w);
+        cr_assert_eq(rc, 0, "backward: %s", w);
+        dev_sync();
+        r_dq = download(gdq, nq, bf), r_dk = download(gdk, nkv, bf), r_dv = download(gdv, nkv, bf);
+        compare("cudnn backward dq", r_dq, dq, nq, tol, tol_norm);
+        compare("cudnn backward dk", r_dk, dk, nkv, tol, tol_norm);
+        compare("cudnn backward dv", r_dv, dv, nkv, tol, tol_norm);
+    }
+
+    void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
+    float *host[] = {q, k, v, dout, out, lse, dq, dk, dv, out_in, r_out, r_lse, r_dq, r_dk, r_dv};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    free(ws);
+    return 0;
+}
+
+Test(cuda_attention, cudnn_bf16_gqa_s77_d64)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    check_cudnn(a, GQA_SMALL, 21, 0);
+    check_cudnn(a, GQA_SMALL, 22, 0); /* the cached plans, new data */
+    mt_cudnn_attn_destroy(a);
+}
+Test(cuda_attention, cudnn_bf16_mha_s256_d128)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    check_cudnn(a, MHA_128, 23, 0);
+    mt_cudnn_attn_destroy(a);
+}
+Test(cuda_attention, cudnn_bf16_qwen_s17_d128)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    check_cudnn(a, QWEN, 24, 0);
+    const shape q200 = {1, 200, 28, 4, 128};
+    check_cudnn(a, q200, 25, 0);
+    mt_cudnn_attn_destroy(a);
+}
+Test(cuda_attention, cudnn_bf16_mqa_s1000_d64)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    check_cudnn(a, MQA_LONG, 26, 0);
+    mt_cudnn_attn_destroy(a);
+}
+/* Head sizes where cuDNN may or may not have an engine: a refusal is reported,
+ * an answer must be right. */
+Test(cuda_attention, cudnn_bf16_other_head_sizes)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    check_cudnn(a, D32, 27, 1);
+    check_cudnn(a, D80, 28, 1);
+    check_cudnn(a, D96, 29, 1);
+    check_cudnn(a, D256, 30, 1);
+    check_cudnn(a, ONE, 31, 1);
+    mt_cudnn_attn_destroy(a);
+}
+
+/* Without a GPU: the installed cuDNN accepts every operation of the graphs
+ * (types, shapes, broadcasts of grouped heads), for the shapes above. Skips
+ * where cuDNN cannot be loaded. */
+Test(cuda_attention, cudnn_ops_build_without_a_gpu)
+{
+    const shape shapes[] = {GQA_SMALL, MHA_128, MQA_LONG, QWEN, D32, D96, D256};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shape sh = shapes[i];
+        char w[512] = "";
+        size_t version = 0;
+        const int rc = mt_cudnn_attn_check_ops(sh.B, sh.S, sh.H, sh.Hkv, sh.D, &version, w, sizeof w);
+        if (rc && !version) cr_skip_test("cuDNN not available: %s", w);
+        cr_expect_eq(rc, 0, "cuDNN %zu, B=%d S=%d H=%d Hkv=%d D=%d: %s", version, sh.B, sh.S, sh.H, sh.Hkv, sh.D, w);
+    }
+    char w[256] = "";
+    cr_expect_eq(mt_cudnn_attn_check_ops(1, 8, 6, 4, 64, NULL, w, sizeof w), MT_CUDNN_EINVAL);
+    cr_expect_eq(mt_cudnn_attn_check_ops(1, 8, 4, 2, 44, NULL, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+}
+
+/* Two backwards on the same inputs give the same bits (the default,
+ * deterministic plans). */
+Test(cuda_attention, cudnn_deterministic)
+{
+    mt_cudnn_attn *a = cudnn_or_skip();
+    if (!mt_cudnn_attn_deterministic(a)) cr_skip_test("MT_CUDNN_ATTN_NONDET=1");
+    const shape sh = {2, 1024, 8, 2, 128}; /* S a multiple of 128: every cuDNN 9 backward takes it */
+    const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
+                 nl = (size_t)sh.B * sh.H * sh.S;
+    const float scale = 1.0f / sqrtf((float)sh.D);
+    char w[512] = "";
+    size_t fws = 0, bws = 0;
+    cr_assert_eq(mt_cudnn_attn_forward_workspace(a, sh.B, sh.S, sh.H, sh.Hkv, sh.D, &fws, w, sizeof w), 0, "%s", w);
+    cr_assert_eq(mt_cudnn_attn_backward_workspace(a, sh.B, sh.S, sh.H, sh.Hkv, sh.D, &bws, w, sizeof w), 0, "%s", w);
+    void *t[5];
+    const size_t n[5] = {nq, nkv, nkv, nq, nq};
+    for (int i = 0; i < 5; i++) {
+        t[i] = dev_alloc(n[i] * 2);
+        if (i < 4) cr_assert_eq(mt_cuattn_fill_random(NULL, MT_CUATTN_BF16, t[i], n[i], 200 + (uint64_t)i, 1.0f), 0);
+    }
+    void *lse = dev_alloc(nl * 4), *ws = dev_alloc((fws > bws ? fws : bws) + 16);
+    cr_assert_eq(mt_cudnn_attn_forward(a, NULL, t[4], lse, t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale,
+                                       ws, fws, w, sizeof w),
+                 0, "%s", w);
+    unsigned char *h[2][3];
+    const size_t bytes[3] = {nq * 2, nkv * 2, nkv * 2};
+    for (int run = 0; run < 2; run++) {
+        void *g[3];
+        for (int i = 0; i < 3; i++) g[i] = alloc_poisoned(i ? nkv : nq, 2);
+        cr_assert_eq(mt_cudnn_attn_backward(a, NULL, g[0], g[1], g[2], t[3], t[4], lse, t[0], t[1], t[2], sh.B, sh.S,
+                                            sh.H, sh.Hkv, sh.D, scale, ws, bws, w, sizeof w),
+                     0, "%s", w);
+        dev_sync();
+        for (int i = 0; i < 3; i++) {
+            h[run][i] = malloc(bytes[i]);
+            cr_assert(h[run][i]);
+            cr_assert_eq(mt_device_copy_d2h(h[run][i], g[i], bytes[i], why, sizeof why), 0, "%s", why);
+            mt_device_free(g[i]);
+        }
+    }
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        cr_expect(memcmp(h[0][i], h[1][i], bytes[i]) == 0, "cudnn %s differs between two runs", names[i]);
+        free(h[0][i]);
+        free(h[1][i]);
+    }
+    for (int i = 0; i < 5; i++) mt_device_free(t[i]);
+    mt_device_free(lse);
+    mt_device_free(ws);
+    mt_cudnn_attn_destroy(a);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Timing, cuDNN against the hand-written kernels, when MT_CUDNN_BENCH=1:
+ * forward and backward milliseconds and TFLOP/s (causal: half the 4 B H S^2 D
+ * of each of the forward's two products; the backward has five). */
+Test(cuda_attention, cudnn_bench, .timeout = 600)
+{
+    const char *on = getenv("MT_CUDNN_BENCH");
+    if (!on || strcmp(on, "1") != 0) cr_skip_test("set MT_CUDNN_BENCH=1 to time cuDNN against the kernels");
+    mt_cudnn_attn *a = cudnn_or_skip();
+    const shape shapes[] = {{1, 4096, 28, 4, 128}, {4, 2048, 32, 8, 128}, {1, 8192, 16, 16, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape sh = shapes[si];
+        const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
+                     nl = (size_t)sh.B * sh.H * sh.S;
+        const float scale = 1.0f / sqrtf((float)sh.D);
+        char w[512] = "";
+        size_t fws = 0, bws = 0;
+        if (mt_cudnn_attn_forward_workspace(a, sh.B, sh.S, sh.H, sh.Hkv, sh.D, &fws, w, sizeof w) ||
+            mt_cudnn_attn_backward_workspace(a, sh.B, sh.S, sh.H, sh.Hkv, sh.D, &bws, w, sizeof w)) {
+            fprintf(stderr, "bench B=%d S=%d: cuDNN refused: %s\n", sh.B, sh.S, w);
+            continue;
+        }
+        const size_t kws = mt_cuattn_workspace_bytes(sh.B, sh.S, sh.H, sh.Hkv, sh.D);
+        size_t wsb = fws > bws ? fws : bws;
+        if (kws > wsb) wsb = kws;
+        void *t[8];
+        const size_t n[8] = {nq, nkv, nkv, nq, nq, nq, nkv, nkv};
+        for (int i = 0; i < 8; i++) {
+            t[i] = dev_alloc(n[i] * 2);
+            cr_assert_eq(mt_cuattn_fill_random(NULL, MT_CUATTN_BF16, t[i], n[i], 300 + (uint64_t)i, 1.0f), 0);
+        }
+        void *lse = dev_alloc(nl * 4), *ws = dev_alloc(wsb + 16);
+        const double flop_f = 2.0 * 2.0 * sh.B * sh.H * (double)sh.S * sh.S * sh.D, flop_b = flop_f * 2.5;
+        for (int impl = 0; impl < 2; impl++) {
+            double tf = 0, tb = 0;
+            const int iters = 10;
+            for (int it = -2; it < iters; it++) { /* two warm-up rounds */
+                double t0 = now_s();
+                int rc = impl ? mt_cuattn_forward(NULL, MT_CUATTN_BF16, t[4], lse, t[0], t[1], t[2], sh.B, sh.S, sh.H,
+                                                  sh.Hkv, sh.D, scale)
+                              : mt_cudnn_attn_forward(a, NULL, t[4], lse, t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv,
+                                                      sh.D, scale, ws, fws, w, sizeof w);
+                cr_assert_eq(rc, 0, "forward %d: %s", impl, w);
+                dev_sync();
+                double t1 = now_s();
+                rc = impl ? mt_cuattn_backward(NULL, MT_CUATTN_BF16, t[5], t[6], t[7], t[3], t[4], lse, t[0], t[1],
+                                               t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale, ws, kws)
+                          : mt_cudnn_attn_backward(a, NULL, t[5], t[6], t[7], t[3], t[4], lse, t[0], t[1], t[2], sh.B,
+                                                   sh.S, sh.H, sh.Hkv, sh.D, scale, ws, bws, w, sizeof w);
+                cr_assert_eq(rc, 0, "backward %d: %s", impl, w);
+                dev_sync();
+                double t2 = now_s();
+                if (it >= 0) tf += t1 - t0, tb += t2 - t1;
+            }
+            tf /= iters, tb /= iters;
+            fprintf(stderr,
+                    "bench %-6s B=%d S=%d H=%d Hkv=%d D=%d: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f "
+                    "TFLOP/s), workspace %zu/%zu bytes\n",
+                    impl ? "kernel" : "cudnn", sh.B, sh.S, sh.H, sh.Hkv, sh.D, tf * 1e3, flop_f / 2 / tf * 1e-12,
+                    tb * 1e3, flop_b / 2 / tb * 1e-12, impl ? (size_t)0 : fws, impl ? kws : bws);
+        }
+        for (int i = 0; i < 8; i++) mt_device_free(t[i]);
+        mt_device_free(lse);
+        mt_device_free(ws);
+    }
+    mt_cudnn_attn_destroy(a);
 }
 
 #else /* built without CUDA */
