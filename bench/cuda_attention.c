@@ -1,10 +1,15 @@
 /* Throughput of the GPU attention (cuda/kernels/attention.h).
  *
  *   cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] [--dtype bf16|fp32]
+ *                  [--impl kernels|cudnn]
  *
  * LISTs are comma-separated. Defaults: S 1024,2048,4096,8192; D 64,128;
  * B*H = 128 with H = 32 query heads (B = 4) and Hkv = H (no grouping); 20
- * timed calls after 3 warm-up calls, the median reported; bf16.
+ * timed calls after 3 warm-up calls, the median reported; bf16; the
+ * library's own kernels. --impl cudnn times cuDNN's fused attention instead
+ * (cuda/kernels/cudnn_attention.h, bf16 only; a shape cuDNN refuses is
+ * reported as such), with its deterministic backward unless
+ * MT_CUDNN_ATTN_NONDET=1.
  *
  * FLOPs counted (causal, the usual convention): forward 4*B*H*S*S*D/2
  * (Q K^T and P V over half the matrix), backward 2.5 times that (the five
@@ -22,6 +27,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include "cuda/kernels/attention.h"
+#include "cuda/kernels/cudnn_attention.h"
 #include "device/device.h"
 
 #define MAX_LIST 16
@@ -53,10 +59,12 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static char cudnn_why[512];
+
 static void check(int rc, const char *what)
 {
     if (rc != 0) {
-        fprintf(stderr, "cuda_attention: %s: %s\n", what, mt_cuattn_strerror(rc));
+        fprintf(stderr, "cuda_attention: %s: %s\n", what, cudnn_why[0] ? cudnn_why : mt_cuattn_strerror(rc));
         exit(1);
     }
 }
@@ -77,17 +85,25 @@ typedef struct {
     float scale;
     void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *ws;
     float *lse;
-    size_t wsb;
+    size_t wsb, fws, bws;  /* workspace: allocated; cuDNN's forward and backward needs */
+    mt_cudnn_attn *cudnn; /* NULL: the library's kernels */
 } problem;
 
 static int run_fwd(problem *p)
 {
+    if (p->cudnn)
+        return mt_cudnn_attn_forward(p->cudnn, NULL, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
+                                     p->scale, p->ws, p->fws, cudnn_why, sizeof cudnn_why);
     return mt_cuattn_forward(NULL, p->dtype, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
                              p->scale);
 }
 
 static int run_bwd(problem *p)
 {
+    if (p->cudnn)
+        return mt_cudnn_attn_backward(p->cudnn, NULL, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v,
+                                      p->B, p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->bws, cudnn_why,
+                                      sizeof cudnn_why);
     return mt_cuattn_backward(NULL, p->dtype, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v, p->B,
                               p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->wsb);
 }
@@ -112,7 +128,7 @@ static double time_it(int (*fn)(problem *), problem *p, int iters)
 int main(int argc, char **argv)
 {
     int Ss[MAX_LIST] = {1024, 2048, 4096, 8192}, nS = 4, Ds[MAX_LIST] = {64, 128}, nD = 2;
-    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0;
+    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--S") && val) nS = parse_list(argv[++i], Ss);
@@ -122,9 +138,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--Hkv") && val) Hkv = atoi(argv[++i]);
         else if (!strcmp(a, "--iters") && val) iters = atoi(argv[++i]);
         else if (!strcmp(a, "--dtype") && val) dtype = !strcmp(argv[++i], "fp32");
+        else if (!strcmp(a, "--impl") && val) use_cudnn = !strcmp(argv[++i], "cudnn");
         else {
             fprintf(stderr, "usage: cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] "
-                            "[--dtype bf16|fp32]\n");
+                            "[--dtype bf16|fp32] [--impl kernels|cudnn]\n");
             return 2;
         }
     }
@@ -142,13 +159,34 @@ int main(int argc, char **argv)
         fprintf(stderr, "cuda_attention: cannot describe the current device\n");
         return 1;
     }
-    printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls\n", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
-           iters);
+    mt_cudnn_attn *cudnn = NULL;
+    if (use_cudnn) {
+        if (dtype) {
+            fprintf(stderr, "cuda_attention: --impl cudnn is bf16 only\n");
+            return 2;
+        }
+        if (!(cudnn = mt_cudnn_attn_create(cudnn_why, sizeof cudnn_why))) {
+            fprintf(stderr, "cuda_attention: cuDNN: %s\n", cudnn_why);
+            return 1;
+        }
+        printf("cuDNN %zu, %s backward\n", mt_cudnn_attn_version(cudnn),
+               mt_cudnn_attn_deterministic(cudnn) ? "deterministic" : "non-deterministic");
+    }
+    printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls, %s\n", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
+           iters, cudnn ? "cuDNN" : "the library's kernels");
     printf("%5s %6s | %9s %9s | %9s %9s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
     for (int di = 0; di < nD; di++)
         for (int si = 0; si < nS; si++) {
-            problem p = {.dtype = dtype, .B = bh / H, .S = Ss[si], .H = H, .Hkv = Hkv, .D = Ds[di]};
+            problem p = {.dtype = dtype, .B = bh / H, .S = Ss[si], .H = H, .Hkv = Hkv, .D = Ds[di], .cudnn = cudnn};
             p.scale = 1.0f / sqrtf((float)p.D);
+            if (cudnn && (mt_cudnn_attn_forward_workspace(cudnn, p.B, p.S, p.H, p.Hkv, p.D, &p.fws, cudnn_why,
+                                                          sizeof cudnn_why) ||
+                          mt_cudnn_attn_backward_workspace(cudnn, p.B, p.S, p.H, p.Hkv, p.D, &p.bws, cudnn_why,
+                                                           sizeof cudnn_why))) {
+                printf("%5d %6d | refused by cuDNN: %s\n", p.D, p.S, cudnn_why);
+                cudnn_why[0] = '\0';
+                continue;
+            }
             const size_t elem = dtype ? 4 : 2;
             const size_t nq = (size_t)p.B * p.S * p.H * p.D, nkv = (size_t)p.B * p.S * p.Hkv * p.D;
             void **bufs[] = {&p.q, &p.out, &p.dout, &p.dq, &p.k, &p.v, &p.dk, &p.dv};
@@ -161,6 +199,8 @@ int main(int argc, char **argv)
             device_ok(mt_device_malloc(&lse, (size_t)p.B * p.H * p.S * 4, why, sizeof why), "malloc");
             p.lse = lse;
             p.wsb = mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
+            if (p.fws > p.wsb) p.wsb = p.fws;
+            if (p.bws > p.wsb) p.wsb = p.bws;
             device_ok(mt_device_malloc(&p.ws, p.wsb, why, sizeof why), "malloc");
             check(run_fwd(&p), "forward"); /* real out and lse for the backward */
             const double flop = 4.0 * bh * (double)p.S * p.S * p.D / 2;
@@ -172,6 +212,7 @@ int main(int argc, char **argv)
             mt_device_free(p.lse);
             mt_device_free(p.ws);
         }
+    mt_cudnn_attn_destroy(cudnn);
     return 0;
 }
 
