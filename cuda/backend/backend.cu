@@ -617,7 +617,6 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (b->ck_host ? (uint64_t)(b->L - 1) * row : 0);
     n->checkpoint_bytes = (uint64_t)(b->ck_host ? b->L + 1 : s->want_grad ? b->L + 1 : 2) * row;
     n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
-    n->keep_att = b->keep_att, n->keep_h = b->keep_h;
     char b1[32], b2[32];
     if (need > budget || need > free_b)
         return mt_fail(err, MT_ERR_GPU_BUDGET, "a step of %d x %d x %d tokens needs %s of GPU memory, but the %s is %s",

@@ -55,7 +55,6 @@ typedef struct mt_be_needs {
     uint64_t host_bytes;       /* ordinary host memory */
     uint64_t checkpoint_bytes; /* the activation checkpoints, wherever they live */
     mt_placement activations;  /* where they live: MT_PLACE_DEVICE or MT_PLACE_HOST */
-    int keep_att, keep_h;      /* layers whose attention outputs / residuals the forward keeps */
 } mt_be_needs;
 
 /* A kind of backend: what it needs, and making one. */
