@@ -135,8 +135,34 @@ static void packed_equals_separate(int backend)
 
 Test(documents, packed_equals_separate_cpu) { packed_equals_separate(MT_BACKEND_CPU); }
 
+/* A batch without positions after a packed one of the same shape sees one
+ * document a sequence again: its loss and gradient norm are those of a
+ * model that never saw positions (the same bits). */
+static void unpacked_after_packed(int backend)
+{
+    packed p;
+    pack(&p);
+    mt_model *a = make(MT_PRECISION_FP32, backend), *b = make(MT_PRECISION_FP32, backend);
+    mt_batch x;
+    mt_batch_init(&x);
+    x.micro_batch_size = NSEQ, x.seq_len = SEQ, x.num_micro_batches = 1;
+    x.tokens = p.tok, x.targets = p.tg, x.positions = p.pos;
+    double la, na, lb, nb, l0, n0;
+    cr_assert_eq(mt_engine_grads(a, &x, p.n_targets, &l0, &n0, NULL), MT_OK, "%s", mt_model_errmsg(a));
+    x.positions = NULL;
+    cr_assert_eq(mt_engine_grads(a, &x, p.n_targets, &la, &na, NULL), MT_OK, "%s", mt_model_errmsg(a));
+    cr_assert_eq(mt_engine_grads(b, &x, p.n_targets, &lb, &nb, NULL), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert(la == lb && na == nb, "after a packed batch: loss %.17g norm %.17g, fresh: %.17g %.17g", la, na, lb, nb);
+    cr_assert(l0 != la, "the packed batch's loss (%.17g) differs from the unpacked one's", l0);
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+}
+
+Test(documents, unpacked_after_packed_cpu) { unpacked_after_packed(MT_BACKEND_CPU); }
+
 #ifdef MT_HAVE_CUDA
 Test(documents, packed_equals_separate_cuda) { packed_equals_separate(MT_BACKEND_CUDA); }
+Test(documents, unpacked_after_packed_cuda) { unpacked_after_packed(MT_BACKEND_CUDA); }
 
 /* bf16 on the GPU against the CPU on the same packed batch: the bounds of
  * tests/test_cuda_backend.c (bf16 rounding noise; a wrong mask gives errors

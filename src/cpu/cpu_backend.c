@@ -331,7 +331,9 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
     const size_t T = (size_t)b->d.T;
     memcpy(b->tokens + (size_t)mb * T, tokens, T * sizeof *tokens);
     if (targets) memcpy(b->targets + (size_t)mb * T, targets, T * sizeof *targets);
-    b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->d.n_seq, b->d.seq_len);
+    /* without documents the positions are as reserve() left them, unless the last batch packed some */
+    if (positions || b->docs[mb])
+        b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->d.n_seq, b->d.seq_len);
 }
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
