@@ -1,7 +1,7 @@
 /* Throughput of the GPU attention (cuda/kernels/attention.h).
  *
  *   cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] [--dtype bf16|fp32]
- *                  [--impl kernels|cudnn]
+ *                  [--impl kernels|cudnn [--nondeterministic]]
  *
  * LISTs are comma-separated. Defaults: S 1024,2048,4096,8192; D 64,128;
  * B*H = 128 with H = 32 query heads (B = 4) and Hkv = H (no grouping); 20
@@ -9,7 +9,7 @@
  * library's own kernels. --impl cudnn times cuDNN's fused attention instead
  * (cuda/kernels/cudnn_attention.h, bf16 only; a shape cuDNN refuses is
  * reported as such), with its deterministic backward unless
- * MT_CUDNN_ATTN_NONDET=1.
+ * --nondeterministic.
  *
  * FLOPs counted (causal, the usual convention): forward 4*B*H*S*S*D/2
  * (Q K^T and P V over half the matrix), backward 2.5 times that (the five
@@ -128,7 +128,7 @@ static double time_it(int (*fn)(problem *), problem *p, int iters)
 int main(int argc, char **argv)
 {
     int Ss[MAX_LIST] = {1024, 2048, 4096, 8192}, nS = 4, Ds[MAX_LIST] = {64, 128}, nD = 2;
-    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0;
+    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0, nondet = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--S") && val) nS = parse_list(argv[++i], Ss);
@@ -139,9 +139,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters") && val) iters = atoi(argv[++i]);
         else if (!strcmp(a, "--dtype") && val) dtype = !strcmp(argv[++i], "fp32");
         else if (!strcmp(a, "--impl") && val) use_cudnn = !strcmp(argv[++i], "cudnn");
+        else if (!strcmp(a, "--nondeterministic")) nondet = 1;
         else {
             fprintf(stderr, "usage: cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] "
-                            "[--dtype bf16|fp32] [--impl kernels|cudnn]\n");
+                            "[--dtype bf16|fp32] [--impl kernels|cudnn] [--nondeterministic]\n");
             return 2;
         }
     }
@@ -165,7 +166,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "cuda_attention: --impl cudnn is bf16 only\n");
             return 2;
         }
-        if (!(cudnn = mt_cudnn_attn_create(cudnn_why, sizeof cudnn_why))) {
+        if (!(cudnn = mt_cudnn_attn_create(!nondet, cudnn_why, sizeof cudnn_why))) {
             fprintf(stderr, "cuda_attention: cuDNN: %s\n", cudnn_why);
             return 1;
         }
@@ -174,7 +175,7 @@ int main(int argc, char **argv)
     }
     printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls, %s\n", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
            iters, cudnn ? "cuDNN" : "the library's kernels");
-    printf("%5s %6s | %9s %9s | %9s %9s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
+    printf("%5s %6s | %9s %9s | %9s %9s | %s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "workspace GiB");
     for (int di = 0; di < nD; di++)
         for (int si = 0; si < nS; si++) {
             problem p = {.dtype = dtype, .B = bh / H, .S = Ss[si], .H = H, .Hkv = Hkv, .D = Ds[di], .cudnn = cudnn};
@@ -201,12 +202,17 @@ int main(int argc, char **argv)
             p.wsb = mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
             if (p.fws > p.wsb) p.wsb = p.fws;
             if (p.bws > p.wsb) p.wsb = p.bws;
-            device_ok(mt_device_malloc(&p.ws, p.wsb, why, sizeof why), "malloc");
+            if (mt_device_malloc(&p.ws, p.wsb, why, sizeof why) != 0) {
+                printf("%5d %6d | workspace of %.2f GiB does not fit: %s\n", p.D, p.S, (double)p.wsb / (1 << 30), why);
+                for (int i = 0; i < 8; i++) mt_device_free(*bufs[i]);
+                mt_device_free(p.lse);
+                continue;
+            }
             check(run_fwd(&p), "forward"); /* real out and lse for the backward */
             const double flop = 4.0 * bh * (double)p.S * p.S * p.D / 2;
             const double tf = time_it(run_fwd, &p, iters), tb = time_it(run_bwd, &p, iters);
-            printf("%5d %6d | %9.3f %9.1f | %9.3f %9.1f\n", p.D, p.S, tf * 1e3, flop / tf * 1e-12, tb * 1e3,
-                   2.5 * flop / tb * 1e-12);
+            printf("%5d %6d | %9.3f %9.1f | %9.3f %9.1f | %.2f\n", p.D, p.S, tf * 1e3, flop / tf * 1e-12, tb * 1e3,
+                   2.5 * flop / tb * 1e-12, (double)p.wsb / (1 << 30));
             fflush(stdout);
             for (int i = 0; i < 8; i++) mt_device_free(*bufs[i]);
             mt_device_free(p.lse);

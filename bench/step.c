@@ -6,7 +6,11 @@
  *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
- *                    [--timeline-csv FILE]
+ *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
+ *
+ * --attention picks the CUDA backend's attention (mt_attention; the log line
+ * "CUDA backend: ..." says which ran), --nondeterministic lets cuDNN's
+ * backward add dQ with atomics (MT_ATTENTION_NONDETERMINISTIC).
  *
  * --timeline records each step's timeline (mt_model_timeline) and reports,
  * for every step and for the median one, the fraction of the step during
@@ -81,7 +85,8 @@ int main(int argc, char **argv)
     const char *backend = "cuda", *pre = "tiny";
     int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
     double host_gib = 0, gpu_gib = 0;
-    int timeline = 0, full_recompute = 0, layers = 0, warmup = 1;
+    int timeline = 0, full_recompute = 0, layers = 0, warmup = 1, nondet = 0;
+    uint32_t attention = MT_ATTENTION_AUTO;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -100,16 +105,23 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--timeline")) timeline = 1;
         else if (!strcmp(argv[i], "--recompute") && v) full_recompute = !strcmp(argv[++i], "full");
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
+        else if (!strcmp(argv[i], "--nondeterministic")) nondet = 1;
+        else if (!strcmp(argv[i], "--attention") && v) {
+            const char *a = argv[++i];
+            attention = !strcmp(a, "kernels") ? MT_ATTENTION_KERNELS : !strcmp(a, "cudnn") ? MT_ATTENTION_CUDNN
+                        : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
+        }
         else {
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
-                            "[--recompute auto|full] [--timeline] [--timeline-csv FILE]\n");
+                            "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
+                            "[--nondeterministic]\n");
             return 2;
         }
     }
     mt_model_config c;
     mt_model_config_init(&c);
-    if (preset(&c, pre) || steps < 1 || warmup < 0 || S < 2 || B < 1 || M < 1 || layers < 0) {
+    if (preset(&c, pre) || attention == 99 || steps < 1 || warmup < 0 || S < 2 || B < 1 || M < 1 || layers < 0) {
         fprintf(stderr, "step: bad arguments\n");
         return 2;
     }
@@ -125,6 +137,8 @@ int main(int argc, char **argv)
     p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
     p.timeline = (uint32_t)timeline;
     p.recompute = full_recompute ? MT_RECOMPUTE_FULL : MT_RECOMPUTE_AUTO;
+    p.attention = attention;
+    p.attention_flags = nondet ? MT_ATTENTION_NONDETERMINISTIC : 0;
     mt_model *m;
     if (mt_model_create(&m, &c, &p) != MT_OK) {
         fprintf(stderr, "step: %s\n", mt_last_errmsg());

@@ -209,6 +209,22 @@ typedef enum mt_recompute {
     MT_RECOMPUTE_MAX_ENUM = 0x7FFFFFFF
 } mt_recompute;
 
+/* Which attention the CUDA backend runs (the CPU backend has one). */
+typedef enum mt_attention {
+    MT_ATTENTION_AUTO = 0,    /* bf16: cuDNN's fused attention (loaded at run time) where it is installed, serves
+                                 the shape and its workspace fits the GPU budget; the library's kernels elsewhere,
+                                 and for fp32, documents packed into sequences and any shape cuDNN refuses */
+    MT_ATTENTION_KERNELS = 1, /* the library's own kernels, always */
+    MT_ATTENTION_CUDNN = 2,   /* cuDNN where the kernels would be chosen by AUTO only for a lack of room or for
+                                 documents; a model or shape it cannot serve at all (fp32, cuDNN absent, refused)
+                                 is an error */
+    MT_ATTENTION_MAX_ENUM = 0x7FFFFFFF
+} mt_attention;
+
+/* mt_offload_policy.attention_flags */
+#define MT_ATTENTION_NONDETERMINISTIC 1u /* let cuDNN's backward add dQ with atomics: faster, with less
+                                            workspace, but the bits vary from run to run */
+
 typedef struct mt_offload_policy {
     uint32_t struct_size;        /* the caller's sizeof(mt_offload_policy), set by mt_offload_policy_init */
     uint32_t backend;            /* mt_backend */
@@ -229,11 +245,13 @@ typedef struct mt_offload_policy {
     void *abort_user_data;
     uint32_t recompute;          /* mt_recompute: what the backward recomputes */
     uint32_t reserved1;          /* zero */
+    uint32_t attention;          /* mt_attention */
+    uint32_t attention_flags;    /* MT_ATTENTION_* flags; 0: deterministic */
 } mt_offload_policy;
 
 /* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,
  * NUMA node nearest the GPU, all cores, placements AUTO, log to stderr at WARN,
- * no timeline, recompute AUTO. */
+ * no timeline, recompute AUTO, attention AUTO and deterministic. */
 MT_API void mt_offload_policy_init_sized(mt_offload_policy *pol, uint32_t size);
 static inline void mt_offload_policy_init(mt_offload_policy *pol)
 {

@@ -233,6 +233,19 @@ Test(api, bad_policies_are_refused)
     p = quiet_cpu_policy();
     p.timeline = 3;
     cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    p = quiet_cpu_policy();
+    p.attention = 3;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_last_errmsg(), "attention 3"), "message: %s", mt_last_errmsg());
+    p = quiet_cpu_policy();
+    p.attention_flags = 2;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_last_errmsg(), "attention_flags"), "message: %s", mt_last_errmsg());
+    /* the CPU backend has no cuDNN to give */
+    p = quiet_cpu_policy();
+    p.attention = MT_ATTENTION_CUDNN;
+    cr_assert_eq(mt_model_create(&m, &c, &p), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "cuDNN"), "message: %s", mt_last_errmsg());
     cr_assert_null(m);
 }
 

@@ -185,3 +185,72 @@ Test(backend, cuda_plan_is_the_allocation)
                     mt_model_destroy(m);
                 }
 }
+
+#ifdef MT_HAVE_CUDA
+#include "cuda/kernels/attention.h"
+#include "cuda/kernels/cudnn_attention.h"
+
+static mt_status plan_of(const mt_model_config *c, const mt_offload_policy *p, const shape *s, mt_memory_plan *out)
+{
+    mt_memory_plan_init(out);
+    const mt_batch_shape bs = plan_shape(s);
+    return mt_plan(out, c, p, &bs);
+}
+
+/* Without a GPU: a CUDA plan counts cuDNN's attention workspace where cuDNN
+ * would run (bf16, cuDNN loadable): the deterministic backward's S x S
+ * matrix per head, less without it; a budget that holds the kernels' plan but
+ * not cuDNN's backward runs the kernels (AUTO) or is refused (CUDNN);
+ * fp32 with CUDNN is refused, naming fp32. */
+Test(backend, cuda_plan_counts_cudnn_attention)
+{
+    const uint64_t MiB = 1 << 20;
+    const shape s = {2, 1024, 2};
+    mt_model_config c = config_of(MT_PRECISION_BF16, 0, 0, 2);
+    c.max_position_embeddings = 1024;
+    mt_offload_policy p = policy_of(MT_BACKEND_CUDA);
+    p.gpu_budget_bytes = 8192 * MiB;
+    p.recompute = MT_RECOMPUTE_FULL; /* nothing kept: the plans differ by the attention alone */
+    mt_memory_plan kern, aut, nondet;
+    p.attention = MT_ATTENTION_KERNELS;
+    cr_assert_eq(plan_of(&c, &p, &s, &kern), MT_OK, "%s", mt_last_errmsg());
+    p.attention = MT_ATTENTION_AUTO;
+    cr_assert_eq(plan_of(&c, &p, &s, &aut), MT_OK, "%s", mt_last_errmsg());
+    p.attention_flags = MT_ATTENTION_NONDETERMINISTIC;
+    cr_assert_eq(plan_of(&c, &p, &s, &nondet), MT_OK, "%s", mt_last_errmsg());
+    p.attention_flags = 0;
+    char why[256] = "";
+    const size_t version = mt_cudnn_attn_probe(why, sizeof why);
+    const int H = (int)c.num_attention_heads, Hkv = (int)c.num_key_value_heads, D = (int)(c.hidden_size / c.num_attention_heads);
+    const size_t kws = mt_cuattn_workspace_bytes(s.n_seq, s.seq_len, H, Hkv, D);
+    if (!version) { /* no cuDNN here: AUTO is the kernels, CUDNN is refused with the reason */
+        cr_log_info("no cuDNN: %s", why);
+        cr_assert_eq(aut.gpu_bytes, kern.gpu_bytes);
+        p.attention = MT_ATTENTION_CUDNN;
+        mt_memory_plan x;
+        cr_assert_eq(plan_of(&c, &p, &s, &x), MT_ERR_UNSUPPORTED);
+        return;
+    }
+    const size_t det = mt_cudnn_attn_backward_workspace_bound(s.n_seq, s.seq_len, H, Hkv, D, 1),
+                 nd = mt_cudnn_attn_backward_workspace_bound(s.n_seq, s.seq_len, H, Hkv, D, 0);
+    cr_log_info("cuDNN %zu: kernels %llu, cuDNN %llu, non-deterministic %llu bytes", version,
+                (unsigned long long)kern.gpu_bytes, (unsigned long long)aut.gpu_bytes, (unsigned long long)nondet.gpu_bytes);
+    /* the attention workspace is one buffer, the larger need, 256-byte aligned */
+    cr_assert_leq(aut.gpu_bytes - kern.gpu_bytes, det - kws + 256);
+    cr_assert_geq(aut.gpu_bytes - kern.gpu_bytes + 256, det - kws);
+    cr_assert_leq(nondet.gpu_bytes - kern.gpu_bytes, nd - kws + 256);
+    cr_assert_geq(nondet.gpu_bytes - kern.gpu_bytes + 256, nd - kws);
+    /* room for the kernels' plan and cuDNN's forward, not its backward */
+    p.gpu_budget_bytes = kern.gpu_bytes + mt_cudnn_attn_forward_workspace_bound(s.n_seq, s.seq_len, H, Hkv, D);
+    mt_memory_plan tight;
+    cr_assert_eq(plan_of(&c, &p, &s, &tight), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_leq(tight.gpu_bytes, p.gpu_budget_bytes);
+    p.attention = MT_ATTENTION_CUDNN;
+    cr_assert_eq(plan_of(&c, &p, &s, &tight), MT_ERR_GPU_BUDGET, "%s", mt_last_errmsg());
+    /* fp32: cuDNN's fused attention has none */
+    c.precision = MT_PRECISION_FP32;
+    p.gpu_budget_bytes = 8192 * MiB;
+    cr_assert_eq(plan_of(&c, &p, &s, &tight), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "fp32"), "%s", mt_last_errmsg());
+}
+#endif

@@ -382,16 +382,19 @@ Test(cuda_attention, argument_checks)
  * without it: the hand-written kernels above serve). The cuDNN kernels keep P
  * and dS in bf16 for their products like ours, so the same tolerances hold. */
 
-static mt_cudnn_attn *cudnn_or_skip(void)
+static mt_cudnn_attn *cudnn_or_skip_det(int deterministic)
 {
     need_gpu();
     char w[256] = "";
-    mt_cudnn_attn *a = mt_cudnn_attn_create(w, sizeof w);
+    mt_cudnn_attn *a = mt_cudnn_attn_create(deterministic, w, sizeof w);
     if (!a) cr_skip_test("cuDNN not available: %s", w);
     fprintf(stderr, "cuDNN %zu, backward %s\n", mt_cudnn_attn_version(a),
             mt_cudnn_attn_deterministic(a) ? "deterministic" : "non-deterministic");
+    cr_assert_eq(mt_cudnn_attn_deterministic(a), deterministic);
     return a;
 }
+
+static mt_cudnn_attn *cudnn_or_skip(void) { return cudnn_or_skip_det(1); }
 
 /* Forward and backward of one shape against the CPU; returns 0, or
  * MT_CUDNN_EUNSUPPORTED (after saying so) where cuDNN has no engine and
@@ -426,6 +429,11 @@ static int check_cudnn(mt_cudnn_attn *a, shape sh, uint64_t s, int may_refuse)
         cr_assert_eq(rc, 0, "backward workspace query: %s", w);
     }
     fprintf(stderr, "  workspace: forward %zu bytes, backward %zu bytes\n", fws, bws);
+    /* what a backend reserves before it can ask must cover what the plans take */
+    const size_t fb = mt_cudnn_attn_forward_workspace_bound(B, S, H, Hkv, D),
+                 bb = mt_cudnn_attn_backward_workspace_bound(B, S, H, Hkv, D, mt_cudnn_attn_deterministic(a));
+    cr_expect(fws <= fb, "forward workspace %zu > the bound %zu", fws, fb);
+    cr_expect(bws <= bb, "backward workspace %zu > the bound %zu", bws, bb);
 
     seed(s);
     float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1), *dout = randn(nq, 1);
@@ -497,6 +505,18 @@ Test(cuda_attention, cudnn_bf16_mqa_s1000_d64)
     check_cudnn(a, MQA_LONG, 26, 0);
     mt_cudnn_attn_destroy(a);
 }
+/* The non-deterministic backward (dQ added with atomics into a buffer of
+ * ours): the same answers within the same tolerances. */
+Test(cuda_attention, cudnn_bf16_nondeterministic)
+{
+    mt_cudnn_attn *a = cudnn_or_skip_det(0);
+    check_cudnn(a, MHA_128, 32, 0);
+    check_cudnn(a, GQA_SMALL, 33, 0);
+    const shape q256 = {2, 256, 28, 4, 128};
+    check_cudnn(a, q256, 34, 0);
+    mt_cudnn_attn_destroy(a);
+}
+
 /* Head sizes where cuDNN may or may not have an engine: a refusal is reported,
  * an answer must be right. */
 Test(cuda_attention, cudnn_bf16_other_head_sizes)
@@ -529,12 +549,35 @@ Test(cuda_attention, cudnn_ops_build_without_a_gpu)
     cr_expect_eq(mt_cudnn_attn_check_ops(1, 8, 4, 2, 44, NULL, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
 }
 
+/* The rules known before a plan is built (no GPU needed), and the workspace
+ * bounds' arithmetic: the deterministic backward's (B, H, S, S) bf16 term. */
+Test(cuda_attention, cudnn_shape_rules_and_bounds)
+{
+    char w[256] = "";
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91400, 0, 77, 8, 2, 64, w, sizeof w), 0, "%s", w);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91400, 1, 77, 8, 2, 64, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+    cr_expect(strstr(w, "S % 128") != NULL, "%s", w);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91400, 1, 256, 8, 2, 64, w, sizeof w), 0, "%s", w);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91600, 1, 77, 8, 2, 64, w, sizeof w), 0, "%s", w);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91600, 0, 256, 8, 2, 44, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+    cr_expect(strstr(w, "head size 44") != NULL, "%s", w);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91600, 0, 256, 8, 2, 264, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91600, 0, 256, 6, 4, 64, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+    cr_expect_eq(mt_cudnn_attn_shape_ok(91001, 0, 256, 8, 2, 64, w, sizeof w), MT_CUDNN_EUNSUPPORTED);
+    cr_expect(strstr(w, "9.10") != NULL, "%s", w);
+    const size_t det = mt_cudnn_attn_backward_workspace_bound(1, 4096, 28, 4, 128, 1),
+                 nondet = mt_cudnn_attn_backward_workspace_bound(1, 4096, 28, 4, 128, 0);
+    cr_expect_eq(det - nondet, (size_t)28 * 4096 * 4096 * 2);
+    cr_expect_geq(nondet, (size_t)28 * 4096 * 128 * 4 + (size_t)28 * 4096 * 4);
+    /* S rounds up to the engines' 128-row tiles */
+    cr_expect_eq(mt_cudnn_attn_backward_workspace_bound(1, 4000, 28, 4, 128, 1), det);
+}
+
 /* Two backwards on the same inputs give the same bits (the default,
  * deterministic plans). */
 Test(cuda_attention, cudnn_deterministic)
 {
     mt_cudnn_attn *a = cudnn_or_skip();
-    if (!mt_cudnn_attn_deterministic(a)) cr_skip_test("MT_CUDNN_ATTN_NONDET=1");
     const shape sh = {2, 1024, 8, 2, 128}; /* S a multiple of 128: every cuDNN 9 backward takes it */
     const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
                  nl = (size_t)sh.B * sh.H * sh.S;

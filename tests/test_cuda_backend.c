@@ -138,12 +138,17 @@ static void compare(const float *a, const float *b, uint64_t n, double *max_rel,
  * backward cancels. A wrong term in any gradient gives
  * errors of order 100% in the tensors it reaches. Bounds: loss 1% relative,
  * norm 2%, every tensor's gradient within 10% relative L2 error. */
-static void step_matches_cpu(int precision, int bias, int tied, int head_dim)
+static void step_matches_cpu_with(int precision, int bias, int tied, int head_dim, int S, uint32_t attention,
+                                  uint32_t attention_flags)
 {
     mt_model_config c = cfg_of(precision, bias, tied, head_dim);
-    mt_model *gpu = make(&c, MT_BACKEND_CUDA, 2), *cpu = make(&c, MT_BACKEND_CPU, 2);
-    enum { B = 2, S = 77, M = 2, N = B * S * M };
-    int32_t tok[N], tg[N];
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+    p.attention = attention, p.attention_flags = attention_flags;
+    mt_model *gpu = make_with(&c, &p), *cpu = make(&c, MT_BACKEND_CPU, 2);
+    enum { B = 2, M = 2, N_MAX = B * 256 * M };
+    cr_assert_leq(S, 256);
+    const int N = B * S * M;
+    int32_t tok[N_MAX], tg[N_MAX];
     fill(tok, tg, N, 3);
     mt_batch b = batch_of(tok, tg, B, S, M);
     double lg, ng, lc, nc;
@@ -172,7 +177,23 @@ static void step_matches_cpu(int precision, int bias, int tied, int head_dim)
     mt_model_destroy(cpu);
 }
 
+static void step_matches_cpu(int precision, int bias, int tied, int head_dim)
+{
+    step_matches_cpu_with(precision, bias, tied, head_dim, 77, MT_ATTENTION_AUTO, 0);
+}
+
 Test(cuda_backend, step_matches_cpu_fp32) { step_matches_cpu(MT_PRECISION_FP32, 0, 0, 64); }
+
+/* cuDNN's attention both ways (S a multiple of 128, which every cuDNN 9
+ * backward takes; the policy requires cuDNN, so a refusal fails the test
+ * rather than falling back), its non-deterministic backward, and the
+ * library's kernels alone: each within the bf16 bounds above. */
+Test(cuda_backend, step_matches_cpu_bf16_cudnn) { step_matches_cpu_with(MT_PRECISION_BF16, 1, 0, 128, 128, MT_ATTENTION_CUDNN, 0); }
+Test(cuda_backend, step_matches_cpu_bf16_cudnn_nondeterministic)
+{
+    step_matches_cpu_with(MT_PRECISION_BF16, 0, 1, 64, 256, MT_ATTENTION_CUDNN, MT_ATTENTION_NONDETERMINISTIC);
+}
+Test(cuda_backend, step_matches_cpu_bf16_kernels) { step_matches_cpu_with(MT_PRECISION_BF16, 0, 0, 64, 128, MT_ATTENTION_KERNELS, 0); }
 Test(cuda_backend, step_matches_cpu_fp32_bias_tied) { step_matches_cpu(MT_PRECISION_FP32, 1, 1, 32); }
 Test(cuda_backend, step_matches_cpu_bf16) { step_matches_cpu(MT_PRECISION_BF16, 0, 0, 64); }
 Test(cuda_backend, step_matches_cpu_bf16_bias_tied_d128) { step_matches_cpu(MT_PRECISION_BF16, 1, 1, 128); }
@@ -211,6 +232,21 @@ static void train(mt_model *m, int steps)
     }
 }
 
+/* One step that must fail with st, naming fp32 (cuDNN's attention has none). */
+static void train_expect(mt_model *m, mt_status want)
+{
+    enum { B = 2, S = 64, N = B * S * 2 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    fill(tok, tg, N, 100u);
+    mt_batch b = batch_of(tok, tg, B, S, 2);
+    mt_step_stats st;
+    mt_step_stats_init(&st);
+    cr_assert_eq(mt_step(m, &b, &o, &st), want, "%s", mt_model_errmsg(m));
+    cr_assert(strstr(mt_model_errmsg(m), "fp32"), "%s", mt_model_errmsg(m));
+}
+
 Test(cuda_backend, two_and_three_slots_and_reruns_are_bit_identical)
 {
     mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 1, 64);
@@ -223,6 +259,31 @@ Test(cuda_backend, two_and_three_slots_and_reruns_are_bit_identical)
     mt_model_destroy(a);
     mt_model_destroy(b);
     mt_model_destroy(d);
+}
+
+/* Training through cuDNN's attention (deterministic backward) twice gives
+ * the same bits; a model in fp32 that requires cuDNN is refused, naming why. */
+Test(cuda_backend, cudnn_runs_are_bit_identical)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 1, 64);
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+    p.attention = MT_ATTENTION_CUDNN;
+    mt_model *a = make_with(&c, &p), *b = make_with(&c, &p);
+    train(a, 3);
+    train(b, 3);
+    cr_assert(tiles_equal(a, b), "two runs through cuDNN give the same bits");
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+    c.precision = MT_PRECISION_FP32;
+    mt_model *m = NULL;
+    mt_status st = mt_model_create(&m, &c, &p);
+    if (st == MT_OK) { /* the refusal may come with the first batch shape */
+        train_expect(m, MT_ERR_UNSUPPORTED);
+        mt_model_destroy(m);
+    } else {
+        cr_assert_eq(st, MT_ERR_UNSUPPORTED, "%s", mt_last_errmsg());
+        cr_assert(strstr(mt_last_errmsg(), "fp32"), "%s", mt_last_errmsg());
+    }
 }
 
 Test(cuda_backend, trains_and_logits_match_cpu)

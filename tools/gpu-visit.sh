@@ -36,6 +36,18 @@ for fp in fingerprint:cuda fingerprint_fx:fixtures,tests/fixtures,cuda fingerpri
   [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_cmp cmp "$OUT/${fp%%:*}_prev.txt" "$OUT/${fp%%:*}.txt"
 done
 run tests build/tests/mt_tests --jobs 8
+# attention: the library's kernels, cuDNN through the library (deterministic and
+# not), and PyTorch's cuDNN and flash backends on the same shapes, one visit
+ATT="--S 4096,32768 --D 64,128 --bh 128 --H 32"
+run attn_kernels build/bench/cuda_attention $ATT
+run attn_cudnn build/bench/cuda_attention --impl cudnn $ATT
+run attn_cudnn_nondet build/bench/cuda_attention --impl cudnn --nondeterministic $ATT
+run attn_torch python3 bench/torch_attention.py $ATT --backend cudnn,flash
+run attn_torch_det python3 bench/torch_attention.py $ATT --backend cudnn --deterministic
+# the models' own shapes: Qwen2.5-7B (28 heads, 4 KV heads) at 4 x 4096, and one long sequence
+run attn_qwen sh -c 'for i in kernels cudnn; do build/bench/cuda_attention --impl $i --S 4096 --D 128 --bh 112 --H 28 --Hkv 4; done; build/bench/cuda_attention --impl cudnn --nondeterministic --S 4096 --D 128 --bh 112 --H 28 --Hkv 4'
+run attn_long sh -c 'for i in kernels cudnn; do build/bench/cuda_attention --impl $i --S 65536,131072 --D 128 --bh 32 --H 32 --iters 3; done; build/bench/cuda_attention --impl cudnn --nondeterministic --S 65536,131072 --D 128 --bh 32 --H 32 --iters 3'
+run documents env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'documents/*'
 run demo bin/megatrain train --out "$OUT/demo-model"
 run sanitizer sh -c "compute-sanitizer --tool memcheck --leak-check full bin/megatrain train --steps 3 --log-every 1 --out $OUT/san && compute-sanitizer --tool racecheck bin/megatrain train --steps 2 --log-every 1 --out $OUT/san"
 run profile_layer tools/profile-layer.sh
@@ -50,6 +62,10 @@ for i in 1 2; do
   [ -n "${PREV_STEP:-}" ] && run step_7b_prev$i "$PREV_STEP" --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
   run step_7b_now$i build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
 done
+# the 7B step with each attention: the kernels, cuDNN (the default), cuDNN's non-deterministic backward
+run step_7b_kernels build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --attention kernels
+run step_7b_nondet build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --nondeterministic
+run step_qwen7b build/bench/step --preset qwen7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
 run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --recompute full --timeline
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
 run step_8b build/bench/step --preset 8b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 121 --timeline
@@ -66,4 +82,5 @@ grep -h 'held-out\|trained in\|backend' "$OUT/demo.log" 2>/dev/null
 grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY' "$OUT/sanitizer.log" | head
 grep -h -A5 'Gparam' "$OUT/adamw.log" | head -8
 grep -h 'tokens/s\|median step' "$OUT"/cpu_step.log "$OUT"/step_*.log 2>/dev/null
+for f in "$OUT"/attn_*.log; do [ -f "$f" ] && { echo "-- $(basename "$f")"; cat "$f"; }; done
 grep -h 'kernels, .* ms in all' "$OUT"/profile_layer.log 2>/dev/null

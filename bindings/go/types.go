@@ -117,6 +117,16 @@ const (
 	RecomputeFull Recompute = C.MT_RECOMPUTE_FULL
 )
 
+// Attention says which attention the CUDA backend runs (mt_attention).
+type Attention uint32
+
+// The attention choices.
+const (
+	AttentionAuto    Attention = C.MT_ATTENTION_AUTO
+	AttentionKernels Attention = C.MT_ATTENTION_KERNELS
+	AttentionCUDNN   Attention = C.MT_ATTENTION_CUDNN
+)
+
 // LogLevel is the severity of a log line (mt_log_level).
 type LogLevel uint32
 
@@ -324,6 +334,11 @@ type OffloadPolicy struct {
 	Abort func() bool
 
 	Recompute Recompute
+
+	Attention Attention
+	// NondeterministicAttention lets cuDNN's attention backward add dQ with
+	// atomics: faster, not bit-reproducible (MT_ATTENTION_NONDETERMINISTIC).
+	NondeterministicAttention bool
 }
 
 // NewOffloadPolicy returns the library's default policy.
@@ -331,18 +346,20 @@ func NewOffloadPolicy() OffloadPolicy {
 	var c C.mt_offload_policy
 	C.mt_offload_policy_init(&c)
 	return OffloadPolicy{
-		Backend:          Backend(c.backend),
-		Device:           int32(c.device),
-		WeightSlots:      uint32(c.weight_slots),
-		GPUBudgetBytes:   uint64(c.gpu_budget_bytes),
-		HostBudgetBytes:  uint64(c.host_budget_bytes),
-		NUMANode:         int32(c.numa_node),
-		OptimizerThreads: uint32(c.optimizer_threads),
-		Activations:      Placement(c.activations),
-		PinHost:          Pinning(c.pin_host),
-		LogLevel:         LogLevel(c.log_level),
-		Timeline:         c.timeline != 0,
-		Recompute:        Recompute(c.recompute),
+		Backend:                   Backend(c.backend),
+		Device:                    int32(c.device),
+		WeightSlots:               uint32(c.weight_slots),
+		GPUBudgetBytes:            uint64(c.gpu_budget_bytes),
+		HostBudgetBytes:           uint64(c.host_budget_bytes),
+		NUMANode:                  int32(c.numa_node),
+		OptimizerThreads:          uint32(c.optimizer_threads),
+		Activations:               Placement(c.activations),
+		PinHost:                   Pinning(c.pin_host),
+		LogLevel:                  LogLevel(c.log_level),
+		Timeline:                  c.timeline != 0,
+		Recompute:                 Recompute(c.recompute),
+		Attention:                 Attention(c.attention),
+		NondeterministicAttention: c.attention_flags&C.MT_ATTENTION_NONDETERMINISTIC != 0,
 	}
 }
 
@@ -364,6 +381,11 @@ func (g *OffloadPolicy) toC(withCallbacks bool) (C.mt_offload_policy, *callbacks
 	c.log_level = C.uint32_t(g.LogLevel)
 	c.timeline = b2u(g.Timeline)
 	c.recompute = C.uint32_t(g.Recompute)
+	c.attention = C.uint32_t(g.Attention)
+	c.attention_flags = 0
+	if g.NondeterministicAttention {
+		c.attention_flags = C.MT_ATTENTION_NONDETERMINISTIC
+	}
 	if !withCallbacks || (g.Log == nil && g.Abort == nil) {
 		return c, nil, 0
 	}

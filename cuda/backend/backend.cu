@@ -45,6 +45,7 @@
 // Notation: T = n_seq * seq_len tokens of one micro-batch, C hidden, Q = H*D,
 // KV = Hkv*D, F MLP width, V vocabulary, L layers.
 #include "cuda/kernels/attention.h"
+#include "cuda/kernels/cudnn_attention.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/kernels/kernels.h"
 
@@ -103,8 +104,13 @@ struct cu_be {
     int *docs;      // (n_micro) on the host: the micro-batch packs documents
     int mb;         // the micro-batch the kernels run on
     float *inv_freq;// (D/2)
-    void *attn_ws;  // the attention backward's workspace
+    void *attn_ws;  // the attention's workspace: the kernels' backward, cuDNN's forward and backward
     size_t attn_ws_bytes;
+    mt_cudnn_attn *cudnn; // cuDNN's fused attention (bf16, policy not KERNELS, loadable), or NULL
+    size_t cudnn_version; // of b->cudnn; in a backend that only counts, of the cuDNN a probe found (0: none)
+    int cudnn_fwd, cudnn_bwd; // the attention forward / backward runs on cuDNN (batches without documents)
+    int cudnn_warned;     // a cuDNN call failed and was served by the kernels: said once
+    char cudnn_why[200];  // why there is no cuDNN (b->cudnn_version 0)
     void *red_scratch; // reductions' scratch (the largest need)
     double *d_loss, *d_sumsq;
     int32_t *h_tokens;  // pinned staging for set_tokens
@@ -320,12 +326,31 @@ static const int32_t *docs_of(const cu_be *b)
     return b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL;
 }
 
+// A cuDNN call that failed: the kernels serve this call; an execution
+// failure also turns cuDNN off for that direction. Said once.
+static void cudnn_failed(cu_be *b, int bwd, int rc, const char *why)
+{
+    if (rc == MT_CUDNN_EEXEC) *(bwd ? &b->cudnn_bwd : &b->cudnn_fwd) = 0;
+    if (b->cudnn_warned) return;
+    b->cudnn_warned = 1;
+    mt_log(&b->m->log, rc == MT_CUDNN_EEXEC ? MT_LOG_WARN : MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it%s",
+           bwd ? "backward" : "forward", why, rc == MT_CUDNN_EEXEC ? " from now on" : "");
+}
+
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
                         int seq_len, int H, int Hkv, int D, float scale)
 {
     cu_be *b = B(kc);
-    const int rc = mt_cuattn_forward_docs(b->comp, attn_type(b), out, lse, q, k, v, docs_of(b), n_seq, seq_len, H, Hkv,
-                                          D, scale);
+    const int32_t *docs = docs_of(b);
+    if (b->cudnn_fwd && !docs) {
+        char why[256];
+        const int rc = mt_cudnn_attn_forward(b->cudnn, b->comp, out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale,
+                                             b->attn_ws, b->attn_ws_bytes, why, sizeof why);
+        if (rc == 0) return;
+        cudnn_failed(b, 0, rc, why);
+    }
+    const int rc = mt_cuattn_forward_docs(b->comp, attn_type(b), out, lse, q, k, v, docs, n_seq, seq_len, H, Hkv, D,
+                                          scale);
     if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
@@ -334,7 +359,15 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
                             int H, int Hkv, int D, float scale)
 {
     cu_be *b = B(kc);
-    const int rc = mt_cuattn_backward_docs(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, docs_of(b), n_seq,
+    const int32_t *docs = docs_of(b);
+    if (b->cudnn_bwd && !docs) {
+        char why[256];
+        const int rc = mt_cudnn_attn_backward(b->cudnn, b->comp, dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len,
+                                              H, Hkv, D, scale, b->attn_ws, b->attn_ws_bytes, why, sizeof why);
+        if (rc == 0) return;
+        cudnn_failed(b, 1, rc, why);
+    }
+    const int rc = mt_cuattn_backward_docs(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, docs, n_seq,
                                            seq_len, H, Hkv, D, scale, b->attn_ws, b->attn_ws_bytes);
     if (rc && !b->failed)
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
@@ -506,6 +539,20 @@ static void set_dims(cu_be *b)
     d->attn_scale = 1.0f / sqrtf((float)d->D);
 }
 
+// The attention's workspace: the kernels' backward, and cuDNN's forward and
+// backward where they run (a bound, reserved before cuDNN can be asked).
+static size_t attn_workspace_bytes(const cu_be *b)
+{
+    const mt_be_shape *s = &b->shape;
+    const mt_dims *d = &b->d;
+    size_t n = s->want_grad ? mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, d->H, d->Hkv, d->D) : 0;
+    if (b->cudnn_fwd) n = MT_MAX(n, mt_cudnn_attn_forward_workspace_bound(s->n_seq, s->seq_len, d->H, d->Hkv, d->D));
+    if (b->cudnn_bwd)
+        n = MT_MAX(n, mt_cudnn_attn_backward_workspace_bound(s->n_seq, s->seq_len, d->H, d->Hkv, d->D,
+                                                             !(b->req.pol->attention_flags & MT_ATTENTION_NONDETERMINISTIC)));
+    return n;
+}
+
 static void layout_buffers(cu_be *b, carver *c)
 {
     const mt_layout *lo = b->req.layout;
@@ -545,13 +592,13 @@ static void layout_buffers(cu_be *b, carver *c)
             b->stage[1] = carve(c, lo->largest_unit_padded * 2);
         }
         b->dx = (float *)carve(c, M * T * C * 4);
-        b->attn_ws_bytes = mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, d->H, d->Hkv, d->D);
-        b->attn_ws = carve(c, b->attn_ws_bytes);
         red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T, d->C, NULL));
         red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(d->T));
         red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(d->T, d->Q));
     }
     b->red_scratch = carve(c, red);
+    b->attn_ws_bytes = attn_workspace_bytes(b);
+    b->attn_ws = b->attn_ws_bytes ? carve(c, b->attn_ws_bytes) : NULL;
 }
 
 // The arena's bytes with att layers keeping their attention outputs and h
@@ -577,6 +624,34 @@ static int most_kept(cu_be *b, size_t room, int cap, int residuals)
     return n;
 }
 
+// Whether cuDNN may run the attention forward (*cf) and backward (*cb) of
+// b->req, by the policy, the precision, the cuDNN found and its rules; why
+// not in no.
+static void attn_candidates(cu_be *b, int *cf, int *cb, char *no, size_t len)
+{
+    const mt_be_shape *s = &b->shape;
+    const mt_dims *d = &b->d;
+    *cf = *cb = 0;
+    snprintf(no, len, "the policy asks for the library's kernels");
+    if (b->req.pol->attention == MT_ATTENTION_KERNELS) return;
+    snprintf(no, len, "it has no fp32 attention (this model trains in fp32)");
+    if (b->dt != MT_CU_BF16) return;
+    snprintf(no, len, "%s", b->cudnn_why[0] ? b->cudnn_why : "cuDNN 9 cannot be loaded");
+    if (!b->cudnn_version) return;
+    char why[200];
+    if (mt_cudnn_attn_shape_ok(b->cudnn_version, 0, s->seq_len, d->H, d->Hkv, d->D, why, sizeof why)) {
+        snprintf(no, len, "%s", why);
+        return;
+    }
+    *cf = 1;
+    if (s->want_grad && mt_cudnn_attn_shape_ok(b->cudnn_version, 1, s->seq_len, d->H, d->Hkv, d->D, why, sizeof why)) {
+        snprintf(no, len, "%s", why);
+        return;
+    }
+    *cb = s->want_grad;
+    no[0] = '\0';
+}
+
 // What b->req needs, with free_b bytes free on the device: decides where the
 // checkpoints go and how many layers keep activations (b->ck_host,
 // b->keep_*), fills *n, and says whether it fits.
@@ -594,14 +669,27 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     const size_t held = mt_gemm_device_bytes();
     const uint64_t budget =
         pol->gpu_budget_bytes ? (pol->gpu_budget_bytes > held ? pol->gpu_budget_bytes - held : 0) : free_b;
-    // checkpoints on the device if they fit (or the policy says so), else in pinned host memory
-    b->ck_host = 0;
-    size_t need = arena_bytes(b, 0, 0);
+    // The attention: cuDNN both ways, else cuDNN's forward alone, else the
+    // kernels, the first whose workspace fits (cuDNN's deterministic backward
+    // keeps an S x S matrix per head); for each, checkpoints on the device if
+    // they fit (or the policy says so), else in pinned host memory.
+    int cf, cb;
+    char no[256];
+    attn_candidates(b, &cf, &cb, no, sizeof no);
+    const int cudnn_only = pol->attention == MT_ATTENTION_CUDNN;
+    if (cudnn_only && !(cf && (cb || !s->want_grad)))
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "the policy asks for cuDNN's attention, but %s", no);
+    const int opts[3][2] = {{cf, cb}, {cf, 0}, {0, 0}};
     const uint32_t place = pol->activations;
-    if (s->want_grad && b->L >= 2 &&
-        (place == MT_PLACE_HOST || (place == MT_PLACE_AUTO && (need > budget || need > free_b)))) {
-        b->ck_host = 1;
-        need = arena_bytes(b, 0, 0);
+    const int may_host = s->want_grad && b->L >= 2 && place != MT_PLACE_DEVICE;
+    size_t need = 0;
+    for (int o = 0, done = 0; o < (cudnn_only ? 1 : 3) && !done; o++) {
+        if (o && opts[o][0] == opts[o - 1][0] && opts[o][1] == opts[o - 1][1]) continue;
+        for (int host = place == MT_PLACE_HOST && may_host; host <= may_host && !done; host++) {
+            b->cudnn_fwd = opts[o][0], b->cudnn_bwd = opts[o][1], b->ck_host = host;
+            need = arena_bytes(b, 0, 0);
+            done = need <= budget && need <= free_b;
+        }
     }
     // the most kept activations that fit, leaving the device a margin when no budget was set
     if (s->want_grad && !b->ck_host && pol->recompute == MT_RECOMPUTE_AUTO) {
@@ -634,6 +722,9 @@ static mt_status cu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
     cu_be *b = (cu_be *)calloc(1, sizeof *b);
     if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     b->req = *r;
+    // the cuDNN a backend made here would load (not loaded for a model that would not use it)
+    if (r->pol->attention != MT_ATTENTION_KERNELS && r->cfg->precision != MT_PRECISION_FP32)
+        b->cudnn_version = mt_cudnn_attn_probe(b->cudnn_why, sizeof b->cudnn_why);
     const size_t held = mt_gemm_device_bytes();
     size_t free_b = r->gpu_free;
     if (!free_b) free_b = r->pol->gpu_budget_bytes > held ? r->pol->gpu_budget_bytes - held : 0;
@@ -710,8 +801,55 @@ static void cu_destroy(mt_be *be)
     if (b->comp) cudaStreamDestroy(b->comp);
     if (b->d2h) cudaStreamDestroy(b->d2h);
     mt_gemm_destroy(b->gemm);
+    mt_cudnn_attn_destroy(b->cudnn);
     cudaGetLastError();
     free(b);
+}
+
+// The attention in words, for the log: "attention: cuDNN 9.14 forward and deterministic backward".
+static void attn_describe(const cu_be *b, char *out, size_t len)
+{
+    const int det = !(b->req.pol->attention_flags & MT_ATTENTION_NONDETERMINISTIC);
+    const size_t v = b->cudnn_version;
+    if (b->cudnn_fwd || b->cudnn_bwd)
+        snprintf(out, len, "attention: cuDNN %zu.%zu %s%s%s (the kernels for batches that pack documents)",
+                 v / 10000, v / 100 % 100, b->cudnn_fwd ? "forward" : "", b->cudnn_fwd && b->cudnn_bwd ? " and " : "",
+                 b->cudnn_bwd ? (det ? "deterministic backward" : "non-deterministic backward") : "");
+    else
+        snprintf(out, len, "attention: the library's kernels");
+}
+
+// Builds cuDNN's plans for the reserved shape now rather than in the first
+// step, and checks that the workspace reserved for them (a bound) holds them;
+// a direction cuDNN refuses after all runs on the kernels (an error when the
+// policy asks for cuDNN).
+static mt_status check_cudnn_plans(cu_be *b, mt_err err)
+{
+    const mt_be_shape *s = &b->shape;
+    const mt_dims *d = &b->d;
+    for (int bwd = 0; bwd < 2; bwd++) {
+        int *use = bwd ? &b->cudnn_bwd : &b->cudnn_fwd;
+        if (!*use) continue;
+        char why[256] = "", b1[32], b2[32];
+        size_t ws = 0;
+        int rc = bwd ? mt_cudnn_attn_backward_workspace(b->cudnn, s->n_seq, s->seq_len, d->H, d->Hkv, d->D, &ws, why,
+                                                        sizeof why)
+                     : mt_cudnn_attn_forward_workspace(b->cudnn, s->n_seq, s->seq_len, d->H, d->Hkv, d->D, &ws, why,
+                                                       sizeof why);
+        if (rc == 0 && ws > b->attn_ws_bytes) {
+            snprintf(why, sizeof why, "its plan needs %s of workspace, more than the %s reserved",
+                     mt_fmt_bytes(b1, sizeof b1, ws), mt_fmt_bytes(b2, sizeof b2, b->attn_ws_bytes));
+            rc = MT_CUDNN_EWORKSPACE;
+        }
+        if (rc == 0) continue;
+        if (b->req.pol->attention == MT_ATTENTION_CUDNN)
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "the policy asks for cuDNN's attention, but its %s: %s",
+                           bwd ? "backward" : "forward", why);
+        *use = 0;
+        mt_log(&b->m->log, MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it",
+               bwd ? "backward" : "forward", why);
+    }
+    return MT_OK;
 }
 
 static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
@@ -769,14 +907,21 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     b->failed = 0;
     b->gbuf = 0;
     b->base.held = n;
+    st = check_cudnn_plans(b, err);
+    if (st) {
+        free_device(b);
+        return st;
+    }
     char kept[128] = "";
     if (b->keep_att)
         snprintf(kept, sizeof kept, ", kept for the backward: attention outputs of %d of %d layers, residuals of %d",
                  b->keep_att, b->L, b->keep_h);
-    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s",
+    char att[160];
+    attn_describe(b, att, sizeof att);
+    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",
            mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept,
            ck_host ? ", activation checkpoints in pinned host memory: " : "",
-           ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "");
+           ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "", att);
     return MT_OK;
 }
 
@@ -1081,6 +1226,15 @@ static mt_status cu_create(mt_model *m, mt_be **out, mt_err err)
     if (!ok) {
         cu_destroy(&b->base);
         return mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", why);
+    }
+    // cuDNN's attention, where the policy and the precision would use it
+    if (m->pol.attention != MT_ATTENTION_KERNELS && m->cfg.precision != MT_PRECISION_FP32) {
+        b->cudnn = mt_cudnn_attn_create(!(m->pol.attention_flags & MT_ATTENTION_NONDETERMINISTIC), b->cudnn_why,
+                                        sizeof b->cudnn_why);
+        b->cudnn_version = mt_cudnn_attn_version(b->cudnn);
+        if (!b->cudnn)
+            mt_log(&m->log, m->pol.attention == MT_ATTENTION_CUDNN ? MT_LOG_WARN : MT_LOG_INFO,
+                   "cuDNN attention: %s; the library's kernels run the attention", b->cudnn_why);
     }
     b->base.device_fixed = mt_gemm_device_bytes();
     *out = &b->base;

@@ -133,7 +133,7 @@ static mt_cudnn_attn *load(char *why, size_t why_len)
     return a;
 }
 
-extern "C" mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len)
+extern "C" mt_cudnn_attn *mt_cudnn_attn_create(int deterministic, char *why, size_t why_len)
 {
     mt_cudnn_attn *a = load(why, why_len);
     if (!a) return NULL;
@@ -144,9 +144,61 @@ extern "C" mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len)
         mt_cudnn_attn_destroy(a);
         return NULL;
     }
-    const char *nd = getenv("MT_CUDNN_ATTN_NONDET");
-    a->deterministic = !(nd && strcmp(nd, "1") == 0);
+    a->deterministic = deterministic != 0;
     return a;
+}
+
+extern "C" size_t mt_cudnn_attn_probe(char *why, size_t why_len)
+{
+    mt_cudnn_attn *a = load(why, why_len);
+    const size_t v = a ? a->version : 0;
+    mt_cudnn_attn_destroy(a);
+    return v;
+}
+
+extern "C" int mt_cudnn_attn_shape_ok(size_t version, int bwd, int S, int H, int Hkv, int D, char *why,
+                                      size_t why_len)
+{
+    if (version >= 91000 && version < 91002) {
+        sayf(why, why_len, "cuDNN %zu's fused attention forward is known to be wrong (9.10.0 and 9.10.1)", version);
+        return MT_CUDNN_EUNSUPPORTED;
+    }
+    if (D % 8 != 0 || D > 256 || D <= 0) {
+        sayf(why, why_len, "head size %d: cuDNN takes multiples of 8 up to 256", D);
+        return MT_CUDNN_EUNSUPPORTED;
+    }
+    if (H <= 0 || Hkv <= 0 || H % Hkv) {
+        sayf(why, why_len, "%d query heads do not group over %d key/value heads", H, Hkv);
+        return MT_CUDNN_EUNSUPPORTED;
+    }
+    if (bwd && version < 91600 && S % 128 != 0) {
+        // Older backward engines need an explicit padding mask (sequence
+        // length tensors) when S is not a multiple of 128; not built here.
+        sayf(why, why_len, "cuDNN %zu backward needs S %% 128 == 0 without a padding mask (S = %d)", version, S);
+        return MT_CUDNN_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+// Slack for the engines' own small buffers (tile counters, semaphores).
+#define WS_SLACK ((size_t)16 << 20)
+
+extern "C" size_t mt_cudnn_attn_forward_workspace_bound(int B, int S, int H, int Hkv, int D)
+{
+    (void)B, (void)S, (void)H, (void)Hkv, (void)D;
+    return WS_SLACK;
+}
+
+extern "C" size_t mt_cudnn_attn_backward_workspace_bound(int B, int S, int H, int Hkv, int D, int deterministic)
+{
+    (void)Hkv;
+    const size_t bh = (size_t)B * H, s128 = ((size_t)S + 127) / 128 * 128;
+    // softmax_sum (ours) and an fp32 dQ: dQ_accum (ours, non-deterministic)
+    // or the engine's own (deterministic); the deterministic engine also keeps
+    // dS for the ordered dQ pass, (B, H, S, S) bf16
+    size_t n = WS_SLACK + bh * s128 * sizeof(float) + bh * s128 * (size_t)D * sizeof(float);
+    if (deterministic) n += bh * s128 * s128 * 2;
+    return n;
 }
 
 static void free_entry(mt_cudnn_attn *a, plan_entry *e)
@@ -484,12 +536,7 @@ static plan_entry *get_plan(mt_cudnn_attn *a, int bwd, int B, int S, int H, int 
     for (int i = 0; i < a->n_plans; i++)
         if (!memcmp(a->plans[i]->key, key, sizeof key)) return a->plans[i];
     *rc = MT_CUDNN_EUNSUPPORTED;
-    if (bwd && a->version < 91600 && S % 128 != 0) {
-        // Older backward engines need an explicit padding mask (sequence
-        // length tensors) when S is not a multiple of 128; not built here.
-        sayf(why, why_len, "cuDNN %zu backward needs S %% 128 == 0 without a padding mask (S = %d)", a->version, S);
-        return NULL;
-    }
+    if (mt_cudnn_attn_shape_ok(a->version, bwd, S, H, Hkv, D, why, why_len)) return NULL;
     builder g;
     g.a = a;
     if (bwd) build_backward(g, B, S, H, Hkv, D, det);

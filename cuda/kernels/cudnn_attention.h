@@ -17,9 +17,8 @@
  * Execution plans are built on first use of a shape (B, S, H, Hkv, D) and
  * direction, and cached (building one costs milliseconds to a second; running
  * one is a few kernels). The scale is passed at execution, not baked into the
- * plan. The backward is deterministic by default (an engine without
- * atomics-ordered accumulation, see the design note); MT_CUDNN_ATTN_NONDET=1
- * in the environment at create time picks the faster non-deterministic one.
+ * plan. The backward is deterministic (an engine that sums dQ in a fixed
+ * order, see the design note) unless the handle was created otherwise.
  *
  * All pointers are device pointers, 16-byte aligned; the workspace must hold
  * at least the bytes the matching *_workspace call reports. Calls are
@@ -44,10 +43,29 @@ enum {
     MT_CUDNN_EEXEC = -4,        /* cudnnBackendExecute failed */
 };
 
-/* Loads cuDNN and creates a handle on the current device. NULL (with a reason
- * in why) when libcudnn.so.9 cannot be loaded, lacks a symbol, or
- * cudnnCreate fails. */
-mt_cudnn_attn *mt_cudnn_attn_create(char *why, size_t why_len);
+/* Loads cuDNN and creates a handle on the current device; the backward plans
+ * are deterministic when `deterministic` is nonzero. NULL (with a reason in
+ * why) when libcudnn.so.9 cannot be loaded, lacks a symbol, is older than
+ * 9.0, or cudnnCreate fails. */
+mt_cudnn_attn *mt_cudnn_attn_create(int deterministic, char *why, size_t why_len);
+
+/* Whether cuDNN 9 can be loaded here (no device needed; loads and unloads
+ * it): its cudnnGetVersion(), or 0 with the reason in why. */
+size_t mt_cudnn_attn_probe(char *why, size_t why_len);
+
+/* Whether cuDNN `version` serves a shape at all (rules known in advance of
+ * building a plan: head size, grouping, the S % 128 rule of backwards before
+ * 9.16); 0 when it does, else MT_CUDNN_EUNSUPPORTED with the reason. A plan
+ * can still be refused when built. */
+int mt_cudnn_attn_shape_ok(size_t version, int bwd, int S, int H, int Hkv, int D, char *why, size_t why_len);
+
+/* Workspace a caller reserves before it can ask (no device, no plan): an
+ * upper bound of what the *_workspace calls report on Hopper, by the engines'
+ * layouts (docs/cudnn-attention.md, "Workspace"). The deterministic backward
+ * keeps a (B, H, S, S) bf16 matrix of dS: quadratic in S. A plan that turns
+ * out to need more is not used (the caller checks with *_workspace). */
+size_t mt_cudnn_attn_forward_workspace_bound(int B, int S, int H, int Hkv, int D);
+size_t mt_cudnn_attn_backward_workspace_bound(int B, int S, int H, int Hkv, int D, int deterministic);
 void mt_cudnn_attn_destroy(mt_cudnn_attn *a);
 /* cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0. */
 size_t mt_cudnn_attn_version(const mt_cudnn_attn *a);

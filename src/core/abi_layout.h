@@ -35,8 +35,8 @@ _Static_assert(offsetof(mt_model_config, seed) == 80, "mt_model_config.seed: off
 _Static_assert(offsetof(mt_model_config, initializer_range) == 88, "mt_model_config.initializer_range: offset");
 _Static_assert(offsetof(mt_model_config, reserved0) == 92, "mt_model_config.reserved0: offset");
 
-_Static_assert(sizeof(mt_offload_policy) == 96, "mt_offload_policy: size");
-_Static_assert(offsetof(mt_offload_policy, reserved1) + sizeof(((mt_offload_policy *)0)->reserved1) == 96, "mt_offload_policy: no tail padding");
+_Static_assert(sizeof(mt_offload_policy) == 104, "mt_offload_policy: size");
+_Static_assert(offsetof(mt_offload_policy, attention_flags) + sizeof(((mt_offload_policy *)0)->attention_flags) == 104, "mt_offload_policy: no tail padding");
 _Static_assert(offsetof(mt_offload_policy, struct_size) == 0, "mt_offload_policy.struct_size: offset");
 _Static_assert(offsetof(mt_offload_policy, backend) == 4, "mt_offload_policy.backend: offset");
 _Static_assert(offsetof(mt_offload_policy, device) == 8, "mt_offload_policy.device: offset");
@@ -55,6 +55,8 @@ _Static_assert(offsetof(mt_offload_policy, abort_callback) == 72, "mt_offload_po
 _Static_assert(offsetof(mt_offload_policy, abort_user_data) == 80, "mt_offload_policy.abort_user_data: offset");
 _Static_assert(offsetof(mt_offload_policy, recompute) == 88, "mt_offload_policy.recompute: offset");
 _Static_assert(offsetof(mt_offload_policy, reserved1) == 92, "mt_offload_policy.reserved1: offset");
+_Static_assert(offsetof(mt_offload_policy, attention) == 96, "mt_offload_policy.attention: offset");
+_Static_assert(offsetof(mt_offload_policy, attention_flags) == 100, "mt_offload_policy.attention_flags: offset");
 
 _Static_assert(sizeof(mt_optim_config) == 48, "mt_optim_config: size");
 _Static_assert(offsetof(mt_optim_config, reserved0) + sizeof(((mt_optim_config *)0)->reserved0) == 48, "mt_optim_config: no tail padding");

@@ -204,6 +204,10 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
     if (p->recompute > MT_RECOMPUTE_FULL)
         return BAD("mt_offload_policy.recompute %u is not an mt_recompute value", p->recompute);
     if (p->reserved1) return BAD("mt_offload_policy.reserved1 must be zero");
+    if (p->attention > MT_ATTENTION_CUDNN)
+        return BAD("mt_offload_policy.attention %u is not an mt_attention value", p->attention);
+    if (p->attention_flags & ~MT_ATTENTION_NONDETERMINISTIC)
+        return BAD("mt_offload_policy.attention_flags 0x%x has unknown bits", p->attention_flags);
 #undef BAD
     return MT_OK;
 }

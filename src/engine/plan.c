@@ -45,6 +45,9 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r,
     const mt_layout *lo = r->layout;
     const mt_offload_policy *pol = r->pol;
     mt_memory_plan_init(p);
+    if (backend == MT_BACKEND_CPU && pol->attention == MT_ATTENTION_CUDNN)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "mt_offload_policy.attention asks for cuDNN, which the CPU backend does not use");
     p->backend = backend;
     p->num_params = lo->num_params;
     p->num_units = (uint32_t)lo->n_units;

@@ -17,7 +17,7 @@ typedef struct train_args {
     int layers, hidden, heads, kv_heads, ffn, vocab;
     uint32_t format;
     double lr, min_lr_ratio, weight_decay, clip;
-    int warmup, slots, threads, fp32, cpu, restart, force;
+    int warmup, slots, threads, fp32, cpu, restart, force, attention, nondet_attention;
     uint64_t seed;
     int argc;
     char **argv;
@@ -74,6 +74,11 @@ static const char train_help[] =
     "  --slots N          weight slots (default 2)\n"
     "  --threads N        CPU threads (default: all cores)\n"
     "  --cpu              use the CPU backend even when a GPU is present\n"
+    "  --attention A      the GPU's attention: auto (cuDNN's fused kernels where installed and they\n"
+    "                     serve the shape, else the library's; the default), kernels, cudnn\n"
+    "  --nondeterministic-attention\n"
+    "                     let cuDNN's attention backward add with atomics: faster at long sequences,\n"
+    "                     with far less GPU memory, but the bits of a run are not reproducible\n"
     "\n"
     "SIGINT or SIGTERM (Ctrl-C, a scheduler's notice) abandons the step in flight, saves a checkpoint and\n"
     "the model, prints the command that resumes, and exits with 128 + the signal (130, 143); a second\n"
@@ -127,6 +132,12 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--log-every", &v)) a->log_every = (int)cli_int("--log-every", v, 1, 1 << 30);
         else if (cli_flag(argv, i, "--fp32")) a->fp32 = 1;
         else if (cli_flag(argv, i, "--cpu")) a->cpu = 1;
+        else if (cli_opt(argc, argv, &i, "--attention", &v)) {
+            if (!strcmp(v, "auto")) a->attention = MT_ATTENTION_AUTO;
+            else if (!strcmp(v, "kernels")) a->attention = MT_ATTENTION_KERNELS;
+            else if (!strcmp(v, "cudnn")) a->attention = MT_ATTENTION_CUDNN;
+            else cli_die("train: --attention takes auto, kernels or cudnn, not '%s'", v);
+        } else if (cli_flag(argv, i, "--nondeterministic-attention")) a->nondet_attention = 1;
         else if (cli_flag(argv, i, "--restart")) a->restart = 1;
         else if (cli_flag(argv, i, "--force")) a->force = 1;
         else cli_die("train: unknown option '%s' (see megatrain train --help)", argv[i]);
@@ -523,6 +534,8 @@ static mt_offload_policy policy_of(const train_args *a)
     pol.backend = a->cpu ? MT_BACKEND_CPU : MT_BACKEND_AUTO;
     pol.weight_slots = (uint32_t)a->slots;
     pol.optimizer_threads = (uint32_t)a->threads;
+    pol.attention = (uint32_t)a->attention;
+    pol.attention_flags = a->nondet_attention ? MT_ATTENTION_NONDETERMINISTIC : 0;
     pol.log_callback = cli_log;
     pol.log_level = MT_LOG_WARN;
     pol.abort_callback = run_abort_requested;

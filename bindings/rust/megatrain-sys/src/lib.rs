@@ -112,6 +112,16 @@ c_enum!(mt_recompute {
     MT_RECOMPUTE_MAX_ENUM = 0x7FFF_FFFF,
 });
 
+c_enum!(mt_attention {
+    MT_ATTENTION_AUTO = 0,
+    MT_ATTENTION_KERNELS = 1,
+    MT_ATTENTION_CUDNN = 2,
+    MT_ATTENTION_MAX_ENUM = 0x7FFF_FFFF,
+});
+
+/// mt_offload_policy.attention_flags
+pub const MT_ATTENTION_NONDETERMINISTIC: u32 = 1;
+
 c_enum!(mt_lr_schedule {
     MT_LR_CONSTANT = 0,
     MT_LR_COSINE = 1,
@@ -219,6 +229,8 @@ pub struct mt_offload_policy {
     pub abort_user_data: *mut c_void,
     pub recompute: u32,
     pub reserved1: u32,
+    pub attention: u32,
+    pub attention_flags: u32,
 }
 
 #[repr(C)]

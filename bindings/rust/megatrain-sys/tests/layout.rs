@@ -63,7 +63,7 @@ layout! {
 }
 
 layout! {
-    mt_offload_policy, size 96, align 8,
+    mt_offload_policy, size 104, align 8,
     struct_size: 0,
     backend: 4,
     device: 8,
@@ -82,6 +82,8 @@ layout! {
     abort_user_data: 80,
     recompute: 88,
     reserved1: 92,
+    attention: 96,
+    attention_flags: 100,
 }
 
 layout! {

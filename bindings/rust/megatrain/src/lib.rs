@@ -170,6 +170,12 @@ c_enum!(Recompute {
     FULL = sys::MT_RECOMPUTE_FULL,
 });
 
+c_enum!(Attention {
+    AUTO = sys::MT_ATTENTION_AUTO,
+    KERNELS = sys::MT_ATTENTION_KERNELS,
+    CUDNN = sys::MT_ATTENTION_CUDNN,
+});
+
 c_enum!(LrSchedule {
     CONSTANT = sys::MT_LR_CONSTANT,
     COSINE = sys::MT_LR_COSINE,
@@ -423,6 +429,11 @@ pub struct OffloadPolicy {
     /// Record each step's timeline (CUDA backend; [`Model::timeline`]).
     pub timeline: bool,
     pub recompute: Recompute,
+    /// The CUDA backend's attention: cuDNN's fused kernels or the library's.
+    pub attention: Attention,
+    /// Let cuDNN's attention backward add dQ with atomics: faster, not
+    /// bit-reproducible (`MT_ATTENTION_NONDETERMINISTIC`).
+    pub nondeterministic_attention: bool,
     /// None: warnings and errors go to stderr.
     pub log: Option<LogFn>,
     /// Polled between unit visits and micro-batches: once it is true, the
@@ -448,6 +459,8 @@ impl Default for OffloadPolicy {
             log_level: LogLevel(r.log_level),
             timeline: r.timeline != 0,
             recompute: Recompute(r.recompute),
+            attention: Attention(r.attention),
+            nondeterministic_attention: r.attention_flags & sys::MT_ATTENTION_NONDETERMINISTIC != 0,
             log: None,
             abort: None,
         }
@@ -468,6 +481,11 @@ impl fmt::Debug for OffloadPolicy {
             .field("pin_host", &self.pin_host)
             .field("log_level", &self.log_level)
             .field("timeline", &self.timeline)
+            .field("attention", &self.attention)
+            .field(
+                "nondeterministic_attention",
+                &self.nondeterministic_attention,
+            )
             .field("recompute", &self.recompute)
             .field("log", &self.log.as_ref().map(|_| "Fn"))
             .field("abort", &self.abort)
@@ -527,6 +545,12 @@ impl OffloadPolicy {
         r.log_level = self.log_level.0;
         r.timeline = self.timeline as u32;
         r.recompute = self.recompute.0;
+        r.attention = self.attention.0;
+        r.attention_flags = if self.nondeterministic_attention {
+            sys::MT_ATTENTION_NONDETERMINISTIC
+        } else {
+            0
+        };
         let hooks = Hooks {
             log: self.log.clone().map(Box::new),
             abort: self.abort.clone(),
