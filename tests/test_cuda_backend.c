@@ -418,9 +418,9 @@ Test(cuda_backend, timeline_accounts_for_the_step) { timeline_of(MT_PLACE_DEVICE
 Test(cuda_backend, timeline_with_host_checkpoints) { timeline_of(MT_PLACE_HOST); }
 
 /* What the backend's log says it kept: layers with attention outputs, of
- * how many, and layers with residuals; all -1 until it says. */
+ * how many, layers with residuals, layers with q/k/v; all -1 until it says. */
 typedef struct kept_note {
-    int att, layers, h;
+    int att, layers, h, qkv;
 } kept_note;
 
 static void note_kept(mt_log_level level, const char *text, void *user)
@@ -430,8 +430,9 @@ static void note_kept(mt_log_level level, const char *text, void *user)
     const char *p = strstr(text, "CUDA backend: ");
     if (!p) return;
     const char *q = strstr(p, "attention outputs of ");
-    if (!q || sscanf(q, "attention outputs of %d of %d layers, residuals of %d", &k->att, &k->layers, &k->h) != 3)
-        k->att = k->h = 0;
+    if (!q || sscanf(q, "attention outputs of %d of %d layers, residuals of %d, q/k/v of %d", &k->att, &k->layers,
+                     &k->h, &k->qkv) != 4)
+        k->att = k->h = k->qkv = 0;
 }
 
 /* Trains a 3-layer model with the given recompute policy and cap on the
@@ -445,7 +446,7 @@ static mt_model *train_kept(int recompute, uint32_t cap, kept_note *k)
     p.log_level = MT_LOG_INFO;
     p.log_callback = note_kept;
     p.log_user_data = k;
-    *k = (kept_note){-1, -1, -1};
+    *k = (kept_note){-1, -1, -1, -1};
     mt_model *m = make_with(&c, &p);
     m->keep_layers_cap = cap;
     train(m, 3);
@@ -453,24 +454,27 @@ static mt_model *train_kept(int recompute, uint32_t cap, kept_note *k)
 }
 
 /* Activations kept from the forward (recompute AUTO, where they fit: on this
- * small model the attention outputs and the residuals after attention of
- * every layer; with a cap of 2 of the 3 layers, the attention outputs of
+ * small model the attention outputs, the residuals after attention and q, k,
+ * v of every layer; with a cap of 2 of the 3 layers, the attention outputs of
  * layers 1 and 2 alone, since residuals come only once every layer has its
- * attention) give the bits a full recompute gives: the backward reads what
- * the recompute would have computed again, by the same kernels. The
- * backend's log says what it kept. */
+ * attention, and q, k, v once every layer has its residual) give the bits a
+ * full recompute gives: the backward reads what the recompute would have
+ * computed again, by the same kernels. The backend's log says what it kept. */
 Test(cuda_backend, kept_attention_is_bit_identical)
 {
     kept_note all, some, none;
     mt_model *a = train_kept(MT_RECOMPUTE_AUTO, 0, &all);
     mt_model *s = train_kept(MT_RECOMPUTE_AUTO, 2, &some);
     mt_model *f = train_kept(MT_RECOMPUTE_FULL, 0, &none);
-    cr_assert(all.att == 3 && all.layers == 3 && all.h == 3, "AUTO keeps every layer's attention (%d of %d) and "
-              "residual (%d)", all.att, all.layers, all.h);
-    cr_assert(some.att == 2 && some.h == 0, "a cap of 2 keeps 2 layers' attention (%d), no residuals (%d)", some.att,
-              some.h);
-    cr_assert(none.att == 0 && none.h == 0, "FULL keeps nothing (%d, %d)", none.att, none.h);
-    cr_assert(tiles_equal(a, f), "kept attention and residuals give the bits of a full recompute");
+    cr_assert(all.att == 3 && all.layers == 3 && all.h == 3 && all.qkv == 3,
+              "AUTO keeps every layer's attention (%d of %d), residual (%d) and q/k/v (%d)", all.att, all.layers,
+              all.h, all.qkv);
+    cr_assert(some.att == 2 && some.h == 0 && some.qkv == 0,
+              "a cap of 2 keeps 2 layers' attention (%d), no residuals (%d), no q/k/v (%d)", some.att, some.h,
+              some.qkv);
+    cr_assert(none.att == 0 && none.h == 0 && none.qkv == 0, "FULL keeps nothing (%d, %d, %d)", none.att, none.h,
+              none.qkv);
+    cr_assert(tiles_equal(a, f), "kept attention, residuals and q/k/v give the bits of a full recompute");
     cr_assert(tiles_equal(s, f), "attention kept for some layers gives the bits of a full recompute");
     mt_model_destroy(a);
     mt_model_destroy(s);

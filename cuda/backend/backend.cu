@@ -32,8 +32,10 @@
 // log-sum-exp of the first keep_att layers (their recompute skips the
 // attention forward), and once every layer has those, the residual after
 // attention of the first keep_h layers (their recompute skips the output
-// projection too). Attention goes first: per byte it saves the most, and
-// more the longer the sequence. As many layers as fit the budget are kept.
+// projection too), and once every layer has that, q, k and v of the first
+// keep_qkv layers (their recompute skips the q, k, v projections and RoPE).
+// Attention goes first: per byte it saves the most, and more the longer the
+// sequence. As many layers as fit the budget are kept.
 //
 // Memory: one device allocation (the arena) carved by layout_buffers(),
 // which needs() and reserve() both run, so a plan counts exactly what a
@@ -92,9 +94,11 @@ struct cu_be {
     int ck_host;    // checkpoints 0 .. L-2 live in pinned host memory (ck_pinned)
     int keep_att;   // layers 1 .. keep_att keep their attention outputs for the backward
     int keep_h;     // layers 1 .. keep_h keep their residuals after attention
+    int keep_qkv;   // layers 1 .. keep_qkv keep q, k and v (after RoPE)
     void *att_keep; // (keep_att, n_micro, T, Q)
     float *lse_keep;// (keep_att, n_micro, T, H)
     void *h_keep;   // (keep_h, n_micro, T, C)
+    void *qkv_keep; // (keep_qkv, n_micro, T, Q + 2 KV): each layer and micro-batch's q, then k, then v
     void *ck_pinned;// (L-1, n_micro, T, C) on the host
     cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
@@ -488,12 +492,18 @@ static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
 {
     const int l = unit - 1;
     const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
-    mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h};
+    mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h,
+                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv};
     if (a.att_kept) {
         a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
         a.lse = b->lse_keep + i * T * b->d.H;
     }
     if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->d.C * b->es;
+    if (a.qkv_kept) {
+        a.q = (char *)b->qkv_keep + i * T * (size_t)(b->d.Q + 2 * b->d.KV) * b->es;
+        a.k = (char *)a.q + T * b->d.Q * b->es;
+        a.v = (char *)a.k + T * b->d.KV * b->es;
+    }
     return a;
 }
 
@@ -565,10 +575,11 @@ static void layout_buffers(cu_be *b, carver *c)
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
     b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
-    const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M;
+    const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M, QM = (size_t)b->keep_qkv * M;
     b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
     b->lse_keep = AM ? (float *)carve(c, AM * T * (size_t)d->H * 4) : NULL;
     b->h_keep = HM ? carve(c, HM * T * C * es) : NULL;
+    b->qkv_keep = QM ? carve(c, QM * T * (Q + 2 * (size_t)d->KV) * es) : NULL;
     b->tokens = (int32_t *)carve(c, M * T * 4);
     b->targets = (int32_t *)carve(c, M * T * 4);
     b->pos = (int32_t *)carve(c, M * T * 4);
@@ -601,26 +612,33 @@ static void layout_buffers(cu_be *b, carver *c)
     b->attn_ws = b->attn_ws_bytes ? carve(c, b->attn_ws_bytes) : NULL;
 }
 
-// The arena's bytes with att layers keeping their attention outputs and h
-// their residuals (leaves b->keep_* so).
-static size_t arena_bytes(cu_be *b, int att, int h)
+// The arena's bytes with att layers keeping their attention outputs, h
+// their residuals and qkv their q, k, v (leaves b->keep_* so).
+static size_t arena_bytes(cu_be *b, int att, int h, int qkv)
 {
     carver t = {NULL, 0};
-    b->keep_att = att, b->keep_h = h;
+    b->keep_att = att, b->keep_h = h, b->keep_qkv = qkv;
     layout_buffers(b, &t);
     return t.off + 256;
 }
 
-// The most layers, up to cap, that keep their attention outputs (residuals:
-// with every layer's attention kept) within room bytes.
-static int most_kept(cu_be *b, size_t room, int cap, int residuals)
+// The arena's bytes with the tiers before `tier` kept by every layer and n
+// layers keeping tier's activations (0 attention outputs, 1 residuals, 2 q, k, v).
+static size_t arena_tier(cu_be *b, int tier, int n)
 {
-    const int att0 = residuals ? b->L : 0;
-    const size_t base = arena_bytes(b, att0, 0);
-    const size_t one = (residuals ? arena_bytes(b, att0, 1) : arena_bytes(b, 1, 0)) - base;
+    const int L = b->L;
+    return arena_bytes(b, tier == 0 ? n : L, tier == 1 ? n : tier > 1 ? L : 0, tier == 2 ? n : 0);
+}
+
+// The most layers, up to cap, that keep tier's activations (with every layer
+// keeping the tiers before it) within room bytes.
+static int most_kept(cu_be *b, size_t room, int cap, int tier)
+{
+    const size_t base = arena_tier(b, tier, 0);
+    const size_t one = arena_tier(b, tier, 1) - base;
     if (room <= base || one == 0) return 0;
     int n = (int)MT_MIN((size_t)cap, (room - base) / one); // alignment can add a few bytes: check
-    while (n > 0 && arena_bytes(b, residuals ? att0 : n, residuals ? n : 0) > room) n--;
+    while (n > 0 && arena_tier(b, tier, n) > room) n--;
     return n;
 }
 
@@ -687,7 +705,7 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
         if (o && opts[o][0] == opts[o - 1][0] && opts[o][1] == opts[o - 1][1]) continue;
         for (int host = place == MT_PLACE_HOST && may_host; host <= may_host && !done; host++) {
             b->cudnn_fwd = opts[o][0], b->cudnn_bwd = opts[o][1], b->ck_host = host;
-            need = arena_bytes(b, 0, 0);
+            need = arena_bytes(b, 0, 0, 0);
             done = need <= budget && need <= free_b;
         }
     }
@@ -698,7 +716,8 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
         const int cap = b->req.keep_layers_cap ? MT_MIN(b->L, (int)b->req.keep_layers_cap) : b->L;
         const int att = most_kept(b, room, cap, 0);
         const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
-        need = arena_bytes(b, att, h);
+        const int qkv = h == b->L ? most_kept(b, room, cap, 2) : 0;
+        need = arena_bytes(b, att, h, qkv);
     }
     const size_t row = ck_row_bytes(b);
     n->device_bytes = need + held;
@@ -748,7 +767,7 @@ static void free_device(cu_be *b)
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
     b->ck_host = 0;
-    b->keep_att = b->keep_h = 0;
+    b->keep_att = b->keep_h = b->keep_qkv = 0;
     memset(&b->shape, 0, sizeof b->shape);
     memset(&b->base.held, 0, sizeof b->base.held);
 }
@@ -863,7 +882,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     mt_status st = size_up(b, free_b, &n, err);
     if (st) return st;
     carver c = {NULL, 0};
-    const size_t need = arena_bytes(b, b->keep_att, b->keep_h);
+    const size_t need = arena_bytes(b, b->keep_att, b->keep_h, b->keep_qkv);
     char b1[32], b2[32];
     if (cudaMalloc((void **)&c.base, need) != cudaSuccess) {
         cudaGetLastError();
@@ -914,8 +933,9 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     char kept[128] = "";
     if (b->keep_att)
-        snprintf(kept, sizeof kept, ", kept for the backward: attention outputs of %d of %d layers, residuals of %d",
-                 b->keep_att, b->L, b->keep_h);
+        snprintf(kept, sizeof kept,
+                 ", kept for the backward: attention outputs of %d of %d layers, residuals of %d, q/k/v of %d",
+                 b->keep_att, b->L, b->keep_h, b->keep_qkv);
     char att[160];
     attn_describe(b, att, sizeof att);
     mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",

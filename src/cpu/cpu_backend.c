@@ -377,7 +377,10 @@ static mt_exec exec_of(cpu_be *b, int mb)
 }
 
 /* The layer's activations all live in the work buffers: nothing is kept. */
-static mt_layer_acts acts_of(cpu_be *b) { return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0}; }
+static mt_layer_acts acts_of(cpu_be *b)
+{
+    return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0};
+}
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)
 {

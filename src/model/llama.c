@@ -13,7 +13,9 @@
  * out NULL) and by the MLP's forward again, one piece of d->FT tokens at a
  * time just before that piece's backward; the recompute stops before the
  * MLP, so a layer's down projection (a quarter of its GEMM FLOPs) runs once
- * in the forward and never again. */
+ * in the forward and never again. What the backend kept from the forward
+ * (mt_layer_acts: q, k, v; the attention output; the residual after it) the
+ * recompute skips; the forward writes those straight where they are kept. */
 #include "model/template.h"
 
 #include <stddef.h>
@@ -89,14 +91,17 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
     const int recompute = out == NULL, T = d->T, C = d->C;
+    /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps);
-    k->linear(kc, b->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-    k->linear(kc, b->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
-    k->linear(kc, b->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
-    k->rope(kc, b->q, T, d->H, d->D, 0);
-    k->rope(kc, b->k, T, d->Hkv, d->D, 0);
+    if (!recompute || !a->qkv_kept) {
+        k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
+        k->linear(kc, a->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
+        k->linear(kc, a->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
+        k->rope(kc, a->q, T, d->H, d->D, 0);
+        k->rope(kc, a->k, T, d->Hkv, d->D, 0);
+    }
     if (!recompute || !a->att_kept)
-        k->attention(kc, a->att, a->lse, b->q, b->k, b->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale);
+        k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale);
     /* the residual adds inside the GEMMs: h = x + att Wo^T */
     if (!recompute || !a->h_kept) {
         k->copy(kc, a->h, in, (size_t)T * C);
@@ -140,7 +145,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
     k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
     k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
-    k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, b->q, b->k, b->v, d->n_seq, d->seq_len, d->H,
+    k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
                      d->Hkv, d->D, d->attn_scale);
     k->rope(kc, b->dq, T, d->H, d->D, 1);
     k->rope(kc, b->dk, T, d->Hkv, d->D, 1);

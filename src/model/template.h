@@ -107,15 +107,17 @@ typedef struct mt_work_buf {
 
 #define MT_WORK_MAX_BUFS 32
 
-/* Where a layer's attention output and residual live for micro-batch mb:
- * kept from the forward for the backward (the backend decides which
- * layers keep them), or the work buffers. */
+/* Where a layer's attention inputs and output and its residual live for
+ * micro-batch mb: kept from the forward for the backward (the backend
+ * decides which layers keep them), or the work buffers. */
 typedef struct mt_layer_acts {
     void *att;    /* attention output (T, Q) act */
     float *lse;   /* its log-sum-exp (T, H) f32 */
     void *h;      /* the residual after attention (T, C) act */
     int att_kept; /* att and lse hold the forward's values in the backward */
     int h_kept;   /* h does */
+    void *q, *k, *v; /* the attention's inputs after RoPE: (T, Q), (T, KV), (T, KV) act */
+    int qkv_kept;    /* q, k and v do */
 } mt_layer_acts;
 
 /* What a template call runs on. */
