@@ -189,9 +189,20 @@ void parity_fixture_open(parity_fixture *f, const char *name, uint32_t precision
     f->tokens = calloc((size_t)f->n_steps, sizeof *f->tokens);
     f->targets = calloc((size_t)f->n_steps, sizeof *f->targets);
     cr_assert(f->tokens && f->targets);
+    /* positions: in every step or in none (the first step decides) */
+    const int packed = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(f->steps, 0), "positions") != NULL;
+    if (packed) {
+        f->positions = calloc((size_t)f->n_steps, sizeof *f->positions);
+        cr_assert_not_null(f->positions);
+    }
     for (int s = 0; s < f->n_steps; s++) {
-        f->tokens[s] = parity_jints(cJSON_GetArrayItem(f->steps, s), "tokens", f->n_tok);
-        f->targets[s] = parity_jints(cJSON_GetArrayItem(f->steps, s), "targets", f->n_tok);
+        const cJSON *js = cJSON_GetArrayItem(f->steps, s);
+        f->tokens[s] = parity_jints(js, "tokens", f->n_tok);
+        f->targets[s] = parity_jints(js, "targets", f->n_tok);
+        const int has = cJSON_GetObjectItemCaseSensitive(js, "positions") != NULL;
+        cr_assert_eq(has, packed, "%s: step %d %s \"positions\", step 0 %s", name, s, has ? "has" : "lacks",
+                     packed ? "has" : "does not");
+        if (packed) f->positions[s] = parity_jints(js, "positions", f->n_tok);
     }
 
     /* optimizer */
@@ -217,9 +228,11 @@ void parity_fixture_close(parity_fixture *f)
     for (int s = 0; s < f->n_steps; s++) {
         free(f->tokens[s]);
         free(f->targets[s]);
+        if (f->positions) free(f->positions[s]);
     }
     free(f->tokens);
     free(f->targets);
+    free(f->positions);
     cJSON_Delete(f->json);
     memset(f, 0, sizeof *f);
 }
@@ -228,6 +241,7 @@ void parity_use_step(parity_fixture *f, int s)
 {
     f->batch.tokens = f->tokens[s];
     f->batch.targets = f->targets[s];
+    f->batch.positions = f->positions ? f->positions[s] : NULL;
 }
 
 /* ---- models ------------------------------------------------------------------------- */
@@ -429,15 +443,23 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
     free(inv);
 
     /* step-0 logits of the first sequence at every position: position p is
-     * the last position of the prefix of p + 1 tokens (causal attention) */
+     * the last position of the prefix of p + 1 tokens (causal attention).
+     * With positions (transformers computed these logits with position_ids),
+     * p sees only its own document, which starts at p - positions[p]: the
+     * prefix of that document up to p, whose positions are 0, 1, ... */
     const cJSON *jl = parity_jget(f.json, "logits_check");
     cr_assert_eq((uint32_t)parity_jnum(jl, "seq_len"), S);
     cr_assert_eq((uint32_t)parity_jnum(jl, "vocab_size"), V);
     float *want_logits = parity_jfloats(jl, "logits", (size_t)S * V), *logits = malloc(V * sizeof *logits);
     double lg_max = 0.0, lg_scale = 0.0;
     uint32_t lg_pos = 0, lg_id = 0;
+    const int32_t *pos0 = f.positions ? f.positions[0] : NULL;
     for (uint32_t p = 0; p < S; p++) {
-        cr_assert_eq(mt_model_logits(m, f.tokens[0], 1, p + 1, logits), MT_OK, "%s", mt_model_errmsg(m));
+        const uint32_t in_doc = pos0 ? (uint32_t)pos0[p] : p; /* p's position in its document */
+        cr_assert(in_doc <= p && (!pos0 || in_doc == 0 || (uint32_t)pos0[p - 1] == in_doc - 1),
+                  "%s: step 0's positions do not describe documents at %u", name, p);
+        cr_assert_eq(mt_model_logits(m, f.tokens[0] + (p - in_doc), 1, in_doc + 1, logits), MT_OK, "%s",
+                     mt_model_errmsg(m));
         for (uint32_t v = 0; v < V; v++) {
             const double w = want_logits[(size_t)p * V + v], d = fabs((double)logits[v] - w);
             lg_scale = fmax(lg_scale, fabs(w));

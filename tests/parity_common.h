@@ -40,16 +40,19 @@ typedef struct parity_fixture {
     /* mt_config_load on model/ in the requested precision, checked against the
      * configuration transformers used; RoPE as transformers applied it */
     mt_model_config cfg;
-    mt_batch batch; /* the shape; tokens and targets of the step set by parity_use_step */
+    mt_batch batch; /* the shape; tokens, targets and positions of the step set by parity_use_step */
     size_t n_tok;   /* tokens per step */
     int32_t **tokens, **targets;
+    /* each step's "positions" (documents packed into each sequence, as
+     * transformers' position_ids), or NULL for a fixture without them */
+    int32_t **positions;
     mt_optim_config optim;
 } parity_fixture;
 
 /* Reads fixture `name` under PARITY_FIXTURE_ROOT (a missing folder fails the test). */
 void parity_fixture_open(parity_fixture *f, const char *name, uint32_t precision);
 void parity_fixture_close(parity_fixture *f);
-/* Points f->batch at step s's tokens and targets. */
+/* Points f->batch at step s's tokens, targets and positions (NULL without). */
 void parity_use_step(parity_fixture *f, int s);
 
 /* ---- models ------------------------------------------------------------------------ */
@@ -87,7 +90,9 @@ typedef struct parity_tol {
  * against transformers' fp32 figures: RoPE's inverse frequencies, the step-0
  * logits at every position, mt_eval's loss, every step's loss, gradient norm,
  * learning rate and target count, and the weights after training. Prints one
- * line with the measured differences on stderr.
+ * line with the measured differences on stderr. A fixture with positions runs
+ * every step and evaluation with them as mt_batch.positions; the logits at
+ * position p are then those after the prefix of p's document up to p.
  *
  * Weights in fp32: element by element, within tol->weight_abs, except a weight
  * that is set by rounding: training the model again N times from the start

@@ -8,10 +8,12 @@
  *
  * Suite cuda_parity: the CUDA backend, in fp32 and in bf16, on the fixtures
  * whose head_dim its attention supports (32, 64, 128): llama3_rope (32),
- * qwen2_tied_d32 (32) and llama_gqa_d64 (64). Without a CUDA device each test
+ * qwen2_tied_d32 (32), llama_gqa_d64 (64) and llama_packed (32; documents
+ * packed into each sequence, which the backend runs on its own attention
+ * kernels rather than cuDNN's). Without a CUDA device each test
  * says so and skips (fails under MT_REQUIRE_GPU=1, tests/gpu.h); with one, a
  * missing fixture fails.
- * Suite parity_bf16_cpu: the CPU backend in bf16 on all five fixtures. It runs
+ * Suite parity_bf16_cpu: the CPU backend in bf16 on all six fixtures. It runs
  * everywhere (CI included) and is what the bf16 tolerances were calibrated on.
  *
  * CUDA, fp32 (TOL_CUDA_FP32). The GEMMs are cuBLASLt with CUBLAS_COMPUTE_32F
@@ -122,6 +124,8 @@ Test(cuda_parity, qwen2_tied_d32_fp32) { on_cuda("qwen2_tied_d32", MT_PRECISION_
 Test(cuda_parity, qwen2_tied_d32_bf16) { on_cuda("qwen2_tied_d32", MT_PRECISION_BF16); }
 Test(cuda_parity, llama_gqa_d64_fp32) { on_cuda("llama_gqa_d64", MT_PRECISION_FP32); }
 Test(cuda_parity, llama_gqa_d64_bf16) { on_cuda("llama_gqa_d64", MT_PRECISION_BF16); }
+Test(cuda_parity, llama_packed_fp32) { on_cuda("llama_packed", MT_PRECISION_FP32); }
+Test(cuda_parity, llama_packed_bf16) { on_cuda("llama_packed", MT_PRECISION_BF16); }
 
 TestSuite(parity_bf16_cpu);
 
@@ -130,3 +134,4 @@ Test(parity_bf16_cpu, qwen2_tied) { on_cpu_bf16("qwen2_tied"); }
 Test(parity_bf16_cpu, llama3_rope) { on_cpu_bf16("llama3_rope"); }
 Test(parity_bf16_cpu, qwen2_tied_d32) { on_cpu_bf16("qwen2_tied_d32"); }
 Test(parity_bf16_cpu, llama_gqa_d64) { on_cpu_bf16("llama_gqa_d64"); }
+Test(parity_bf16_cpu, llama_packed) { on_cpu_bf16("llama_packed"); }

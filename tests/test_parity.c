@@ -28,6 +28,12 @@
  *     fails.
  * The measured differences are printed on stderr (docs/parity.md keeps them).
  *
+ * llama_packed packs several documents into each sequence: its steps carry
+ * positions, given to mt_step and mt_eval as mt_batch.positions (transformers
+ * ran them as position_ids, and its script checked that this equals the
+ * documents run one by one); its logits at position p are compared with
+ * those after the prefix of p's document.
+ *
  * The fixtures' paths are relative to the repository root, where `make test`
  * runs the suite. A missing fixture fails its test. The reading and the
  * comparison are in parity_common.c, shared with tests/test_cuda_parity.c (the
@@ -52,7 +58,8 @@ static const parity_tol TOL = {
     .weight_abs = 1e-5,
 };
 
-static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64"};
+static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
+                                       "llama_packed"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -66,6 +73,8 @@ Test(parity, qwen2_tied) { run_fixture("qwen2_tied"); }
 Test(parity, llama3_rope) { run_fixture("llama3_rope"); }
 Test(parity, qwen2_tied_d32) { run_fixture("qwen2_tied_d32"); }
 Test(parity, llama_gqa_d64) { run_fixture("llama_gqa_d64"); }
+/* documents packed into each sequence (mt_batch.positions, transformers' position_ids) */
+Test(parity, llama_packed) { run_fixture("llama_packed"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
