@@ -314,22 +314,50 @@ Test(cuda_backend, trains_and_logits_match_cpu)
     mt_model_destroy(cpu);
 }
 
-/* Activation checkpoints in pinned host memory (two device rows, copies on
- * the d2h and h2d streams) compute exactly what device checkpoints compute. */
+/* Activation checkpoints in pinned host memory (two rotating device rows,
+ * copies on the d2h and h2d streams) compute exactly what device checkpoints
+ * compute: all that can travel (policy HOST: checkpoints 0..3 of a 5-layer
+ * model travel, 4 and 5 stay in the rows), and the split the backend makes
+ * when only some fit the GPU (the first 1, 2 or 3 on the host, the rest in
+ * rows of their own), so that the rotation meets the device rows at every
+ * place. The backend's log says how many it put on the host. */
+static void note_host(mt_log_level level, const char *text, void *user)
+{
+    (void)level;
+    const char *p = strstr(text, " of ");
+    const char *q = strstr(text, "activation checkpoints in pinned host memory");
+    if (strstr(text, "CUDA backend: ") && q && p) {
+        /* ", N of M activation checkpoints ..." */
+        const char *n = q;
+        while (n > text && n[-1] != ',') n--;
+        sscanf(n, " %d", (int *)user);
+    }
+}
+
 Test(cuda_backend, host_checkpoints_are_bit_identical)
 {
     mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
-    c.num_hidden_layers = 5; /* checkpoints 0..3 travel, 4 and 5 stay */
-    mt_model *m[2];
-    for (int i = 0; i < 2; i++) {
+    c.num_hidden_layers = 5;
+    enum { RUNS = 5 };
+    mt_model *m[RUNS];
+    const uint32_t forced[RUNS] = {0, 0, 1, 2, 3};
+    for (int i = 0; i < RUNS; i++) {
         mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
-        p.activations = i ? MT_PLACE_HOST : MT_PLACE_DEVICE;
+        p.activations = i == 1 ? MT_PLACE_HOST : MT_PLACE_DEVICE;
+        int host = 0;
+        p.log_level = MT_LOG_INFO;
+        p.log_callback = note_host;
+        p.log_user_data = &host;
         m[i] = make_with(&c, &p);
+        m[i]->host_checkpoints = forced[i];
         train(m[i], 3);
+        const int want = i == 0 ? 0 : i == 1 ? 4 : (int)forced[i];
+        cr_assert_eq(host, want, "run %d: %d checkpoints on the host, expected %d", i, host, want);
     }
-    cr_assert(tiles_equal(m[0], m[1]), "host and device checkpoints give the same bits");
-    mt_model_destroy(m[0]);
-    mt_model_destroy(m[1]);
+    for (int i = 1; i < RUNS; i++)
+        cr_assert(tiles_equal(m[0], m[i]), "run %d (%u forced to the host) gives the bits of device checkpoints", i,
+                  forced[i]);
+    for (int i = 0; i < RUNS; i++) mt_model_destroy(m[i]);
 }
 
 /* The timeline of a step: every visit (2L + 3: the embedding, L layers and

@@ -19,12 +19,16 @@
 //
 // Activation checkpoints (the output of every unit for every micro-batch)
 // stay on the device when they fit the GPU budget. When they do not, the
-// device keeps two rows (one unit's outputs for all micro-batches): the
-// forward writes row u % 2 and copies it to pinned host memory on the d2h
-// stream; the backward fetches checkpoint u-2 into the row that checkpoint u
-// just vacated while unit u computes, so the copies hide behind the compute.
-// Checkpoints L-1 and L are still on the device when the backward starts and
-// never travel.
+// first ck_host of them (1 <= ck_host <= L-1: as few as make the rest fit)
+// live in pinned host memory, through two rotating device rows (a row is one
+// unit's outputs for all micro-batches): checkpoints 0 .. ck_host+1 take row
+// u % 2, the rest a row each. The forward writes row u % 2 and copies a host
+// checkpoint to pinned memory on the d2h stream; the backward fetches
+// checkpoint u-2 into the row that checkpoint u just vacated while unit u
+// computes, so the copies hide behind the compute. Checkpoints ck_host and
+// ck_host+1 are still in their rows when the backward comes to them and never
+// travel; with ck_host = L-1 (policy MT_PLACE_HOST) the device holds just
+// the two rows.
 //
 // Beside device checkpoints, some of the layers' activations for every
 // micro-batch are kept on the device when they fit (policy recompute AUTO),
@@ -90,8 +94,8 @@ struct cu_be {
     float *acc[2];  // fp32 weight-gradient accumulators (largest unit)
     float *tied_acc;// (V, C) when the head shares the embedding
     void *stage[2]; // bf16 gradients on their way to the host
-    void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host two rows (2, n_micro, T, C)
-    int ck_host;    // checkpoints 0 .. L-2 live in pinned host memory (ck_pinned)
+    void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host L+1-ck_host rows (see above)
+    int ck_host;    // checkpoints 0 .. ck_host-1 live in pinned host memory (ck_pinned); 0: none
     int keep_att;   // layers 1 .. keep_att keep their attention outputs for the backward
     int keep_h;     // layers 1 .. keep_h keep their residuals after attention
     int keep_qkv;   // layers 1 .. keep_qkv keep q, k and v (after RoPE)
@@ -99,7 +103,7 @@ struct cu_be {
     float *lse_keep;// (keep_att, n_micro, T, H)
     void *h_keep;   // (keep_h, n_micro, T, C)
     void *qkv_keep; // (keep_qkv, n_micro, T, Q + 2 KV): each layer and micro-batch's q, then k, then v
-    void *ck_pinned;// (L-1, n_micro, T, C) on the host
+    void *ck_pinned;// (ck_host, n_micro, T, C) on the host
     cudaEvent_t ck_saved[2], ck_fetched[2], ck_row_done[2];
     float *dx;      // (n_micro, T, C) gradient of the residual stream
     int32_t *tokens, *targets; // (n_micro, T)
@@ -475,12 +479,19 @@ static const mt_kernels CUDA_KERNELS = cuda_kernels();
 
 static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->d.T * b->d.C * b->es; }
 
-// Checkpoint idx of micro-batch mb on the device: its own place, or with two
-// rows (host checkpoints, or evaluation, which keeps nothing) row idx % 2.
+// The device rows of checkpoints: L+1, two in evaluation (which keeps
+// nothing), L+1-ck_host with host checkpoints.
+static int ck_rows(const cu_be *b)
+{
+    return !b->shape.want_grad ? 2 : b->L + 1 - b->ck_host;
+}
+
+// Checkpoint idx of micro-batch mb on the device: its own row, or the
+// rotating row idx % 2 (evaluation; host checkpoints and the two after them).
 static void *ck_at(cu_be *b, int idx, int mb)
 {
-    const int rows = b->ck_host || !b->shape.want_grad;
-    const size_t row = rows ? (size_t)(idx % 2) : (size_t)idx;
+    const int rotating = !b->shape.want_grad || (b->ck_host && idx <= b->ck_host + 1);
+    const size_t row = rotating ? (size_t)(idx % 2) : b->ck_host ? (size_t)(2 + idx - (b->ck_host + 2)) : (size_t)idx;
     return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
 }
 
@@ -574,7 +585,7 @@ static void layout_buffers(cu_be *b, carver *c)
     size_t slot_elems = lo->largest_unit_padded;
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
-    b->ck = carve(c, (b->ck_host || !s->want_grad ? 2 : (size_t)b->L + 1) * M * T * C * es);
+    b->ck = carve(c, (size_t)ck_rows(b) * M * T * C * es);
     const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M, QM = (size_t)b->keep_qkv * M;
     b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
     b->lse_keep = AM ? (float *)carve(c, AM * T * (size_t)d->H * 4) : NULL;
@@ -690,7 +701,9 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     // The attention: cuDNN both ways, else cuDNN's forward alone, else the
     // kernels, the first whose workspace fits (cuDNN's deterministic backward
     // keeps an S x S matrix per head); for each, checkpoints on the device if
-    // they fit (or the policy says so), else in pinned host memory.
+    // they fit (or the policy says so), else as few of them in pinned host
+    // memory as make the rest fit (all that can travel, L-1, when the policy
+    // says host).
     int cf, cb;
     char no[256];
     attn_candidates(b, &cf, &cb, no, sizeof no);
@@ -700,11 +713,15 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     const int opts[3][2] = {{cf, cb}, {cf, 0}, {0, 0}};
     const uint32_t place = pol->activations;
     const int may_host = s->want_grad && b->L >= 2 && place != MT_PLACE_DEVICE;
+    const int forced = s->want_grad && b->L >= 2 && b->req.host_checkpoints
+                           ? (int)MT_MIN((uint32_t)b->L - 1, b->req.host_checkpoints) : 0;
+    const int h_first = forced ? forced : place == MT_PLACE_HOST && may_host ? b->L - 1 : 0;
+    const int h_last = forced ? forced : may_host ? b->L - 1 : 0;
     size_t need = 0;
     for (int o = 0, done = 0; o < (cudnn_only ? 1 : 3) && !done; o++) {
         if (o && opts[o][0] == opts[o - 1][0] && opts[o][1] == opts[o - 1][1]) continue;
-        for (int host = place == MT_PLACE_HOST && may_host; host <= may_host && !done; host++) {
-            b->cudnn_fwd = opts[o][0], b->cudnn_bwd = opts[o][1], b->ck_host = host;
+        for (int h = h_first; h <= h_last && !done; h++) {
+            b->cudnn_fwd = opts[o][0], b->cudnn_bwd = opts[o][1], b->ck_host = h;
             need = arena_bytes(b, 0, 0, 0);
             done = need <= budget && need <= free_b;
         }
@@ -721,7 +738,7 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     }
     const size_t row = ck_row_bytes(b);
     n->device_bytes = need + held;
-    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (b->ck_host ? (uint64_t)(b->L - 1) * row : 0);
+    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (uint64_t)b->ck_host * row;
     n->checkpoint_bytes = (uint64_t)(b->ck_host ? b->L + 1 : s->want_grad ? b->L + 1 : 2) * row;
     n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
     char b1[32], b2[32];
@@ -901,12 +918,12 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     const int ck_host = b->ck_host; // free_device() below would clear it
     if (ck_host &&
-        cudaHostAlloc(&b->ck_pinned, (size_t)(b->L - 1) * ck_row_bytes(b), cudaHostAllocPortable) != cudaSuccess) {
+        cudaHostAlloc(&b->ck_pinned, (size_t)ck_host * ck_row_bytes(b), cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY,
                        "cannot allocate %s of pinned host memory for the activation checkpoints",
-                       mt_fmt_bytes(b1, sizeof b1, (uint64_t)(b->L - 1) * ck_row_bytes(b)));
+                       mt_fmt_bytes(b1, sizeof b1, (uint64_t)ck_host * ck_row_bytes(b)));
     }
     // frequencies, as the CPU backend computes them (positions come with each micro-batch's tokens)
     float *inv = (float *)malloc((size_t)b->d.D / 2 * sizeof *inv);
@@ -938,10 +955,12 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                  b->keep_att, b->L, b->keep_h, b->keep_qkv);
     char att[160];
     attn_describe(b, att, sizeof att);
-    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",
-           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept,
-           ck_host ? ", activation checkpoints in pinned host memory: " : "",
-           ck_host ? mt_fmt_bytes(b2, sizeof b2, (uint64_t)(b->L - 1) * ck_row_bytes(b)) : "", att);
+    char where[128] = "";
+    if (ck_host)
+        snprintf(where, sizeof where, ", %d of %d activation checkpoints in pinned host memory: %s", ck_host, b->L + 1,
+                 mt_fmt_bytes(b2, sizeof b2, (uint64_t)ck_host * ck_row_bytes(b)));
+    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s; %s",
+           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept, where, att);
     return MT_OK;
 }
 
@@ -1006,11 +1025,11 @@ static void cu_begin_visit(mt_be *be, int slot, int unit, int phase)
     cu_be *b = (cu_be *)be;
     int ck = -1;
     if (slot >= 0) CU(b, cudaStreamWaitEvent(b->comp, b->slot_loaded[slot], 0));
-    if (b->ck_host && phase == MT_PHASE_FORWARD && unit >= 2 && unit - 2 <= b->L - 2) {
+    if (b->ck_host && phase == MT_PHASE_FORWARD && unit >= 2 && unit - 2 <= b->ck_host - 1) {
         CU(b, cudaStreamWaitEvent(b->comp, b->ck_saved[unit % 2], 0));
         ck = b->ck_save_copy[unit % 2];
     }
-    if (b->ck_host && phase == MT_PHASE_BACKWARD && unit >= 1 && unit - 1 <= b->L - 2) {
+    if (b->ck_host && phase == MT_PHASE_BACKWARD && unit >= 1 && unit - 1 <= b->ck_host - 1) {
         CU(b, cudaStreamWaitEvent(b->comp, b->ck_fetched[(unit - 1) % 2], 0));
         ck = b->ck_fetch_copy[(unit - 1) % 2];
     }
@@ -1057,7 +1076,7 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
         const mt_layer_acts a = acts_of(b, unit, mb);
         b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
     }
-    if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->L - 2) { // to the host, behind the next unit
+    if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->ck_host - 1) { // to the host, behind the next unit
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->ck_row_done[r], 0));
         const int c = copy_start(b, b->d2h, 1, MT_COPY_CHECKPOINT, ck_row_bytes(b));
@@ -1132,7 +1151,7 @@ static void cu_begin_grads(mt_be *be, int unit)
     CU(b, cudaMemsetAsync(b->acc[b->gbuf], 0, unit_desc(b, unit)->padded * 4, b->comp));
     if (unit == b->L + 1 && b->tied_acc)
         CU(b, cudaMemsetAsync(b->tied_acc, 0, unit_desc(b, 0)->padded * 4, b->comp));
-    if (b->ck_host && unit >= 2 && unit <= b->L) { // checkpoint unit-2, for the backward after this one
+    if (b->ck_host && unit >= 2 && unit - 2 <= b->ck_host - 1) { // checkpoint unit-2, for the backward after this one
         const int r = (unit - 2) % 2;
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp)); // the row's last reader (backward unit+1, or the head)
         CU(b, cudaStreamWaitEvent(b->h2d, b->ck_row_done[r], 0));

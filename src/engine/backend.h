@@ -44,6 +44,7 @@ typedef struct mt_be_request {
     int threads;               /* the CPU threads that compute (the CPU backend's scratch is per thread) */
     uint32_t mlp_piece_tokens; /* tests: the MLP's tokens per piece (0: the backend's own rule) */
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
+    uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
 } mt_be_request;
 
 /* A backend's memory for a request, counted by the code that allocates it
