@@ -324,14 +324,11 @@ Test(cuda_backend, trains_and_logits_match_cpu)
 static void note_host(mt_log_level level, const char *text, void *user)
 {
     (void)level;
-    const char *p = strstr(text, " of ");
     const char *q = strstr(text, "activation checkpoints in pinned host memory");
-    if (strstr(text, "CUDA backend: ") && q && p) {
-        /* ", N of M activation checkpoints ..." */
-        const char *n = q;
-        while (n > text && n[-1] != ',') n--;
-        sscanf(n, " %d", (int *)user);
-    }
+    if (!strstr(text, "CUDA backend: ") || !q) return;
+    /* ", N of M activation checkpoints ...": N follows the comma before */
+    while (q > text && q[-1] != ',') q--;
+    sscanf(q, " %d", (int *)user);
 }
 
 Test(cuda_backend, host_checkpoints_are_bit_identical)

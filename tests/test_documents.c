@@ -76,6 +76,16 @@ static void pack(packed *p)
         }
 }
 
+/* The packed batch: one micro-batch of NSEQ sequences, with positions. */
+static mt_batch batch_of(packed *p)
+{
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = NSEQ, b.seq_len = SEQ, b.num_micro_batches = 1;
+    b.tokens = p->tok, b.targets = p->tg, b.positions = p->pos;
+    return b;
+}
+
 /* Every gradient of the model in fp32 (fp32 mode: the tile's gradient block). */
 static void add_grads(double *acc, const mt_model *m)
 {
@@ -102,10 +112,7 @@ static void packed_equals_separate(int backend)
     const size_t np = m->layout.num_params;
     double *whole = calloc(np, sizeof *whole), *parts = calloc(np, sizeof *parts);
     cr_assert(whole && parts);
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = NSEQ, b.seq_len = SEQ, b.num_micro_batches = 1;
-    b.tokens = p.tok, b.targets = p.tg, b.positions = p.pos;
+    mt_batch b = batch_of(&p);
     double loss, norm, loss_parts = 0, n2;
     cr_assert_eq(mt_engine_grads(m, &b, p.n_targets, &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
     add_grads(whole, m);
@@ -143,10 +150,7 @@ static void unpacked_after_packed(int backend)
     packed p;
     pack(&p);
     mt_model *a = make(MT_PRECISION_FP32, backend), *b = make(MT_PRECISION_FP32, backend);
-    mt_batch x;
-    mt_batch_init(&x);
-    x.micro_batch_size = NSEQ, x.seq_len = SEQ, x.num_micro_batches = 1;
-    x.tokens = p.tok, x.targets = p.tg, x.positions = p.pos;
+    mt_batch x = batch_of(&p);
     double la, na, lb, nb, l0, n0;
     cr_assert_eq(mt_engine_grads(a, &x, p.n_targets, &l0, &n0, NULL), MT_OK, "%s", mt_model_errmsg(a));
     x.positions = NULL;
@@ -172,10 +176,7 @@ Test(documents, packed_bf16_gpu_matches_cpu)
     packed p;
     pack(&p);
     mt_model *g = make(MT_PRECISION_BF16, MT_BACKEND_CUDA), *c = make(MT_PRECISION_BF16, MT_BACKEND_CPU);
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = NSEQ, b.seq_len = SEQ, b.num_micro_batches = 1;
-    b.tokens = p.tok, b.targets = p.tg, b.positions = p.pos;
+    mt_batch b = batch_of(&p);
     double lg, ng, lc, nc;
     cr_assert_eq(mt_engine_grads(g, &b, p.n_targets, &lg, &ng, NULL), MT_OK, "%s", mt_model_errmsg(g));
     cr_assert_eq(mt_engine_grads(c, &b, p.n_targets, &lc, &nc, NULL), MT_OK, "%s", mt_model_errmsg(c));
@@ -194,10 +195,7 @@ Test(documents, bad_positions_are_refused)
     packed p;
     pack(&p);
     mt_model *m = make(MT_PRECISION_BF16, MT_BACKEND_CPU);
-    mt_batch b;
-    mt_batch_init(&b);
-    b.micro_batch_size = NSEQ, b.seq_len = SEQ, b.num_micro_batches = 1;
-    b.tokens = p.tok, b.targets = p.tg, b.positions = p.pos;
+    mt_batch b = batch_of(&p);
     mt_optim_config o;
     mt_optim_config_init(&o);
     p.pos[SEQ] = 3; /* the second sequence's first token */

@@ -491,7 +491,7 @@ static int ck_rows(const cu_be *b)
 static void *ck_at(cu_be *b, int idx, int mb)
 {
     const int rotating = !b->shape.want_grad || (b->ck_host && idx <= b->ck_host + 1);
-    const size_t row = rotating ? (size_t)(idx % 2) : b->ck_host ? (size_t)(2 + idx - (b->ck_host + 2)) : (size_t)idx;
+    const size_t row = rotating ? (size_t)(idx % 2) : (size_t)(idx - b->ck_host); // own rows follow the two
     return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
 }
 
@@ -739,7 +739,7 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     const size_t row = ck_row_bytes(b);
     n->device_bytes = need + held;
     n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (uint64_t)b->ck_host * row;
-    n->checkpoint_bytes = (uint64_t)(b->ck_host ? b->L + 1 : s->want_grad ? b->L + 1 : 2) * row;
+    n->checkpoint_bytes = (uint64_t)(s->want_grad ? b->L + 1 : 2) * row;
     n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
     char b1[32], b2[32];
     if (need > budget || need > free_b)
