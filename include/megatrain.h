@@ -332,6 +332,14 @@ typedef struct mt_memory_plan {
     uint32_t num_units;          /* embedding + layers + head */
     uint32_t reserved0;
     uint64_t largest_unit_params;
+    /* 0.2: where the activation checkpoints (one a layer, the embedding's and
+     * the last layer's output included: L + 1) go. With a budget too small
+     * for them all, the CUDA backend puts the first ones in pinned host
+     * memory, and when the host cannot take enough either, keeps fewer: the
+     * backward then runs the forward of the layer below each missing one
+     * again (one more layer forward each). */
+    uint32_t host_checkpoints;       /* how many of them live in host memory */
+    uint32_t recomputed_checkpoints; /* how many are not kept but recomputed in the backward */
 } mt_memory_plan;
 
 MT_API void mt_memory_plan_init_sized(mt_memory_plan *plan, uint32_t size);

@@ -253,4 +253,86 @@ Test(backend, cuda_plan_counts_cudnn_attention)
     cr_assert_eq(plan_of(&c, &p, &s, &tight), MT_ERR_UNSUPPORTED);
     cr_assert(strstr(mt_last_errmsg(), "fp32"), "%s", mt_last_errmsg());
 }
+
+/* The policies of the recompute test below: a 16-layer model whose 17
+ * checkpoints (rows of 1 MiB: 2 x 1024 tokens of 256 bf16) do not all fit the
+ * GPU budget (room for 8); *host_short also has a host budget two rows short
+ * of the host checkpoints that leaves. */
+static void short_policies(mt_model_config *c, shape *s, mt_offload_policy *roomy, mt_offload_policy *host_short,
+                           uint64_t *row)
+{
+    *c = config_of(MT_PRECISION_BF16, 0, 0, 16);
+    c->hidden_size = 256;
+    c->max_position_embeddings = 1024;
+    *s = (shape){2, 1024, 1};
+    mt_offload_policy p = policy_of(MT_BACKEND_CUDA);
+    p.attention = MT_ATTENTION_KERNELS; /* the same workspace with or without cuDNN on the machine */
+    p.recompute = MT_RECOMPUTE_FULL;
+    p.gpu_budget_bytes = (uint64_t)8192 << 20;
+    mt_memory_plan all;
+    cr_assert_eq(plan_of(c, &p, s, &all), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(all.host_checkpoints + all.recomputed_checkpoints, 0);
+    *row = all.activation_bytes / 17;
+    cr_assert_eq(*row, (uint64_t)2 * 1024 * 256 * 2);
+    p.gpu_budget_bytes = all.gpu_bytes - 9 * *row; /* room for 8 of the 17 checkpoints */
+    *roomy = p;
+    mt_memory_plan a;
+    cr_assert_eq(plan_of(c, &p, s, &a), MT_OK, "%s", mt_last_errmsg());
+    p.host_budget_bytes = a.host_pinned_bytes - 2 * *row; /* two host checkpoints short */
+    *host_short = p;
+}
+
+/* Without a GPU: when the checkpoints fit neither the GPU budget nor, for
+ * what that leaves, the host budget, a CUDA plan keeps fewer and the backward
+ * recomputes them: the least number that fits both (each one more frees a
+ * row but the spare takes one, so a host two rows short needs 3), with the
+ * memory of what it keeps; a host budget that holds no checkpoint at all and
+ * a GPU that cannot take what is left is refused, naming the host. */
+Test(backend, cuda_plan_recomputes_checkpoints_the_host_cannot_take)
+{
+    mt_model_config c;
+    shape s;
+    mt_offload_policy roomy, p;
+    uint64_t row;
+    short_policies(&c, &s, &roomy, &p, &row);
+    mt_memory_plan a, b;
+    cr_assert_eq(plan_of(&c, &roomy, &s, &a), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(a.recomputed_checkpoints, 0, "a roomy host: nothing recomputed");
+    cr_assert_eq(a.host_checkpoints, 9, "%u on the host", a.host_checkpoints);
+    cr_assert_eq(plan_of(&c, &p, &s, &b), MT_OK, "%s", mt_last_errmsg());
+    cr_log_info("host checkpoints %u -> %u, recomputed %u; GPU %llu of %llu, host %llu of %llu", a.host_checkpoints,
+                b.host_checkpoints, b.recomputed_checkpoints, (unsigned long long)b.gpu_bytes,
+                (unsigned long long)p.gpu_budget_bytes, (unsigned long long)b.host_pinned_bytes,
+                (unsigned long long)p.host_budget_bytes);
+    cr_assert_eq(b.recomputed_checkpoints, 3);
+    cr_assert_leq(b.host_pinned_bytes + b.host_pageable_bytes, p.host_budget_bytes);
+    cr_assert_leq(b.gpu_bytes, p.gpu_budget_bytes);
+    /* the rows it holds: L + 1 less the recomputed, plus the spare */
+    cr_assert_eq(b.host_checkpoints, 7);
+    cr_assert_eq(b.activation_bytes, (17 - 3 + 1) * row);
+    /* fewer checkpoints change neither the tiles nor the working set (the spare row aside) */
+    cr_assert_eq(b.host_pinned_bytes - b.host_checkpoints * row, a.host_pinned_bytes - a.host_checkpoints * row);
+    cr_assert_eq(b.gpu_bytes - (b.activation_bytes - b.host_checkpoints * row),
+                 a.gpu_bytes - (a.activation_bytes - a.host_checkpoints * row));
+    cr_assert_eq(b.workspace_bytes, a.workspace_bytes);
+    /* no host room at all: even 8 recomputed leave 10 rows for room for 8, refused */
+    p.host_budget_bytes = a.host_pinned_bytes - a.host_checkpoints * row;
+    cr_assert_eq(plan_of(&c, &p, &s, &b), MT_ERR_HOST_BUDGET, "%s", mt_last_errmsg());
+    cr_assert(strstr(mt_last_errmsg(), "host memory"), "%s", mt_last_errmsg());
+}
+
+/* On the GPU: that plan is what a step reserves, 3 checkpoints recomputed. */
+Test(backend, cuda_plan_with_recomputed_checkpoints_is_the_allocation)
+{
+    mt_model_config c;
+    shape s;
+    mt_offload_policy roomy, p;
+    uint64_t row;
+    short_policies(&c, &s, &roomy, &p, &row);
+    mt_memory_plan plan;
+    mt_model *m = step_and_compare(&c, &p, &s, &plan);
+    cr_assert_eq(m->be->held.recomputed, 3);
+    cr_assert_eq(m->be->held.host_checkpoints, 7);
+    mt_model_destroy(m);
+}
 #endif

@@ -357,6 +357,56 @@ Test(cuda_backend, host_checkpoints_are_bit_identical)
     for (int i = 0; i < RUNS; i++) mt_model_destroy(m[i]);
 }
 
+/* Checkpoints the backward recomputes (the forward of the layer below again,
+ * into one spare row) compute what kept ones compute: 1 and 2 of a 5-layer
+ * model's, and 1 beside a host checkpoint (the rotating rows meet the
+ * recomputed one). The backend's log names them; the timeline has one more
+ * visit for each. */
+typedef struct ck_note {
+    int host, recomputed;
+} ck_note;
+
+static void note_checkpoints(mt_log_level level, const char *text, void *user)
+{
+    ck_note *n = (ck_note *)user;
+    note_host(level, text, &n->host);
+    const char *q = strstr(text, "checkpoints recomputed in the backward");
+    if (!strstr(text, "CUDA backend: ") || !q) return;
+    while (q > text && q[-1] != ',') q--;
+    sscanf(q, " %d", &n->recomputed);
+}
+
+Test(cuda_backend, recomputed_checkpoints_are_bit_identical)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 0, 64);
+    c.num_hidden_layers = 5;
+    enum { RUNS = 4 };
+    mt_model *m[RUNS];
+    const uint32_t host[RUNS] = {0, 0, 0, 1}, rc[RUNS] = {0, 1, 2, 1};
+    for (int i = 0; i < RUNS; i++) {
+        mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+        ck_note n = {0, 0};
+        p.log_level = MT_LOG_INFO;
+        p.log_callback = note_checkpoints;
+        p.log_user_data = &n;
+        p.timeline = 1;
+        m[i] = make_with(&c, &p);
+        m[i]->host_checkpoints = host[i];
+        m[i]->recomputed_checkpoints = rc[i];
+        train(m[i], 3);
+        cr_assert_eq(n.host, (int)host[i], "run %d: %d checkpoints on the host", i, n.host);
+        cr_assert_eq(n.recomputed, (int)rc[i], "run %d: %d checkpoints recomputed", i, n.recomputed);
+        mt_timeline t;
+        mt_timeline_init(&t);
+        cr_assert_eq(mt_model_timeline(m[i], &t, NULL, 0), MT_OK, "%s", mt_model_errmsg(m[i]));
+        cr_assert_eq(t.n_visits, 2 * 5 + 3 + rc[i], "run %d: %u visits", i, t.n_visits);
+    }
+    for (int i = 1; i < RUNS; i++)
+        cr_assert(tiles_equal(m[0], m[i]), "run %d (%u on the host, %u recomputed) gives the bits of kept checkpoints",
+                  i, host[i], rc[i]);
+    for (int i = 0; i < RUNS; i++) mt_model_destroy(m[i]);
+}
+
 /* The timeline of a step: every visit (2L + 3: the embedding, L layers and
  * the head forward, L layers and the embedding backward) in the engine's order, each starting
  * only after its weights arrived (the events are ordered by the stream

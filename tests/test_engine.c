@@ -239,6 +239,38 @@ Test(engine, two_and_three_slots_are_bit_identical)
     }
 }
 
+/* Checkpoints the backward recomputes (engine/backend.h: mt_ck_recomputed)
+ * instead of keeping: layer u-1's forward runs again before layer u's
+ * backward, into one spare row. A forward is deterministic, so the bits do
+ * not change: 1, 2 and all 3 that a 6-layer model allows (a request for more
+ * is capped) train to the tiles of a model that keeps every checkpoint, in
+ * both precisions, over micro-batches; and the backend holds that many rows
+ * fewer (one spare more). */
+Test(engine, recomputed_checkpoints_are_bit_identical)
+{
+    for (int prec = 0; prec <= 1; prec++) {
+        mt_model_config c = cfg_of(1, 1, 0, prec);
+        c.num_hidden_layers = 6;
+        enum { RUNS = 4 };
+        const uint32_t asked[RUNS] = {0, 1, 2, 9};
+        const int held[RUNS] = {0, 1, 2, 3};
+        mt_model *m[RUNS];
+        for (int i = 0; i < RUNS; i++) {
+            m[i] = make(&c, 2);
+            m[i]->recomputed_checkpoints = asked[i];
+            train_steps(m[i], 3, 21);
+            cr_assert_eq(m[i]->be->held.recomputed, held[i], "precision %d: asked %u, holds %d", prec, asked[i],
+                         m[i]->be->held.recomputed);
+            const uint64_t row = m[0]->be->held.checkpoint_bytes / 7; /* L + 1 rows without recompute */
+            cr_assert_eq(m[i]->be->held.checkpoint_bytes, (uint64_t)(7 - held[i] + (held[i] > 0)) * row);
+        }
+        for (int i = 1; i < RUNS; i++)
+            cr_assert(tiles_equal(m[0], m[i]), "precision %d: %d checkpoints recomputed give other bits", prec,
+                      held[i]);
+        for (int i = 0; i < RUNS; i++) mt_model_destroy(m[i]);
+    }
+}
+
 Test(engine, same_seed_same_bits)
 {
     mt_model_config c = cfg_of(1, 1, 0, MT_PRECISION_BF16);

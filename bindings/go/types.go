@@ -583,27 +583,33 @@ type MemoryPlan struct {
 	Activations       Placement
 	NumUnits          uint32
 	LargestUnitParams uint64
+	// where the activation checkpoints go (0.2): how many live in host
+	// memory, and how many the backward recomputes instead of keeping
+	HostCheckpoints       uint32
+	RecomputedCheckpoints uint32
 }
 
 func memoryPlanFromC(c *C.mt_memory_plan) MemoryPlan {
 	return MemoryPlan{
-		Backend:           Backend(c.backend),
-		NumParams:         uint64(c.num_params),
-		HostPinnedBytes:   uint64(c.host_pinned_bytes),
-		HostPageableBytes: uint64(c.host_pageable_bytes),
-		GPUBytes:          uint64(c.gpu_bytes),
-		WeightBytes:       uint64(c.weight_bytes),
-		GradBytes:         uint64(c.grad_bytes),
-		MasterBytes:       uint64(c.master_bytes),
-		OptimBytes:        uint64(c.optim_bytes),
-		ActivationBytes:   uint64(c.activation_bytes),
-		WorkspaceBytes:    uint64(c.workspace_bytes),
-		HostBudgetBytes:   uint64(c.host_budget_bytes),
-		GPUBudgetBytes:    uint64(c.gpu_budget_bytes),
-		WeightSlots:       uint32(c.weight_slots),
-		Activations:       Placement(c.activations),
-		NumUnits:          uint32(c.num_units),
-		LargestUnitParams: uint64(c.largest_unit_params),
+		Backend:               Backend(c.backend),
+		NumParams:             uint64(c.num_params),
+		HostPinnedBytes:       uint64(c.host_pinned_bytes),
+		HostPageableBytes:     uint64(c.host_pageable_bytes),
+		GPUBytes:              uint64(c.gpu_bytes),
+		WeightBytes:           uint64(c.weight_bytes),
+		GradBytes:             uint64(c.grad_bytes),
+		MasterBytes:           uint64(c.master_bytes),
+		OptimBytes:            uint64(c.optim_bytes),
+		ActivationBytes:       uint64(c.activation_bytes),
+		WorkspaceBytes:        uint64(c.workspace_bytes),
+		HostBudgetBytes:       uint64(c.host_budget_bytes),
+		GPUBudgetBytes:        uint64(c.gpu_budget_bytes),
+		WeightSlots:           uint32(c.weight_slots),
+		Activations:           Placement(c.activations),
+		NumUnits:              uint32(c.num_units),
+		LargestUnitParams:     uint64(c.largest_unit_params),
+		HostCheckpoints:       uint32(c.host_checkpoints),
+		RecomputedCheckpoints: uint32(c.recomputed_checkpoints),
 	}
 }
 

@@ -28,7 +28,10 @@
 // computes, so the copies hide behind the compute. Checkpoints ck_host and
 // ck_host+1 are still in their rows when the backward comes to them and never
 // travel; with ck_host = L-1 (policy MT_PLACE_HOST) the device holds just
-// the two rows.
+// the two rows. When the host cannot take as many as that needs (its budget,
+// less the tiles), the backward recomputes rc checkpoints instead of keeping
+// them (engine/backend.h: mt_ck_recomputed; all above the two rotating rows),
+// through one spare row behind the others: as few as make the step fit.
 //
 // Beside device checkpoints, some of the layers' activations for every
 // micro-batch are kept on the device when they fit (policy recompute AUTO),
@@ -56,6 +59,7 @@
 #include "cuda/kernels/kernels.h"
 
 extern "C" { // the library's own (C) headers
+#include "core/sysinfo.h"
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/plan.h" // the MLP's pieces and the head's chunks
@@ -96,6 +100,7 @@ struct cu_be {
     void *stage[2]; // bf16 gradients on their way to the host
     void *ck;       // (L+1, n_micro, T, C) checkpoints, or with ck_host L+1-ck_host rows (see above)
     int ck_host;    // checkpoints 0 .. ck_host-1 live in pinned host memory (ck_pinned); 0: none
+    int rc;         // checkpoints the backward recomputes (mt_ck_recomputed), through the last row
     int keep_att;   // layers 1 .. keep_att keep their attention outputs for the backward
     int keep_h;     // layers 1 .. keep_h keep their residuals after attention
     int keep_qkv;   // layers 1 .. keep_qkv keep q, k and v (after RoPE)
@@ -480,18 +485,24 @@ static const mt_kernels CUDA_KERNELS = cuda_kernels();
 static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->d.T * b->d.C * b->es; }
 
 // The device rows of checkpoints: L+1, two in evaluation (which keeps
-// nothing), L+1-ck_host with host checkpoints.
+// nothing), L+1-ck_host with host checkpoints; rc fewer and a spare with
+// recomputed ones.
 static int ck_rows(const cu_be *b)
 {
-    return !b->shape.want_grad ? 2 : b->L + 1 - b->ck_host;
+    return !b->shape.want_grad ? 2 : b->L + 1 - b->ck_host - b->rc + (b->rc > 0);
 }
 
-// Checkpoint idx of micro-batch mb on the device: its own row, or the
-// rotating row idx % 2 (evaluation; host checkpoints and the two after them).
+// Checkpoint idx of micro-batch mb on the device: its own row, the rotating
+// row idx % 2 (evaluation; host checkpoints and the two after them), or the
+// spare (the last row) where it is recomputed.
 static void *ck_at(cu_be *b, int idx, int mb)
 {
     const int rotating = !b->shape.want_grad || (b->ck_host && idx <= b->ck_host + 1);
-    const size_t row = rotating ? (size_t)(idx % 2) : (size_t)(idx - b->ck_host); // own rows follow the two
+    const size_t row = rotating                                ? (size_t)(idx % 2)
+                       : mt_ck_recomputed(b->L, b->rc, idx) ? (size_t)(ck_rows(b) - 1)
+                                                              // own rows follow the two rotating ones
+                                                              : (size_t)(idx - b->ck_host -
+                                                                         mt_ck_recomputed_below(b->L, b->rc, idx));
     return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
 }
 
@@ -681,9 +692,20 @@ static void attn_candidates(cu_be *b, int *cf, int *cb, char *no, size_t len)
     no[0] = '\0';
 }
 
+// The most checkpoints the backward may recompute with h of them on the
+// host: all above the two rotating rows, none of checkpoint 0.
+static int rc_max(int L, int h) { return h ? MT_MAX(0, (L - h - 1) / 2) : L / 2; }
+
+// The pinned bytes of h host checkpoints and of the tokens' staging.
+static uint64_t pinned_of(const cu_be *b, int h)
+{
+    return (uint64_t)b->shape.n_micro * b->d.T * 4 * sizeof(int32_t) + (uint64_t)h * ck_row_bytes(b);
+}
+
 // What b->req needs, with free_b bytes free on the device: decides where the
-// checkpoints go and how many layers keep activations (b->ck_host,
-// b->keep_*), fills *n, and says whether it fits.
+// checkpoints go, how many the backward recomputes and how many layers keep
+// activations (b->ck_host, b->rc, b->keep_*), fills *n, and says whether it
+// fits.
 static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
 {
     const mt_offload_policy *pol = b->req.pol;
@@ -717,17 +739,39 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
                            ? (int)MT_MIN((uint32_t)b->L - 1, b->req.host_checkpoints) : 0;
     const int h_first = forced ? forced : place == MT_PLACE_HOST && may_host ? b->L - 1 : 0;
     const int h_last = forced ? forced : may_host ? b->L - 1 : 0;
+    const int rc_forced = s->want_grad ? (int)MT_MIN((uint32_t)b->L / 2, b->req.recomputed_checkpoints) : 0;
     size_t need = 0;
-    for (int o = 0, done = 0; o < (cudnn_only ? 1 : 3) && !done; o++) {
+    int done = 0;
+    for (int o = 0; o < (cudnn_only ? 1 : 3) && !done; o++) {
         if (o && opts[o][0] == opts[o - 1][0] && opts[o][1] == opts[o - 1][1]) continue;
         for (int h = h_first; h <= h_last && !done; h++) {
             b->cudnn_fwd = opts[o][0], b->cudnn_bwd = opts[o][1], b->ck_host = h;
+            b->rc = MT_MIN(rc_forced, rc_max(b->L, h));
             need = arena_bytes(b, 0, 0, 0);
             done = need <= budget && need <= free_b;
         }
     }
+    // Where the host cannot take the checkpoints that leaves (its budget less
+    // the tiles), fewer checkpoints: the least recompute that fits both, with
+    // as few on the host as the GPU allows.
+    const uint64_t host_budget = b->req.host_budget       ? b->req.host_budget
+                                 : pol->host_budget_bytes ? pol->host_budget_bytes
+                                                          : mt_sys_mem_available();
+    const uint64_t host_room = host_budget > b->req.layout->tile_bytes ? host_budget - b->req.layout->tile_bytes : 0;
+    if (done && !rc_forced && !forced && b->ck_host && pinned_of(b, b->ck_host) > host_room) {
+        const int h0 = b->ck_host;
+        const size_t need0 = need;
+        done = 0;
+        for (int rc = 1; rc <= b->L / 2 && !done; rc++)
+            for (int h = h_first; h <= h_last && rc <= rc_max(b->L, h) && !done; h++) {
+                b->ck_host = h, b->rc = rc;
+                need = arena_bytes(b, 0, 0, 0);
+                done = need <= budget && need <= free_b && pinned_of(b, h) <= host_room;
+            }
+        if (!done) b->ck_host = h0, b->rc = 0, need = need0; // the plan says the host is short
+    }
     // the most kept activations that fit, leaving the device a margin when no budget was set
-    if (s->want_grad && !b->ck_host && pol->recompute == MT_RECOMPUTE_AUTO) {
+    if (s->want_grad && !b->ck_host && !b->rc && pol->recompute == MT_RECOMPUTE_AUTO) {
         const size_t margin = pol->gpu_budget_bytes ? 0 : (size_t)512 << 20;
         const size_t room = MT_MIN((size_t)budget, free_b > margin ? free_b - margin : 0);
         const int cap = b->req.keep_layers_cap ? MT_MIN(b->L, (int)b->req.keep_layers_cap) : b->L;
@@ -738,9 +782,11 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     }
     const size_t row = ck_row_bytes(b);
     n->device_bytes = need + held;
-    n->pinned_bytes = (uint64_t)s->n_micro * b->d.T * 4 * sizeof(int32_t) + (uint64_t)b->ck_host * row;
-    n->checkpoint_bytes = (uint64_t)(s->want_grad ? b->L + 1 : 2) * row;
+    n->pinned_bytes = pinned_of(b, b->ck_host);
+    n->checkpoint_bytes = (uint64_t)ck_rows(b) * row + (uint64_t)b->ck_host * row; // the spare row included
     n->activations = b->ck_host ? MT_PLACE_HOST : MT_PLACE_DEVICE;
+    n->host_checkpoints = b->ck_host;
+    n->recomputed = b->rc;
     char b1[32], b2[32];
     if (need > budget || need > free_b)
         return mt_fail(err, MT_ERR_GPU_BUDGET, "a step of %d x %d x %d tokens needs %s of GPU memory, but the %s is %s",
@@ -783,7 +829,7 @@ static void free_device(cu_be *b)
     b->docs = NULL;
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
-    b->ck_host = 0;
+    b->ck_host = b->rc = 0;
     b->keep_att = b->keep_h = b->keep_qkv = 0;
     memset(&b->shape, 0, sizeof b->shape);
     memset(&b->base.held, 0, sizeof b->base.held);
@@ -955,12 +1001,15 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                  b->keep_att, b->L, b->keep_h, b->keep_qkv);
     char att[160];
     attn_describe(b, att, sizeof att);
-    char where[128] = "";
+    char where[128] = "", again[128] = "";
     if (ck_host)
         snprintf(where, sizeof where, ", %d of %d activation checkpoints in pinned host memory: %s", ck_host, b->L + 1,
                  mt_fmt_bytes(b2, sizeof b2, (uint64_t)ck_host * ck_row_bytes(b)));
-    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s; %s",
-           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept, where, att);
+    if (n.recomputed)
+        snprintf(again, sizeof again, ", %d of %d checkpoints recomputed in the backward (%d more layer forwards)",
+                 n.recomputed, b->L + 1, n.recomputed);
+    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",
+           mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept, where, again, att);
     return MT_OK;
 }
 

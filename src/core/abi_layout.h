@@ -80,8 +80,8 @@ _Static_assert(offsetof(mt_batch_shape, micro_batch_size) == 4, "mt_batch_shape.
 _Static_assert(offsetof(mt_batch_shape, seq_len) == 8, "mt_batch_shape.seq_len: offset");
 _Static_assert(offsetof(mt_batch_shape, num_micro_batches) == 12, "mt_batch_shape.num_micro_batches: offset");
 
-_Static_assert(sizeof(mt_memory_plan) == 128, "mt_memory_plan: size");
-_Static_assert(offsetof(mt_memory_plan, largest_unit_params) + sizeof(((mt_memory_plan *)0)->largest_unit_params) == 128, "mt_memory_plan: no tail padding");
+_Static_assert(sizeof(mt_memory_plan) == 136, "mt_memory_plan: size");
+_Static_assert(offsetof(mt_memory_plan, recomputed_checkpoints) + sizeof(((mt_memory_plan *)0)->recomputed_checkpoints) == 136, "mt_memory_plan: no tail padding");
 _Static_assert(offsetof(mt_memory_plan, struct_size) == 0, "mt_memory_plan.struct_size: offset");
 _Static_assert(offsetof(mt_memory_plan, backend) == 4, "mt_memory_plan.backend: offset");
 _Static_assert(offsetof(mt_memory_plan, num_params) == 8, "mt_memory_plan.num_params: offset");
@@ -101,6 +101,8 @@ _Static_assert(offsetof(mt_memory_plan, activations) == 108, "mt_memory_plan.act
 _Static_assert(offsetof(mt_memory_plan, num_units) == 112, "mt_memory_plan.num_units: offset");
 _Static_assert(offsetof(mt_memory_plan, reserved0) == 116, "mt_memory_plan.reserved0: offset");
 _Static_assert(offsetof(mt_memory_plan, largest_unit_params) == 120, "mt_memory_plan.largest_unit_params: offset");
+_Static_assert(offsetof(mt_memory_plan, host_checkpoints) == 128, "mt_memory_plan.host_checkpoints: offset");
+_Static_assert(offsetof(mt_memory_plan, recomputed_checkpoints) == 132, "mt_memory_plan.recomputed_checkpoints: offset");
 
 _Static_assert(sizeof(mt_batch) == 40, "mt_batch: size");
 _Static_assert(offsetof(mt_batch, positions) + sizeof(((mt_batch *)0)->positions) == 40, "mt_batch: no tail padding");

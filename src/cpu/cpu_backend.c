@@ -31,7 +31,9 @@ typedef struct cpu_be {
     float *slots[MT_MAX_WEIGHT_SLOTS];
     float *acc;                /* (largest unit) fp32 gradient accumulator */
     float *tied_acc;           /* (V, C) embedding gradients when the head shares them */
-    float *ck;                 /* (L+1, n_micro, T, C) checkpoints: the output of units 0..L */
+    float *ck;                 /* (L+1, n_micro, T, C) checkpoints: the output of units 0..L; with rc of them
+                                * recomputed (tests only), L+2-rc rows, the last the spare (ck_at) */
+    int rc;                    /* checkpoints the backward recomputes (engine/backend.h: mt_ck_recomputed) */
     float *dx;                 /* (n_micro, T, C) gradient of the hidden state */
     int32_t *tokens, *targets; /* (n_micro, T) */
     int32_t *pos;              /* (n_micro, T) position of each token in its document */
@@ -194,6 +196,7 @@ typedef struct buf_list {
     size_t bytes[64 + MT_WORK_MAX_BUFS];
     int n;
     uint64_t checkpoint_bytes;
+    int recomputed;
 } buf_list;
 
 static void add(buf_list *l, void *where, size_t bytes)
@@ -220,6 +223,8 @@ static void set_dims(cpu_be *b)
     d->attn_scale = 1.0f / sqrtf((float)d->D);
     b->L = (int)c->num_hidden_layers;
     b->tpl = mt_template_for(c);
+    /* the CPU backend keeps every checkpoint unless a test asks */
+    b->rc = s->want_grad ? (int)MT_MIN(b->req.recomputed_checkpoints, (uint32_t)b->L / 2) : 0;
 }
 
 static void list_buffers(cpu_be *b, buf_list *l)
@@ -236,7 +241,8 @@ static void list_buffers(cpu_be *b, buf_list *l)
     for (uint32_t i = 0; i < b->req.pol->weight_slots; i++) add(l, &b->slots[i], b->slot_elems * f);
     add(l, &b->acc, lo->largest_unit_padded * f);
     if (tied) add(l, &b->tied_acc, embed->padded * f);
-    l->checkpoint_bytes = ((size_t)b->L + 1) * M * T * C * f;
+    l->checkpoint_bytes = ((size_t)b->L + 1 - (size_t)b->rc + (b->rc > 0)) * M * T * C * f;
+    l->recomputed = b->rc;
     add(l, &b->ck, l->checkpoint_bytes);
     if (s->want_grad) add(l, &b->dx, M * T * C * f);
     add(l, &b->tokens, M * T * sizeof(int32_t));
@@ -268,6 +274,7 @@ static void count(const buf_list *l, mt_be_needs *n)
     for (int i = 0; i < l->n; i++) n->host_bytes += l->bytes[i];
     n->checkpoint_bytes = l->checkpoint_bytes;
     n->activations = MT_PLACE_HOST;
+    n->recomputed = l->recomputed;
 }
 
 static mt_status cpu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
@@ -361,9 +368,13 @@ static void cpu_load_weights(mt_be *be, int slot, int unit)
 static void cpu_begin_visit(mt_be *be, int slot, int unit, int phase) { (void)be, (void)slot, (void)unit, (void)phase; }
 static void cpu_end_visit(mt_be *be, int slot) { (void)be, (void)slot; }
 
+/* Checkpoint idx: its own row, or the spare behind them where the backward
+ * recomputes it. */
 static float *ck_at(cpu_be *b, int idx, int mb)
 {
-    return b->ck + ((size_t)idx * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->d.T * (size_t)b->d.C;
+    const int row = mt_ck_recomputed(b->L, b->rc, idx) ? b->L + 1 - b->rc
+                                                       : idx - mt_ck_recomputed_below(b->L, b->rc, idx);
+    return b->ck + ((size_t)row * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->d.T * (size_t)b->d.C;
 }
 
 static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }

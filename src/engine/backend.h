@@ -45,6 +45,10 @@ typedef struct mt_be_request {
     uint32_t mlp_piece_tokens; /* tests: the MLP's tokens per piece (0: the backend's own rule) */
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
     uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
+    uint32_t recomputed_checkpoints; /* tests: this many checkpoints recomputed (mt_ck_recomputed; 0: the backend's
+                                      * rule) */
+    uint64_t host_budget;      /* the host bytes the tiles and the backend's host memory share (0: the policy's
+                                * host_budget_bytes, or what the machine has available) */
 } mt_be_request;
 
 /* A backend's memory for a request, counted by the code that allocates it
@@ -56,7 +60,30 @@ typedef struct mt_be_needs {
     uint64_t host_bytes;       /* ordinary host memory */
     uint64_t checkpoint_bytes; /* the activation checkpoints, wherever they live */
     mt_placement activations;  /* where they live: MT_PLACE_DEVICE or MT_PLACE_HOST */
+    int host_checkpoints;      /* how many of the L+1 checkpoints live in host memory */
+    int recomputed;            /* how many the backward recomputes instead of keeping (mt_ck_recomputed) */
 } mt_be_needs;
+
+/* Checkpoints the backward recomputes. When the checkpoints of a step do
+ * not fit the GPU and the host together, a backend keeps n fewer: the
+ * outputs of layers L-1, L-3, .., L-2n+1 (never two neighbours, so each is
+ * one layer away from a kept one). The forward writes each of them into one
+ * spare row that the next layer reads; the backward, before layer idx+1's,
+ * visits layer idx again and runs its forward from checkpoint idx-1 into
+ * that row (phase MT_PHASE_BACKWARD, the ops' forward). One more layer
+ * forward and one more weight load for each. 0 <= n <= L/2. */
+static inline int mt_ck_recomputed(int L, int n, int idx)
+{
+    return idx <= L - 1 && idx >= L - 2 * n + 1 && (L - 1 - idx) % 2 == 0;
+}
+
+/* How many of checkpoints 0 .. idx-1 are recomputed. */
+static inline int mt_ck_recomputed_below(int L, int n, int idx)
+{
+    int k = 0;
+    for (int j = 0; j < n; j++) k += L - 1 - 2 * j < idx;
+    return k;
+}
 
 /* A kind of backend: what it needs, and making one. */
 typedef struct mt_be_class {

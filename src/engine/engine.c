@@ -6,6 +6,9 @@
  *   head      unit L+1            loss and its gradient, every micro-batch
  *   backward  units L .. 1, 0     recompute + backward, every micro-batch;
  *                                 gradients accumulated, then sent to the tile
+ *                                 (before layer u, layer u-1's forward again
+ *                                 where the backend keeps no checkpoint u-1:
+ *                                 mt_ck_recomputed)
  *
  * So each unit's weights cross to the device twice per step (once for the
  * embedding, whose backward needs none) and its gradients come back once,
@@ -22,8 +25,10 @@
 #include <string.h>
 #include <time.h>
 
-/* A visit's phase: mt_phase, or the head computing logits only. */
-enum { PH_FORWARD = MT_PHASE_FORWARD, PH_HEAD = MT_PHASE_HEAD, PH_BACKWARD = MT_PHASE_BACKWARD, PH_HEAD_LOGITS };
+/* A visit's phase: mt_phase, the head computing logits only, or a layer's
+ * forward again in the backward (to a recomputed checkpoint). */
+enum { PH_FORWARD = MT_PHASE_FORWARD, PH_HEAD = MT_PHASE_HEAD, PH_BACKWARD = MT_PHASE_BACKWARD, PH_HEAD_LOGITS,
+       PH_RECOMPUTE };
 
 typedef struct mt_visit {
     int unit;
@@ -31,9 +36,10 @@ typedef struct mt_visit {
     int needs_weights;
 } visit;
 
-/* The visit list of any call holds at most 2 L + 3 visits; m->visits has
- * room for them and, behind them, as many load indices (prepare()). */
-static int visits_cap(const mt_model *m) { return 2 * (int)m->cfg.num_hidden_layers + 4; }
+/* The visit list of any call holds at most 2 L + 3 visits and L / 2
+ * recomputes; m->visits has room for them and, behind them, as many load
+ * indices (prepare()). */
+static int visits_cap(const mt_model *m) { return 3 * (int)m->cfg.num_hidden_layers + 4; }
 static int *load_list(mt_model *m) { return (int *)(m->visits + visits_cap(m)); }
 
 static double now(void)
@@ -87,7 +93,7 @@ static int run_visits(mt_model *m, mt_trace *t, int n, int n_micro, float loss_s
             li++;
         }
         const int u = v[i].unit;
-        const int phase = v[i].phase == PH_HEAD_LOGITS ? PH_HEAD : v[i].phase;
+        const int phase = v[i].phase == PH_HEAD_LOGITS ? PH_HEAD : v[i].phase == PH_RECOMPUTE ? PH_BACKWARD : v[i].phase;
         if (full && t->n_visits < t->cap_visits)
             t->visit[t->n_visits++] = (mt_trace_visit){u, phase, now() - t->origin, 0, 0, -1, -1};
         if (abort_requested(m)) return 1;
@@ -95,6 +101,7 @@ static int run_visits(mt_model *m, mt_trace *t, int n, int n_micro, float loss_s
         int stop = 0; /* set by a poll between micro-batches: the visit ends without sending gradients */
         switch (v[i].phase) {
         case PH_FORWARD:
+        case PH_RECOMPUTE:
             for (int mb = 0; mb < n_micro && !(stop = mb && abort_requested(m)); mb++) be->ops->forward(be, slot, u, mb);
             break;
         case PH_HEAD:
@@ -146,7 +153,11 @@ static int build_visits(mt_model *m, int phase_head, int train)
     for (int u = 0; u <= L; u++) v[n++] = (visit){u, PH_FORWARD, 1};
     v[n++] = (visit){L + 1, phase_head, 1};
     if (train) {
-        for (int u = L; u >= 1; u--) v[n++] = (visit){u, PH_BACKWARD, 1};
+        const int rc = m->be->held.recomputed;
+        for (int u = L; u >= 1; u--) {
+            if (mt_ck_recomputed(L, rc, u - 1)) v[n++] = (visit){u - 1, PH_RECOMPUTE, 1};
+            v[n++] = (visit){u, PH_BACKWARD, 1};
+        }
         v[n++] = (visit){0, PH_BACKWARD, 0};
     }
     return n;
@@ -176,6 +187,7 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     memset(&m->be_shape, 0, sizeof m->be_shape);
     mt_offload_policy pol = m->pol;
     if (!pol.host_budget_bytes) pol.host_budget_bytes = mt_sys_mem_available() + m->layout.tile_bytes;
+    m->host_budget = pol.host_budget_bytes; /* the plan's and the reservation's */
     const mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
     mt_be_request r = mt_be_request_of(m, &s);
     r.pol = &pol;
@@ -271,7 +283,7 @@ static void trace_start(mt_model *m)
 {
     mt_trace *t = &m->trace;
     mt_be *be = m->be;
-    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 3;
+    const int L = (int)m->cfg.num_hidden_layers, n_visits = 2 * L + 3 + be->held.recomputed;
     int level = !be->ops->trace_start ? MT_TRACE_OFF : m->pol.timeline ? MT_TRACE_FULL : MT_TRACE_MARKS;
     if (mt_trace_reset(t, level, n_visits, n_visits + 3 * L + 8)) level = MT_TRACE_MARKS;
     t->level = level;

@@ -95,7 +95,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     mt_memory_plan plan;
-    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0, 0};
+    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0};
     if ((st = mt_plan_compute(err, &plan, &host_only, 0, m->backend))) goto fail;
 
     int node = m->pol.numa_node;

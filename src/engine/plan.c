@@ -79,6 +79,8 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r,
     }
     p->activations = n.activations;
     p->activation_bytes = n.checkpoint_bytes;
+    p->host_checkpoints = (uint32_t)n.host_checkpoints;
+    p->recomputed_checkpoints = (uint32_t)n.recomputed;
     p->workspace_bytes = n.device_bytes + n.pinned_bytes + n.host_bytes - n.checkpoint_bytes;
     p->gpu_bytes = n.device_bytes;
     /* the tiles: pinned for a GPU's copies unless the policy says never */
@@ -127,7 +129,7 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     mt_memory_plan p;
     /* a plan is for training: gradient buffers included */
     mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len, (int)shape.num_micro_batches, 1},
-                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0};
+                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0, 0, 0};
     st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
     /* a plan that does not fit is still filled; after any other failure *out is untouched */

@@ -392,8 +392,17 @@ int cmd_plan(int argc, char **argv)
     printf("  weights %.2f, gradients %.2f, master %.2f, AdamW %.2f GiB (%.1f bytes per parameter)\n",
            gib(p.weight_bytes), gib(p.grad_bytes), gib(p.master_bytes), gib(p.optim_bytes),
            (double)(p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes) / (double)p.num_params);
-    printf("activations: %8.2f GiB checkpoints (%s), %.2f GiB working set\n", gib(p.activation_bytes),
-           p.activations == MT_PLACE_DEVICE ? "on the GPU" : "in host memory", gib(p.workspace_bytes));
+    char where[128] = "in host memory";
+    const unsigned n_ck = cfg.num_hidden_layers + 1;
+    if (p.backend == MT_BACKEND_CUDA && p.host_checkpoints)
+        snprintf(where, sizeof where, "%u of %u in pinned host memory", p.host_checkpoints, n_ck);
+    else if (p.backend == MT_BACKEND_CUDA)
+        snprintf(where, sizeof where, "on the GPU");
+    if (p.recomputed_checkpoints)
+        snprintf(where + strlen(where), sizeof where - strlen(where), ", %u of %u recomputed in the backward",
+                 p.recomputed_checkpoints, n_ck);
+    printf("activations: %8.2f GiB checkpoints (%s), %.2f GiB working set\n", gib(p.activation_bytes), where,
+           gib(p.workspace_bytes));
     if (p.backend == MT_BACKEND_CUDA)
         printf("GPU:         %8.2f GiB (budget %.2f GiB)\n", gib(p.gpu_bytes), gib(p.gpu_budget_bytes));
     if (st != MT_OK) {

@@ -281,6 +281,8 @@ pub struct mt_memory_plan {
     pub num_units: u32,
     pub reserved0: u32,
     pub largest_unit_params: u64,
+    pub host_checkpoints: u32,
+    pub recomputed_checkpoints: u32,
 }
 
 /// Opaque.

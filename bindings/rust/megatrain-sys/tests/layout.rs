@@ -111,7 +111,7 @@ layout! {
 }
 
 layout! {
-    mt_memory_plan, size 128, align 8,
+    mt_memory_plan, size 136, align 8,
     struct_size: 0,
     backend: 4,
     num_params: 8,
@@ -131,6 +131,8 @@ layout! {
     num_units: 112,
     reserved0: 116,
     largest_unit_params: 120,
+    host_checkpoints: 128,
+    recomputed_checkpoints: 132,
 }
 
 layout! {

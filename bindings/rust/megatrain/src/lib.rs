@@ -674,6 +674,10 @@ pub struct MemoryPlan {
     pub activations: Placement,
     pub num_units: u32,
     pub largest_unit_params: u64,
+    /// How many activation checkpoints live in host memory (0.2).
+    pub host_checkpoints: u32,
+    /// How many the backward recomputes instead of keeping (0.2).
+    pub recomputed_checkpoints: u32,
 }
 
 /// The memory plan of `cfg` under `policy`, computed without allocating;
@@ -718,6 +722,8 @@ pub fn plan(
         activations: Placement(out.activations),
         num_units: out.num_units,
         largest_unit_params: out.largest_unit_params,
+        host_checkpoints: out.host_checkpoints,
+        recomputed_checkpoints: out.recomputed_checkpoints,
     })
 }
 
