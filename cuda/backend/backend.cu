@@ -489,7 +489,7 @@ static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b
 // recomputed ones.
 static int ck_rows(const cu_be *b)
 {
-    return !b->shape.want_grad ? 2 : b->L + 1 - b->ck_host - b->rc + (b->rc > 0);
+    return !b->shape.want_grad ? 2 : mt_ck_rows(b->L, b->rc) - b->ck_host;
 }
 
 // Checkpoint idx of micro-batch mb on the device: its own row, the rotating
@@ -498,11 +498,8 @@ static int ck_rows(const cu_be *b)
 static void *ck_at(cu_be *b, int idx, int mb)
 {
     const int rotating = !b->shape.want_grad || (b->ck_host && idx <= b->ck_host + 1);
-    const size_t row = rotating                                ? (size_t)(idx % 2)
-                       : mt_ck_recomputed(b->L, b->rc, idx) ? (size_t)(ck_rows(b) - 1)
-                                                              // own rows follow the two rotating ones
-                                                              : (size_t)(idx - b->ck_host -
-                                                                         mt_ck_recomputed_below(b->L, b->rc, idx));
+    // own rows (and the spare) follow the two rotating ones, which stand for the host checkpoints
+    const size_t row = rotating ? (size_t)(idx % 2) : (size_t)(mt_ck_row(b->L, b->rc, idx) - b->ck_host);
     return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
 }
 

@@ -241,7 +241,7 @@ static void list_buffers(cpu_be *b, buf_list *l)
     for (uint32_t i = 0; i < b->req.pol->weight_slots; i++) add(l, &b->slots[i], b->slot_elems * f);
     add(l, &b->acc, lo->largest_unit_padded * f);
     if (tied) add(l, &b->tied_acc, embed->padded * f);
-    l->checkpoint_bytes = ((size_t)b->L + 1 - (size_t)b->rc + (b->rc > 0)) * M * T * C * f;
+    l->checkpoint_bytes = (size_t)mt_ck_rows(b->L, b->rc) * M * T * C * f;
     l->recomputed = b->rc;
     add(l, &b->ck, l->checkpoint_bytes);
     if (s->want_grad) add(l, &b->dx, M * T * C * f);
@@ -368,12 +368,10 @@ static void cpu_load_weights(mt_be *be, int slot, int unit)
 static void cpu_begin_visit(mt_be *be, int slot, int unit, int phase) { (void)be, (void)slot, (void)unit, (void)phase; }
 static void cpu_end_visit(mt_be *be, int slot) { (void)be, (void)slot; }
 
-/* Checkpoint idx: its own row, or the spare behind them where the backward
- * recomputes it. */
+/* Checkpoint idx: its own row, or the spare where the backward recomputes it. */
 static float *ck_at(cpu_be *b, int idx, int mb)
 {
-    const int row = mt_ck_recomputed(b->L, b->rc, idx) ? b->L + 1 - b->rc
-                                                       : idx - mt_ck_recomputed_below(b->L, b->rc, idx);
+    const int row = mt_ck_row(b->L, b->rc, idx);
     return b->ck + ((size_t)row * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->d.T * (size_t)b->d.C;
 }
 

@@ -77,12 +77,17 @@ static inline int mt_ck_recomputed(int L, int n, int idx)
     return idx <= L - 1 && idx >= L - 2 * n + 1 && (L - 1 - idx) % 2 == 0;
 }
 
-/* How many of checkpoints 0 .. idx-1 are recomputed. */
-static inline int mt_ck_recomputed_below(int L, int n, int idx)
+/* The rows that hold the L+1 checkpoints with n recomputed: one each for
+ * the kept ones, in order, and the spare behind them. */
+static inline int mt_ck_rows(int L, int n) { return L + 1 - n + (n > 0); }
+
+/* The row of checkpoint idx among mt_ck_rows(L, n). */
+static inline int mt_ck_row(int L, int n, int idx)
 {
-    int k = 0;
-    for (int j = 0; j < n; j++) k += L - 1 - 2 * j < idx;
-    return k;
+    if (mt_ck_recomputed(L, n, idx)) return L + 1 - n; /* the spare */
+    int below = 0;
+    for (int j = 0; j < n; j++) below += L - 1 - 2 * j < idx;
+    return idx - below;
 }
 
 /* A kind of backend: what it needs, and making one. */
