@@ -3,7 +3,7 @@
  * (the recompute not counted), median over the timed steps after the warm-up
  * steps (1 unless --warmup says otherwise; 0 for runs whose one step takes minutes).
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b] [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
@@ -61,20 +61,21 @@ static int cmp(const void *a, const void *b)
 
 static int preset(mt_model_config *c, const char *name)
 {
-    struct { const char *name; uint32_t V, C, F, L, H, Hkv; int bias; } p[] = {
-        {"tiny", 8192, 256, 768, 8, 8, 4, 0},
-        {"1b", 32000, 2048, 5632, 22, 32, 4, 0},        /* TinyLlama-1.1B */
-        {"1.5b", 32000, 2048, 5632, 32, 32, 4, 0},      /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
-        {"7b", 32000, 4096, 11008, 32, 32, 32, 0},      /* Llama-2-7B */
-        {"qwen7b", 152064, 3584, 18944, 28, 28, 4, 1},  /* Qwen2.5-7B */
-        {"8b", 128256, 4096, 14336, 32, 32, 8, 0},      /* Llama-3-8B: 8.03 B, 112 GB of state */
+    struct { const char *name; uint32_t V, C, F, L, H, Hkv; mt_arch arch; } p[] = {
+        {"tiny", 8192, 256, 768, 8, 8, 4, MT_ARCH_LLAMA},
+        {"1b", 32000, 2048, 5632, 22, 32, 4, MT_ARCH_LLAMA},         /* TinyLlama-1.1B */
+        {"1.5b", 32000, 2048, 5632, 32, 32, 4, MT_ARCH_LLAMA},       /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
+        {"7b", 32000, 4096, 11008, 32, 32, 32, MT_ARCH_LLAMA},       /* Llama-2-7B */
+        {"qwen7b", 152064, 3584, 18944, 28, 28, 4, MT_ARCH_QWEN2},   /* Qwen2.5-7B */
+        {"8b", 128256, 4096, 14336, 32, 32, 8, MT_ARCH_LLAMA},       /* Llama-3-8B: 8.03 B, 112 GB of state */
+        {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, MT_ARCH_QWEN3}, /* Qwen3-8B: 8.19 B, 115 GB of state */
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (!strcmp(name, p[i].name)) {
             c->vocab_size = p[i].V, c->hidden_size = p[i].C, c->intermediate_size = p[i].F;
             c->num_hidden_layers = p[i].L, c->num_attention_heads = p[i].H, c->num_key_value_heads = p[i].Hkv;
-            c->attention_bias = (uint32_t)p[i].bias;
-            c->arch = p[i].bias ? MT_ARCH_QWEN2 : MT_ARCH_LLAMA;
+            c->arch = p[i].arch;
+            c->attention_bias = p[i].arch == MT_ARCH_QWEN2;
             return 0;
         }
     return -1;
@@ -112,7 +113,7 @@ int main(int argc, char **argv)
                         : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
         }
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b] [--layers N] [--seq-len N] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
                             "[--nondeterministic]\n");

@@ -87,8 +87,9 @@ double parity_rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 
 
 static const char *arch_name(uint32_t a)
 {
-    return a == MT_ARCH_LLAMA ? "LlamaForCausalLM" : a == MT_ARCH_QWEN2 ? "Qwen2ForCausalLM"
-                                                   : a == MT_ARCH_MISTRAL ? "MistralForCausalLM" : "?";
+    static const char *const names[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
+                                        "Qwen3ForCausalLM"};
+    return a < sizeof names / sizeof names[0] ? names[a] : "?";
 }
 
 /* mt_config_load on the fixture's model folder, checked against the

@@ -14,11 +14,15 @@
 
 enum { V = 211 };
 
-static mt_model_config cfg_of(int precision, int bias, int tied, int head_dim)
+/* family: 0 Llama, 1 Qwen2 (q/k/v biases), QWEN3 (norms of q and k) */
+enum { QWEN3 = 2 };
+
+static mt_model_config cfg_of(int precision, int family, int tied, int head_dim)
 {
     mt_model_config c;
     mt_model_config_init(&c);
-    c.arch = bias ? MT_ARCH_QWEN2 : MT_ARCH_LLAMA;
+    const int bias = family == 1;
+    c.arch = bias ? MT_ARCH_QWEN2 : family == QWEN3 ? MT_ARCH_QWEN3 : MT_ARCH_LLAMA;
     c.vocab_size = V;
     /* 4 heads (2 kv heads), or 2 (1) at head_dim 256: widths of at most 512,
      * where this initialisation (0.1) keeps the model unsaturated. At 1024
@@ -138,10 +142,10 @@ static void compare(const float *a, const float *b, uint64_t n, double *max_rel,
  * backward cancels. A wrong term in any gradient gives
  * errors of order 100% in the tensors it reaches. Bounds: loss 1% relative,
  * norm 2%, every tensor's gradient within 10% relative L2 error. */
-static void step_matches_cpu_with(int precision, int bias, int tied, int head_dim, int S, uint32_t attention,
+static void step_matches_cpu_with(int precision, int family, int tied, int head_dim, int S, uint32_t attention,
                                   uint32_t attention_flags)
 {
-    mt_model_config c = cfg_of(precision, bias, tied, head_dim);
+    mt_model_config c = cfg_of(precision, family, tied, head_dim);
     mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
     p.attention = attention, p.attention_flags = attention_flags;
     mt_model *gpu = make_with(&c, &p), *cpu = make(&c, MT_BACKEND_CPU, 2);
@@ -177,9 +181,9 @@ static void step_matches_cpu_with(int precision, int bias, int tied, int head_di
     mt_model_destroy(cpu);
 }
 
-static void step_matches_cpu(int precision, int bias, int tied, int head_dim)
+static void step_matches_cpu(int precision, int family, int tied, int head_dim)
 {
-    step_matches_cpu_with(precision, bias, tied, head_dim, 77, MT_ATTENTION_AUTO, 0);
+    step_matches_cpu_with(precision, family, tied, head_dim, 77, MT_ATTENTION_AUTO, 0);
 }
 
 Test(cuda_backend, step_matches_cpu_fp32) { step_matches_cpu(MT_PRECISION_FP32, 0, 0, 64); }
@@ -195,6 +199,12 @@ Test(cuda_backend, step_matches_cpu_bf16_cudnn_nondeterministic)
 }
 Test(cuda_backend, step_matches_cpu_bf16_kernels) { step_matches_cpu_with(MT_PRECISION_BF16, 0, 0, 64, 128, MT_ATTENTION_KERNELS, 0); }
 Test(cuda_backend, step_matches_cpu_fp32_bias_tied) { step_matches_cpu(MT_PRECISION_FP32, 1, 1, 32); }
+/* Qwen3: the norms of each head of q and k (rows of D on both backends) */
+Test(cuda_backend, qwen3_step_matches_cpu_fp32) { step_matches_cpu(MT_PRECISION_FP32, QWEN3, 0, 64); }
+Test(cuda_backend, qwen3_step_matches_cpu_bf16_cudnn)
+{
+    step_matches_cpu_with(MT_PRECISION_BF16, QWEN3, 1, 128, 128, MT_ATTENTION_CUDNN, 0);
+}
 Test(cuda_backend, step_matches_cpu_bf16) { step_matches_cpu(MT_PRECISION_BF16, 0, 0, 64); }
 Test(cuda_backend, step_matches_cpu_bf16_bias_tied_d128) { step_matches_cpu(MT_PRECISION_BF16, 1, 1, 128); }
 /* Head sizes between the attention's tiles (padded) and the largest, 256 */

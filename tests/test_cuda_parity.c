@@ -126,6 +126,8 @@ Test(cuda_parity, llama_gqa_d64_fp32) { on_cuda("llama_gqa_d64", MT_PRECISION_FP
 Test(cuda_parity, llama_gqa_d64_bf16) { on_cuda("llama_gqa_d64", MT_PRECISION_BF16); }
 Test(cuda_parity, llama_packed_fp32) { on_cuda("llama_packed", MT_PRECISION_FP32); }
 Test(cuda_parity, llama_packed_bf16) { on_cuda("llama_packed", MT_PRECISION_BF16); }
+Test(cuda_parity, qwen3_gqa_fp32) { on_cuda("qwen3_gqa", MT_PRECISION_FP32); }
+Test(cuda_parity, qwen3_gqa_bf16) { on_cuda("qwen3_gqa", MT_PRECISION_BF16); }
 
 TestSuite(parity_bf16_cpu);
 
@@ -135,3 +137,4 @@ Test(parity_bf16_cpu, llama3_rope) { on_cpu_bf16("llama3_rope"); }
 Test(parity_bf16_cpu, qwen2_tied_d32) { on_cpu_bf16("qwen2_tied_d32"); }
 Test(parity_bf16_cpu, llama_gqa_d64) { on_cpu_bf16("llama_gqa_d64"); }
 Test(parity_bf16_cpu, llama_packed) { on_cpu_bf16("llama_packed"); }
+Test(parity_bf16_cpu, qwen3_gqa) { on_cpu_bf16("qwen3_gqa"); }

@@ -104,6 +104,16 @@ static mt_model_config qwen_tied(int precision)
     return c;
 }
 
+static mt_model_config qwen3(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_QWEN3;
+    c.head_dim = 16; /* Qwen3 sets it explicitly, != hidden / heads */
+    c.rope_theta = 1000000.0f;
+    c.rms_norm_eps = 1e-6f;
+    return c;
+}
+
 static mt_model *make(const mt_model_config *c)
 {
     mt_offload_policy p;
@@ -234,6 +244,7 @@ Test(hf, round_trip_llama_gqa_fp32) { round_trip(llama_gqa(MT_PRECISION_FP32)); 
 Test(hf, round_trip_llama_gqa_bf16) { round_trip(llama_gqa(MT_PRECISION_BF16)); }
 Test(hf, round_trip_qwen2_bias_tied_bf16) { round_trip(qwen_tied(MT_PRECISION_BF16)); }
 Test(hf, round_trip_qwen2_bias_tied_fp32) { round_trip(qwen_tied(MT_PRECISION_FP32)); }
+Test(hf, round_trip_qwen3_bf16) { round_trip(qwen3(MT_PRECISION_BF16)); }
 
 /* An embedding of 1.28 M elements: several write chunks and conversion tasks. */
 Test(hf, round_trip_large_tensor)
@@ -276,8 +287,8 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
 
 Test(hf, config_round_trip)
 {
-    mt_model_config cases[3] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
-                                llama_gqa(MT_PRECISION_BF16)};
+    mt_model_config cases[4] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
+                                llama_gqa(MT_PRECISION_BF16), qwen3(MT_PRECISION_FP32)};
     cases[2].rope_scaling = MT_ROPE_SCALING_LLAMA3;
     cases[2].rope_factor = 32.0f;
     cases[2].rope_low_freq_factor = 1.0f;
@@ -286,7 +297,7 @@ Test(hf, config_round_trip)
     cases[2].rope_theta = 500000.0f;
     cases[2].arch = MT_ARCH_MISTRAL;
     cases[2].head_dim = 16; /* != hidden / heads */
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         mt_model *m = make(&cases[k]);
         char dir[512], name[32];
         snprintf(name, sizeof name, "cfg%d", k);
@@ -398,6 +409,26 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.rope_theta, 1e6f);
     cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_NONE);
 
+    /* Qwen3-8B's config.json: q/k norms, explicit head_dim, no biases */
+    write_text(dir, "config.json",
+               "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+               "\"bos_token_id\":151643,\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\","
+               "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":12288,"
+               "\"max_position_embeddings\":40960,\"max_window_layers\":36,\"model_type\":\"qwen3\","
+               "\"num_attention_heads\":32,\"num_hidden_layers\":36,\"num_key_value_heads\":8,"
+               "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"
+               "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
+               "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}");
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(c.arch, MT_ARCH_QWEN3);
+    cr_assert_eq(c.attention_bias, 0);
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert_eq(c.num_key_value_heads, 8);
+    cr_assert_eq(c.intermediate_size, 12288);
+    /* 8.19 B parameters, as Qwen3-8B's model card says: the norms of q and k are 2 x 128 a layer */
+    cr_assert_eq(mt_layout_count_params(&c), 8190735360ull);
+
     /* model_type alone is enough */
     write_text(dir, "config.json",
                "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
@@ -449,6 +480,16 @@ Test(hf, config_refusals)
                           MT_ERR_UNSUPPORTED, "use_sliding_window");
     expect_config_refusal("{\"architectures\":[\"MistralForCausalLM\"]," BASE_FIELDS ",\"sliding_window\":64}",
                           MT_ERR_UNSUPPORTED, "sliding_window");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"sliding_window\":64,\"use_sliding_window\":true}",
+                          MT_ERR_UNSUPPORTED, "use_sliding_window");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"layer_types\":[\"full_attention\",\"linear_attention\"]}",
+                          MT_ERR_UNSUPPORTED, "layer_types[1] is linear_attention");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS ",\"layer_types\":\"full\"}",
+                          MT_ERR_FORMAT, "layer_types");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
+                          "Qwen3ForCausalLM are");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");
@@ -554,7 +595,8 @@ static hand_model hand_tensors(const mt_model *m, int extra)
             ht *t = &h.t[h.n++];
             snprintf(t->name, sizeof t->name, "%s", td->name);
             int vec = td->role == MT_T_ATTN_NORM || td->role == MT_T_MLP_NORM || td->role == MT_T_FINAL_NORM ||
-                      td->role == MT_T_Q_BIAS || td->role == MT_T_K_BIAS || td->role == MT_T_V_BIAS;
+                      td->role == MT_T_Q_BIAS || td->role == MT_T_K_BIAS || td->role == MT_T_V_BIAS ||
+                      td->role == MT_T_Q_NORM || td->role == MT_T_K_NORM;
             t->nd = vec ? 1 : 2;
             t->dims[0] = td->rows;
             t->dims[1] = td->cols;

@@ -59,7 +59,7 @@ static const parity_tol TOL = {
 };
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
-                                       "llama_packed"};
+                                       "llama_packed", "qwen3_gqa"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -75,6 +75,8 @@ Test(parity, qwen2_tied_d32) { run_fixture("qwen2_tied_d32"); }
 Test(parity, llama_gqa_d64) { run_fixture("llama_gqa_d64"); }
 /* documents packed into each sequence (mt_batch.positions, transformers' position_ids) */
 Test(parity, llama_packed) { run_fixture("llama_packed"); }
+/* Qwen3: norms of each head of q and k */
+Test(parity, qwen3_gqa) { run_fixture("qwen3_gqa"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)

@@ -39,7 +39,10 @@ static mt_model *make(const mt_model_config *c, int threads)
     return m;
 }
 
-static int is_norm(mt_tensor_role r) { return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM; }
+static int is_norm(mt_tensor_role r)
+{
+    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM;
+}
 
 Test(tiler, blocks_and_tensors_are_aligned_and_disjoint)
 {

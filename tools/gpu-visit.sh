@@ -42,6 +42,9 @@ ATT="--S 4096,32768 --D 64,128 --bh 128 --H 32"
 run attn_kernels build/bench/cuda_attention $ATT
 run attn_cudnn build/bench/cuda_attention --impl cudnn $ATT
 run attn_cudnn_nondet build/bench/cuda_attention --impl cudnn --nondeterministic $ATT
+# the same through the cuDNN that PyTorch ships (often newer than the system's)
+TORCH_CUDNN='$(python3 -c "import nvidia.cudnn, os; print(list(nvidia.cudnn.__path__)[0])")/lib'
+run attn_cudnn_torchlib sh -c "export LD_LIBRARY_PATH=$TORCH_CUDNN:\$LD_LIBRARY_PATH; build/bench/cuda_attention --impl cudnn $ATT; build/bench/cuda_attention --impl cudnn --nondeterministic $ATT"
 run attn_torch python3 bench/torch_attention.py $ATT --backend cudnn,flash
 run attn_torch_det python3 bench/torch_attention.py $ATT --backend cudnn --deterministic
 # the models' own shapes: Qwen2.5-7B (28 heads, 4 KV heads) at 4 x 4096, and one long sequence

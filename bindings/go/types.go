@@ -46,6 +46,7 @@ const (
 	ArchLlama   Arch = C.MT_ARCH_LLAMA
 	ArchQwen2   Arch = C.MT_ARCH_QWEN2
 	ArchMistral Arch = C.MT_ARCH_MISTRAL
+	ArchQwen3   Arch = C.MT_ARCH_QWEN3
 )
 
 // Precision is the numeric mode of a model (mt_precision).

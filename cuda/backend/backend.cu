@@ -421,6 +421,14 @@ static const void *k_as_act(void *kc, void *scratch, const float *src, size_t n)
     return scratch;
 }
 
+static const float *k_as_f32(void *kc, float *scratch, const void *src, size_t n)
+{
+    cu_be *b = B(kc);
+    if (b->dt == MT_CU_F32) return (const float *)src;
+    OK(b, mt_cu_convert(b->comp, MT_CU_F32, scratch, b->dt, src, n), "convert");
+    return scratch;
+}
+
 static void k_zero(void *kc, void *p, size_t bytes)
 {
     cu_be *b = B(kc);
@@ -470,6 +478,7 @@ static mt_kernels cuda_kernels(void)
     k.copy = k_copy;
     k.last_rows = k_last_rows;
     k.as_act = k_as_act;
+    k.as_f32 = k_as_f32;
     k.zero = k_zero;
     k.embedding = k_embedding;
     k.embedding_bwd = k_embedding_bwd;
@@ -554,18 +563,13 @@ static void set_dims(cu_be *b)
     b->dt = c->precision == MT_PRECISION_FP32 ? MT_CU_F32 : MT_CU_BF16;
     b->es = b->dt == MT_CU_BF16 ? 2 : 4;
     b->tpl = mt_template_for(c);
-    d->n_seq = s->n_seq, d->seq_len = s->seq_len, d->T = s->n_seq * s->seq_len;
-    d->C = (int)c->hidden_size, d->H = (int)c->num_attention_heads, d->Hkv = (int)c->num_key_value_heads;
-    d->D = (int)c->head_dim, d->Q = d->H * d->D, d->KV = d->Hkv * d->D;
-    d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
+    mt_dims_init(d, c, s->n_seq, s->seq_len);
     d->es = b->es;
     // the MLP in pieces (plan.h): a 262144-token micro-batch of the Llama-2-7B
     // shape would otherwise need six 5.4 GiB buffers, and T * F elements past 2^31
     d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
                                     : (int)mt_plan_mlp_piece_tokens((uint64_t)d->T, (uint64_t)d->F, b->es);
     d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, MT_LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
-    d->eps = c->rms_norm_eps;
-    d->attn_scale = 1.0f / sqrtf((float)d->D);
 }
 
 // The attention's workspace: the kernels' backward, and cuDNN's forward and
@@ -623,6 +627,10 @@ static void layout_buffers(cu_be *b, carver *c)
         }
         b->dx = (float *)carve(c, M * T * C * 4);
         red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T, d->C, NULL));
+        if (d->qk_norm) { // the norms of each head of q and k: T * H and T * Hkv rows of D
+            red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T * d->H, d->D, NULL));
+            red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T * d->Hkv, d->D, NULL));
+        }
         red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(d->T));
         red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(d->T, d->Q));
     }
@@ -774,7 +782,9 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
         const int cap = b->req.keep_layers_cap ? MT_MIN(b->L, (int)b->req.keep_layers_cap) : b->L;
         const int att = most_kept(b, room, cap, 0);
         const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
-        const int qkv = h == b->L ? most_kept(b, room, cap, 2) : 0;
+        // with q and k normed per head the backward needs them before their norms: kept q, k, v
+        // would not save their recompute
+        const int qkv = h == b->L && !b->d.qk_norm ? most_kept(b, room, cap, 2) : 0;
         need = arena_bytes(b, att, h, qkv);
     }
     const size_t row = ck_row_bytes(b);

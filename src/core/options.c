@@ -137,7 +137,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
-    if (c->arch > MT_ARCH_MISTRAL) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
+    if (c->arch > MT_ARCH_QWEN3) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
     if (c->precision > MT_PRECISION_FP32)
         return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
     if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)

@@ -135,6 +135,12 @@ static const void *k_as_act(void *kc, void *scratch, const float *src, size_t n)
     return src; /* fp32 already */
 }
 
+static const float *k_as_f32(void *kc, float *scratch, const void *src, size_t n)
+{
+    (void)kc, (void)scratch, (void)n;
+    return src; /* fp32 already */
+}
+
 static void k_zero(void *kc, void *p, size_t bytes)
 {
     (void)kc;
@@ -180,6 +186,7 @@ static const mt_kernels cpu_kernels = {
     .copy = k_copy,
     .last_rows = k_last_rows,
     .as_act = k_as_act,
+    .as_f32 = k_as_f32,
     .zero = k_zero,
     .embedding = k_embedding,
     .embedding_bwd = k_embedding_bwd,
@@ -211,16 +218,10 @@ static void set_dims(cpu_be *b)
     const mt_model_config *c = b->req.cfg;
     const mt_be_shape *s = &b->req.shape;
     mt_dims *d = &b->d;
-    memset(d, 0, sizeof *d);
-    d->n_seq = s->n_seq, d->seq_len = s->seq_len, d->T = s->n_seq * s->seq_len;
-    d->C = (int)c->hidden_size, d->H = (int)c->num_attention_heads, d->Hkv = (int)c->num_key_value_heads;
-    d->D = (int)c->head_dim, d->Q = d->H * d->D, d->KV = d->Hkv * d->D;
-    d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
+    mt_dims_init(d, c, s->n_seq, s->seq_len);
     d->es = sizeof(float);
     d->FT = d->T; /* the whole MLP at once */
     d->chunk = MT_MIN(d->T, HEAD_CHUNK);
-    d->eps = c->rms_norm_eps;
-    d->attn_scale = 1.0f / sqrtf((float)d->D);
     b->L = (int)c->num_hidden_layers;
     b->tpl = mt_template_for(c);
     /* the CPU backend keeps every checkpoint unless a test asks */

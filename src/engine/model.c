@@ -35,8 +35,7 @@ static void init_task(void *ctx, size_t task, int thread)
     uint64_t lo = (uint64_t)(task - j->task_tensor[ti]) * INIT_CHUNK, hi = MT_MIN(lo + INIT_CHUNK, t->numel);
     float *master = mt_tile_master(j->tile, j->unit) + t->offset;
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit);
-    const int is_norm = t->role == MT_T_ATTN_NORM || t->role == MT_T_MLP_NORM || t->role == MT_T_FINAL_NORM;
-    const int is_bias = t->role == MT_T_Q_BIAS || t->role == MT_T_K_BIAS || t->role == MT_T_V_BIAS;
+    const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
     const double std = j->cfg->initializer_range;
     for (uint64_t i = lo; i < hi; i++) {
         float x = is_norm ? 1.0f : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));

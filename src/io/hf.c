@@ -58,8 +58,19 @@ static const struct {
     {"LlamaForCausalLM", "llama", MT_ARCH_LLAMA},
     {"Qwen2ForCausalLM", "qwen2", MT_ARCH_QWEN2},
     {"MistralForCausalLM", "mistral", MT_ARCH_MISTRAL},
+    {"Qwen3ForCausalLM", "qwen3", MT_ARCH_QWEN3},
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
+
+/* "A, B, C" of the supported architectures (model_types when types) */
+static const char *arch_list(char *buf, size_t len, int types)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_ARCHS && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", types ? ARCHS[i].model_type : ARCHS[i].architecture);
+    return buf;
+}
 
 static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
 {
@@ -68,6 +79,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     int found = -1;
+    char known[256];
     if (archs && !cJSON_IsNull(archs)) {
         if (!cJSON_IsArray(archs) || cJSON_GetArraySize(archs) < 1)
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a non-empty list of names", path);
@@ -77,17 +89,14 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         for (size_t i = 0; i < N_ARCHS; i++)
             if (!strcmp(a0->valuestring, ARCHS[i].architecture)) found = (int)i;
         if (found < 0)
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s: architecture %s is not supported (LlamaForCausalLM, Qwen2ForCausalLM, "
-                           "MistralForCausalLM are)",
-                           path, a0->valuestring);
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: architecture %s is not supported (%s are)", path,
+                           a0->valuestring, arch_list(known, sizeof known, 0));
     } else if (cJSON_IsString(mtype)) {
         for (size_t i = 0; i < N_ARCHS; i++)
             if (!strcmp(mtype->valuestring, ARCHS[i].model_type)) found = (int)i;
         if (found < 0)
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s: model_type %s is not supported (llama, qwen2, mistral are)", path,
-                           mtype->valuestring);
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: model_type %s is not supported (%s are)", path,
+                           mtype->valuestring, arch_list(known, sizeof known, 1));
     } else {
         return mt_fail(err, MT_ERR_FORMAT, "%s names neither \"architectures\" nor \"model_type\"", path);
     }
@@ -135,7 +144,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     /* sliding-window attention */
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     if (sw && !cJSON_IsNull(sw)) {
-        if (c->arch == MT_ARCH_QWEN2) {
+        if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
             uint32_t use = 0;
             if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
             if (use)
@@ -150,6 +159,21 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
                 return mt_fail(err, MT_ERR_UNSUPPORTED,
                                "%s: sliding_window %u (shorter than max_position_embeddings %u) is not supported",
                                path, w, c->max_position_embeddings);
+        }
+    }
+
+    /* per-layer attention kinds (transformers 4.53+ write "layer_types"): only full attention */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list", path);
+        int i = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, i++) {
+            if (!cJSON_IsString(e))
+                return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list of names", path);
+            if (strcmp(e->valuestring, "full_attention") != 0)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: layer_types[%d] is %s: only full_attention layers are supported", path, i,
+                               e->valuestring);
         }
     }
 
@@ -264,7 +288,7 @@ char *mt_config_json_text(const mt_model_config *c)
     cJSON_AddBoolToObject(j, "mlp_bias", 0);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == MT_ARCH_QWEN2) cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) cJSON_AddBoolToObject(j, "use_sliding_window", 0);
     if (c->arch != MT_ARCH_LLAMA) cJSON_AddNullToObject(j, "sliding_window");
     cJSON_AddStringToObject(j, "torch_dtype", c->precision == MT_PRECISION_FP32 ? "float32" : "bfloat16");
     cJSON_AddItemToObject(j, "initializer_range", float_number(c->initializer_range));
@@ -275,11 +299,7 @@ char *mt_config_json_text(const mt_model_config *c)
 
 int mt_tensor_ndim(const mt_tensor_desc *t)
 {
-    mt_tensor_role r = t->role;
-    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_BIAS ||
-                   r == MT_T_K_BIAS || r == MT_T_V_BIAS
-               ? 1
-               : 2;
+    return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) ? 1 : 2;
 }
 
 mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128])

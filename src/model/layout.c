@@ -34,6 +34,10 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_K_BIAS, NAME("self_attn.k_proj.bias"), kv, 1, 0);
         add_tensor(u, MT_T_V_BIAS, NAME("self_attn.v_proj.bias"), kv, 1, 0);
     }
+    if (mt_config_qk_norm(c)) {
+        add_tensor(u, MT_T_Q_NORM, NAME("self_attn.q_norm.weight"), c->head_dim, 1, 0);
+        add_tensor(u, MT_T_K_NORM, NAME("self_attn.k_norm.weight"), c->head_dim, 1, 0);
+    }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
     add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
     add_tensor(u, MT_T_GATE, NAME("mlp.gate_proj.weight"), F, C, 1);
@@ -115,6 +119,7 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
 {
     const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
-    uint64_t layer = 2 * C + q * C + 2 * kv * C + C * q + 3 * F * C + (c->attention_bias ? q + 2 * kv : 0);
+    uint64_t layer = 2 * C + q * C + 2 * kv * C + C * q + 3 * F * C + (c->attention_bias ? q + 2 * kv : 0) +
+                     (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0);
     return V * C + (uint64_t)c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }

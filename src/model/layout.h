@@ -20,7 +20,9 @@ typedef enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_LAYER = 1, MT_UNIT_HEAD =
 
 typedef enum mt_tensor_role {
     MT_T_EMBED, /* (V, C) token embedding */
-    MT_T_ATTN_NORM, MT_T_Q, MT_T_K, MT_T_V, MT_T_Q_BIAS, MT_T_K_BIAS, MT_T_V_BIAS, MT_T_O,
+    MT_T_ATTN_NORM, MT_T_Q, MT_T_K, MT_T_V, MT_T_Q_BIAS, MT_T_K_BIAS, MT_T_V_BIAS,
+    MT_T_Q_NORM, MT_T_K_NORM, /* (D) RMSNorm scales of each head of q and k (Qwen3) */
+    MT_T_O,
     MT_T_MLP_NORM, MT_T_GATE, MT_T_UP, MT_T_DOWN,
     MT_T_FINAL_NORM, MT_T_LM_HEAD,
     MT_T_ROLE_COUNT
@@ -35,7 +37,7 @@ typedef struct mt_tensor_desc {
     int decay;          /* matrices take weight decay; norms and biases do not */
 } mt_tensor_desc;
 
-#define MT_MAX_UNIT_TENSORS 13
+#define MT_MAX_UNIT_TENSORS 15
 
 typedef struct mt_unit_desc {
     mt_unit_kind kind;
@@ -59,6 +61,16 @@ typedef struct mt_layout {
     uint64_t largest_unit_padded;
     uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes;
 } mt_layout;
+
+/* Norm scales start at 1, biases at 0; neither takes weight decay. */
+static inline int mt_role_is_norm(mt_tensor_role r)
+{
+    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM;
+}
+static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS; }
+
+/* Whether a validated config's layers normalize each head of q and k. */
+static inline int mt_config_qk_norm(const mt_model_config *c) { return c->arch == MT_ARCH_QWEN3; }
 
 /* cfg must have passed mt_config_import. Returns -1 when out of memory. */
 int mt_layout_build(mt_layout *lo, const mt_model_config *cfg);

@@ -1,5 +1,5 @@
-/* The Llama template: Llama 2/3, Qwen2 (q/k/v biases) and Mistral without
- * sliding window. Each unit's forward, recompute and backward as calls on
+/* The Llama template: Llama 2/3, Qwen2 (q/k/v biases), Mistral without
+ * sliding window, and Qwen3 (an RMSNorm of each head of q and k before RoPE). Each unit's forward, recompute and backward as calls on
  * the kernel table (template.h); the worked example of
  * docs/architecture.md.
  *
@@ -59,6 +59,17 @@ static int llama_work(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(dxn, T * C, 1);
         BUF(dlogits, chunk, 0);
     }
+    if (d->qk_norm) {
+        BUF(qr, T * Q, 0);
+        BUF(kr, T * KV, 0);
+        BUF(rstdq, T * (uint64_t)d->H, 1);
+        BUF(rstdk, T * (uint64_t)d->Hkv, 1);
+        if (want_grad) {
+            BUF(dqr, T * Q, 1);
+            BUF(dkr, T * KV, 1);
+            BUF(dqk32, T * Q, 1);
+        }
+    }
     return k;
 }
 
@@ -93,9 +104,17 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     const int recompute = out == NULL, T = d->T, C = d->C;
     /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps);
-    if (!recompute || !a->qkv_kept) {
-        k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-        k->linear(kc, a->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
+    /* with qk_norm the backward also reads q and k before their norms: never skipped */
+    if (!recompute || !a->qkv_kept || d->qk_norm) {
+        if (d->qk_norm) {
+            k->linear(kc, b->qr, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
+            k->linear(kc, b->kr, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
+            k->rmsnorm(kc, a->q, b->rstdq, b->qr, w[MT_T_Q_NORM], T * d->H, d->D, d->eps);
+            k->rmsnorm(kc, a->k, b->rstdk, b->kr, w[MT_T_K_NORM], T * d->Hkv, d->D, d->eps);
+        } else {
+            k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
+            k->linear(kc, a->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
+        }
         k->linear(kc, a->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
         k->rope(kc, a->q, T, d->H, d->D, 0);
         k->rope(kc, a->k, T, d->Hkv, d->D, 0);
@@ -115,6 +134,21 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
         mlp_up(x, w, t0, n);
         k->linear(kc, at(d, out, (size_t)t0 * C), 0, b->a, w[MT_T_DOWN], NULL, n, d->F, C, 1);
     }
+}
+
+/* The backward of the RMSNorm of each head (rows of D) of q or k: dact (act)
+ * holds the gradient after the norm; returns it before the norm, as act (in
+ * dact or dx, which gets it in f32). */
+static const void *head_norm_backward(const mt_exec *x, void *dact, float *dx, float *gw, const void *xr,
+                                      const void *w, const float *rstd, int rows)
+{
+    const mt_kernels *k = x->k;
+    const mt_dims *d = x->d;
+    const size_t n = (size_t)rows * d->D;
+    const float *dy = k->as_f32(x->kc, x->w->dqk32, dact, n);
+    k->zero(x->kc, dx, n * sizeof(float));
+    k->rmsnorm_bwd(x->kc, dx, gw, dy, xr, w, rstd, rows, d->D, d->eps);
+    return k->as_act(x->kc, dact, dx, n);
 }
 
 static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
@@ -149,11 +183,16 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
                      d->Hkv, d->D, d->attn_scale);
     k->rope(kc, b->dq, T, d->H, d->D, 1);
     k->rope(kc, b->dk, T, d->Hkv, d->D, 1);
-    k->linear_dx(kc, b->dxn, 1, b->dq, w[MT_T_Q], T, C, Q, 0);
-    k->linear_dx(kc, b->dxn, 1, b->dk, w[MT_T_K], T, C, KV, 1);
+    const void *dq = b->dq, *dk = b->dk;
+    if (d->qk_norm) {
+        dq = head_norm_backward(x, b->dq, b->dqr, gw[MT_T_Q_NORM], b->qr, w[MT_T_Q_NORM], b->rstdq, T * d->H);
+        dk = head_norm_backward(x, b->dk, b->dkr, gw[MT_T_K_NORM], b->kr, w[MT_T_K_NORM], b->rstdk, T * d->Hkv);
+    }
+    k->linear_dx(kc, b->dxn, 1, dq, w[MT_T_Q], T, C, Q, 0);
+    k->linear_dx(kc, b->dxn, 1, dk, w[MT_T_K], T, C, KV, 1);
     k->linear_dx(kc, b->dxn, 1, b->dv, w[MT_T_V], T, C, KV, 1);
-    k->linear_dw(kc, gw[MT_T_Q], gw[MT_T_Q_BIAS], b->dq, b->xn1, T, C, Q);
-    k->linear_dw(kc, gw[MT_T_K], gw[MT_T_K_BIAS], b->dk, b->xn1, T, C, KV);
+    k->linear_dw(kc, gw[MT_T_Q], gw[MT_T_Q_BIAS], dq, b->xn1, T, C, Q);
+    k->linear_dw(kc, gw[MT_T_K], gw[MT_T_K_BIAS], dk, b->xn1, T, C, KV);
     k->linear_dw(kc, gw[MT_T_V], gw[MT_T_V_BIAS], b->dv, b->xn1, T, C, KV);
     k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps);
 }

@@ -1,6 +1,7 @@
 /* Which template a family uses, and binding a unit's tensors. */
 #include "model/template.h"
 
+#include <math.h>
 #include <string.h>
 
 const mt_template *mt_template_for(const mt_model_config *cfg)
@@ -8,9 +9,22 @@ const mt_template *mt_template_for(const mt_model_config *cfg)
     switch (cfg->arch) {
     case MT_ARCH_LLAMA:
     case MT_ARCH_QWEN2:
-    case MT_ARCH_MISTRAL: return &mt_template_llama;
+    case MT_ARCH_MISTRAL:
+    case MT_ARCH_QWEN3: return &mt_template_llama;
     default: return NULL;
     }
+}
+
+void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
+{
+    memset(d, 0, sizeof *d);
+    d->n_seq = n_seq, d->seq_len = seq_len, d->T = n_seq * seq_len;
+    d->C = (int)c->hidden_size, d->H = (int)c->num_attention_heads, d->Hkv = (int)c->num_key_value_heads;
+    d->D = (int)c->head_dim, d->Q = d->H * d->D, d->KV = d->Hkv * d->D;
+    d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
+    d->eps = c->rms_norm_eps;
+    d->attn_scale = 1.0f / sqrtf((float)d->D);
+    d->qk_norm = mt_config_qk_norm(c);
 }
 
 void mt_bind_unit(void **w, void *block, const mt_unit_desc *u, size_t es)

@@ -65,6 +65,8 @@ typedef struct mt_kernels {
     void (*last_rows)(void *kc, void *rows, const void *src, int n, int stride, int C);
     /* src (n f32) as an act buffer: src itself where act is fp32, else converted into scratch */
     const void *(*as_act)(void *kc, void *scratch, const float *src, size_t n);
+    /* src (n act) as an f32 buffer: src itself where act is fp32, else converted into scratch */
+    const float *(*as_f32)(void *kc, float *scratch, const void *src, size_t n);
     /* bytes of zeros at p */
     void (*zero)(void *kc, void *p, size_t bytes);
     /* out[t, :] = wte[tokens[t], :]: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] (f32) */
@@ -87,7 +89,12 @@ typedef struct mt_dims {
     int FT;    /* MLP tokens per piece: T, or fewer to keep (FT, F) buffers small */
     int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
     float eps, attn_scale;
+    int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3) */
 } mt_dims;
+
+/* The model's part of d (everything but es, FT and chunk, which the backend
+ * sets) for micro-batches of n_seq sequences of seq_len. */
+void mt_dims_init(mt_dims *d, const mt_model_config *cfg, int n_seq, int seq_len);
 
 /* The working buffers of one unit's forward and backward (one micro-batch
  * at a time), laid out by the backend from mt_template_work(). */
@@ -96,6 +103,10 @@ typedef struct mt_work {
     float *lse, *rstd1, *rstd2, *logits;                               /* f32 */
     void *dy_act, *da, *dg, *du, *datt, *dq, *dk, *dv, *dlogits;        /* act, training only */
     float *dxn;                                                         /* f32, training only */
+    /* with qk_norm: q and k before their norms (act) and the norms' 1/rms (f32); in the
+     * backward the f32 gradients of q and k before the norms, and an f32 scratch */
+    void *qr, *kr;
+    float *rstdq, *rstdk, *dqr, *dkr, *dqk32;
 } mt_work;
 
 /* One buffer of mt_work: where its pointer lives, its elements and type. */
@@ -105,7 +116,7 @@ typedef struct mt_work_buf {
     int f32;      /* fp32 whatever the activation type */
 } mt_work_buf;
 
-#define MT_WORK_MAX_BUFS 32
+#define MT_WORK_MAX_BUFS 48
 
 /* Where a layer's attention inputs and output and its residual live for
  * micro-batch mb: kept from the forward for the backward (the backend
@@ -166,7 +177,7 @@ int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, in
 /* The template of a validated config's family. */
 const mt_template *mt_template_for(const mt_model_config *cfg);
 
-/* The template of Llama, Qwen2 and Mistral (src/model/llama.c). */
+/* The template of Llama, Qwen2, Mistral and Qwen3 (src/model/llama.c). */
 extern const mt_template mt_template_llama;
 
 /* Pointers to each tensor of a unit inside a block laid out like its tile,

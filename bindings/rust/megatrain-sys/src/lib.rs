@@ -70,6 +70,7 @@ c_enum!(mt_arch {
     MT_ARCH_LLAMA = 0,
     MT_ARCH_QWEN2 = 1,
     MT_ARCH_MISTRAL = 2,
+    MT_ARCH_QWEN3 = 3,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 

@@ -135,6 +135,7 @@ c_enum!(Arch {
     LLAMA = sys::MT_ARCH_LLAMA,
     QWEN2 = sys::MT_ARCH_QWEN2,
     MISTRAL = sys::MT_ARCH_MISTRAL,
+    QWEN3 = sys::MT_ARCH_QWEN3,
 });
 
 c_enum!(Precision {
