@@ -1,7 +1,7 @@
 /* Throughput of the GPU attention (cuda/kernels/attention.h).
  *
  *   cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] [--dtype bf16|fp32]
- *                  [--impl kernels|cudnn [--nondeterministic]]
+ *                  [--impl kernels|cudnn [--nondeterministic]] [--window W]
  *
  * LISTs are comma-separated. Defaults: S 1024,2048,4096,8192; D 64,128;
  * B*H = 128 with H = 32 query heads (B = 4) and Hkv = H (no grouping); 20
@@ -9,10 +9,12 @@
  * library's own kernels. --impl cudnn times cuDNN's fused attention instead
  * (cuda/kernels/cudnn_attention.h, bf16 only; a shape cuDNN refuses is
  * reported as such), with its deterministic backward unless
- * --nondeterministic.
+ * --nondeterministic. --window W: a sliding window of W keys (the kernels
+ * only, which take it as each query's first key, mt_window_starts).
  *
  * FLOPs counted (causal, the usual convention): forward 4*B*H*S*S*D/2
- * (Q K^T and P V over half the matrix), backward 2.5 times that (the five
+ * (Q K^T and P V over half the matrix; with a window, over the S*W - W*W/2
+ * query-key pairs it leaves), backward 2.5 times that (the five
  * products of the flash-attention-2 backward; this implementation does two
  * more, recomputing Q K^T and dO V^T in its separate dq pass, which the
  * count leaves out). Inputs are random (roughly normal, std 1), written on
@@ -29,6 +31,7 @@
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/cudnn_attention.h"
 #include "device/device.h"
+#include "model/template.h"
 
 #define MAX_LIST 16
 
@@ -85,6 +88,7 @@ typedef struct {
     float scale;
     void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *ws;
     float *lse;
+    int32_t *st;           /* with a window: each query's first key (device), else NULL */
     size_t wsb, fws, bws;  /* workspace: allocated; cuDNN's forward and backward needs */
     mt_cudnn_attn *cudnn; /* NULL: the library's kernels */
 } problem;
@@ -94,8 +98,8 @@ static int run_fwd(problem *p)
     if (p->cudnn)
         return mt_cudnn_attn_forward(p->cudnn, NULL, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
                                      p->scale, p->ws, p->fws, cudnn_why, sizeof cudnn_why);
-    return mt_cuattn_forward(NULL, p->dtype, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
-                             p->scale);
+    return mt_cuattn_forward_docs(NULL, p->dtype, p->out, p->lse, p->q, p->k, p->v, p->st, p->B, p->S, p->H, p->Hkv,
+                                  p->D, p->scale);
 }
 
 static int run_bwd(problem *p)
@@ -104,8 +108,8 @@ static int run_bwd(problem *p)
         return mt_cudnn_attn_backward(p->cudnn, NULL, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v,
                                       p->B, p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->bws, cudnn_why,
                                       sizeof cudnn_why);
-    return mt_cuattn_backward(NULL, p->dtype, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v, p->B,
-                              p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->wsb);
+    return mt_cuattn_backward_docs(NULL, p->dtype, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v,
+                                   p->st, p->B, p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->wsb);
 }
 
 /* median seconds per call */
@@ -128,7 +132,7 @@ static double time_it(int (*fn)(problem *), problem *p, int iters)
 int main(int argc, char **argv)
 {
     int Ss[MAX_LIST] = {1024, 2048, 4096, 8192}, nS = 4, Ds[MAX_LIST] = {64, 128}, nD = 2;
-    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0, nondet = 0;
+    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0, nondet = 0, window = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--S") && val) nS = parse_list(argv[++i], Ss);
@@ -140,15 +144,18 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--dtype") && val) dtype = !strcmp(argv[++i], "fp32");
         else if (!strcmp(a, "--impl") && val) use_cudnn = !strcmp(argv[++i], "cudnn");
         else if (!strcmp(a, "--nondeterministic")) nondet = 1;
+        else if (!strcmp(a, "--window") && val) window = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] "
-                            "[--dtype bf16|fp32] [--impl kernels|cudnn] [--nondeterministic]\n");
+                            "[--dtype bf16|fp32] [--impl kernels|cudnn] [--nondeterministic] [--window W]\n");
             return 2;
         }
     }
     if (Hkv < 0) Hkv = H;
-    if (nS <= 0 || nD <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || bh % H || iters <= 0) {
-        fprintf(stderr, "cuda_attention: bad arguments (B*H must be a multiple of H, H of Hkv)\n");
+    if (nS <= 0 || nD <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || bh % H || iters <= 0 || window < 0 ||
+        (window && use_cudnn)) {
+        fprintf(stderr, "cuda_attention: bad arguments (B*H must be a multiple of H, H of Hkv; --window is for the "
+                        "kernels)\n");
         return 2;
     }
     if (mt_device_count(why, sizeof why) <= 0) {
@@ -173,8 +180,10 @@ int main(int argc, char **argv)
         printf("cuDNN %zu, %s backward\n", mt_cudnn_attn_version(cudnn),
                mt_cudnn_attn_deterministic(cudnn) ? "deterministic" : "non-deterministic");
     }
-    printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls, %s\n", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
+    printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls, %s", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
            iters, cudnn ? "cuDNN" : "the library's kernels");
+    if (window) printf(", a sliding window of %d keys", window);
+    printf("\n");
     printf("%5s %6s | %9s %9s | %9s %9s | %s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "workspace GiB");
     for (int di = 0; di < nD; di++)
         for (int si = 0; si < nS; si++) {
@@ -199,6 +208,16 @@ int main(int argc, char **argv)
             void *lse;
             device_ok(mt_device_malloc(&lse, (size_t)p.B * p.H * p.S * 4, why, sizeof why), "malloc");
             p.lse = lse;
+            if (window) { /* each query's first key: the later of 0 and i - W + 1 */
+                int32_t *h = calloc((size_t)p.B * p.S, sizeof *h);
+                void *st;
+                if (!h) return 1;
+                mt_window_starts(h, h, p.B, p.S, window);
+                device_ok(mt_device_malloc(&st, (size_t)p.B * p.S * 4, why, sizeof why), "malloc");
+                device_ok(mt_device_copy_h2d(st, h, (size_t)p.B * p.S * 4, why, sizeof why), "copy");
+                free(h);
+                p.st = st;
+            }
             p.wsb = mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
             if (p.fws > p.wsb) p.wsb = p.fws;
             if (p.bws > p.wsb) p.wsb = p.bws;
@@ -206,10 +225,12 @@ int main(int argc, char **argv)
                 printf("%5d %6d | workspace of %.2f GiB does not fit: %s\n", p.D, p.S, (double)p.wsb / (1 << 30), why);
                 for (int i = 0; i < 8; i++) mt_device_free(*bufs[i]);
                 mt_device_free(p.lse);
+                mt_device_free(p.st);
                 continue;
             }
             check(run_fwd(&p), "forward"); /* real out and lse for the backward */
-            const double flop = 4.0 * bh * (double)p.S * p.S * p.D / 2;
+            const double W = window && window < p.S ? window : p.S;
+            const double flop = 4.0 * bh * (p.S * W - W * W / 2) * p.D;
             const double tf = time_it(run_fwd, &p, iters), tb = time_it(run_bwd, &p, iters);
             printf("%5d %6d | %9.3f %9.1f | %9.3f %9.1f | %.2f\n", p.D, p.S, tf * 1e3, flop / tf * 1e-12, tb * 1e3,
                    2.5 * flop / tb * 1e-12, (double)p.wsb / (1 << 30));
@@ -217,6 +238,7 @@ int main(int argc, char **argv)
             for (int i = 0; i < 8; i++) mt_device_free(*bufs[i]);
             mt_device_free(p.lse);
             mt_device_free(p.ws);
+            mt_device_free(p.st);
         }
     mt_cudnn_attn_destroy(cudnn);
     return 0;

@@ -169,6 +169,12 @@ typedef struct mt_model_config {
     uint64_t seed;                 /* weight initialisation */
     float initializer_range;       /* std of the normal init of matrices; norms start at 1, biases at 0 */
     uint32_t reserved0;            /* zero */
+    /* appended in 0.2: sliding-window attention */
+    uint32_t sliding_window;       /* 0: none; W: a sliding layer's query i sees keys i - W + 1 .. i only */
+    uint32_t sliding_window_pattern; /* 0: every layer from max_window_layers slides; P: of those, layer i
+                                        with (i + 1) % P == 0 attends fully (one in P, as Gemma's) */
+    uint32_t max_window_layers;    /* the layers below this attend fully (Qwen2's max_window_layers) */
+    uint32_t reserved1;            /* zero */
 } mt_model_config;
 
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,

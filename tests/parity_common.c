@@ -127,6 +127,19 @@ static mt_model_config load_config(const char *name, const char *model_dir, cons
     cr_assert_eq(c.tie_word_embeddings != 0, parity_jbool(jc, "tie_word_embeddings"), "%s: tie_word_embeddings",
                  name);
     cr_assert_eq(c.attention_bias != 0, parity_jbool(jc, "attention_bias"), "%s: attention_bias", name);
+    /* the sliding window and the layers it applies to, where the fixture has one (transformers' layer_types
+     * when its config has them, else every layer: Mistral) */
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(jc, "sliding_window");
+    const uint32_t want_w = cJSON_IsNumber(sw) ? (uint32_t)sw->valuedouble : 0;
+    cr_assert_eq(c.sliding_window, want_w, "%s: sliding_window %u, transformers %u", name, c.sliding_window, want_w);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(jc, "layer_types");
+    for (uint32_t l = 0; want_w && l < c.num_hidden_layers; l++) {
+        const cJSON *e = cJSON_IsArray(lt) ? cJSON_GetArrayItem(lt, (int)l) : NULL;
+        const int slides = e ? cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention") : 1;
+        cr_assert_eq(mt_config_layer_slides(&c, (int)l), slides, "%s: layer %u %s, transformers' %s", name, l,
+                     mt_config_layer_slides(&c, (int)l) ? "slides" : "attends fully",
+                     slides ? "slides" : "attends fully");
+    }
 
     const float theta = (float)parity_jnum(jc, "rope_theta");
     cr_expect_eq(c.rope_theta, theta,

@@ -174,6 +174,15 @@ static void absurd_layers(mt_model_config *c) { c->num_hidden_layers = 1u << 30;
 static void absurd_vocab(mt_model_config *c) { c->vocab_size = 0xffffffffu; }
 static void bad_llama3(mt_model_config *c) { c->rope_scaling = MT_ROPE_SCALING_LLAMA3; c->rope_high_freq_factor = 0.5f; }
 static void reserved_set(mt_model_config *c) { c->reserved0 = 1; }
+static void reserved1_set(mt_model_config *c) { c->reserved1 = 1; }
+static void llama_window(mt_model_config *c) { c->sliding_window = 16; }
+static void mistral_pattern(mt_model_config *c) { c->arch = MT_ARCH_MISTRAL, c->sliding_window = 16, c->sliding_window_pattern = 2; }
+static void pattern_one(mt_model_config *c) { c->arch = MT_ARCH_QWEN2, c->sliding_window = 16, c->sliding_window_pattern = 1; }
+static void window_layers_past(mt_model_config *c)
+{
+    c->arch = MT_ARCH_QWEN3, c->sliding_window = 16, c->max_window_layers = c->num_hidden_layers + 1;
+}
+static void pattern_without_window(mt_model_config *c) { c->arch = MT_ARCH_QWEN3, c->sliding_window_pattern = 2; }
 
 Test(api, bad_configurations_are_refused_with_a_message)
 {
@@ -193,6 +202,12 @@ Test(api, bad_configurations_are_refused_with_a_message)
         {"absurd vocab", absurd_vocab, "vocab_size"},
         {"llama3 factors", bad_llama3, "llama3"},
         {"reserved", reserved_set, "reserved0"},
+        {"reserved1", reserved1_set, "reserved1"},
+        {"Llama window", llama_window, "Llama has no sliding-window attention"},
+        {"Mistral pattern", mistral_pattern, "Mistral slides every layer"},
+        {"pattern 1", pattern_one, "sliding_window_pattern 1"},
+        {"window layers", window_layers_past, "max_window_layers"},
+        {"pattern, no window", pattern_without_window, "need a sliding_window"},
     };
     mt_offload_policy p = quiet_cpu_policy();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -22,6 +22,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "model/template.h"
 #include "rng.h"
 
 #define FD_H 1e-2
@@ -810,4 +811,80 @@ Test(cpu_ops, attention_documents_equal_separate_runs)
     cr_assert_eq(docs, 9);
     mt_pool_destroy(p);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(st), free(ws);
+}
+
+/* A sliding window (mt_window_starts: a query sees the last W keys of its
+ * document, itself included) gives each query the output, log-sum-exp and
+ * gradients of that query run alone on exactly those keys: the attention of
+ * the keys [s0, i] on its own, of which query i is the last row (it sees
+ * them all), with dout zero but in that row, so that its backward gives row
+ * i's dq and the part of dk, dv that query i sends to those keys; the parts
+ * summed over the queries are dk and dv. Sums over the same keys in another
+ * order: fp32 rounding (bound 1e-5 of the largest value, as above). With a
+ * document boundary inside some windows, and windows cut by the sequence's
+ * start. */
+Test(cpu_ops, attention_window_equals_each_query_on_its_keys)
+{
+    enum { B = 2, S = 90, H = 4, Hkv = 2, D = 16, W = 11 };
+    static const int starts[B][3] = {{0, 40, -1}, {0, 5, 61}};
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const size_t wq = (size_t)H * D, wk = (size_t)Hkv * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    seed(78);
+    float *q = rand_vec(nq, 2), *k = rand_vec(nkv, 2), *v = rand_vec(nkv, 1), *dout = rand_vec(nq, 1);
+    float *out = rand_vec(nq, 1), *lse = rand_vec(nl, 1), *dq = rand_vec(nq, 1), *dk = rand_vec(nkv, 1),
+          *dv = rand_vec(nkv, 1), *dk_sum = calloc(nkv, 4), *dv_sum = calloc(nkv, 4);
+    int32_t *doc = malloc((size_t)B * S * sizeof *doc), *st = malloc((size_t)B * S * sizeof *st);
+    cr_assert(doc && st && dk_sum && dv_sum);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; d < 3 && starts[b][d] >= 0; d++)
+            for (int i = starts[b][d]; i < S && (d == 2 || starts[b][d + 1] < 0 || i < starts[b][d + 1]); i++)
+                doc[b * S + i] = starts[b][d];
+    mt_window_starts(st, doc, B, S, W);
+    void *ws = ws_alloc(2, S);
+    mt_pool *p = mt_pool_create(2, NULL);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    const double big = fmax(max_abs(dq, nq), fmax(max_abs(dk, nkv), max_abs(dv, nkv)));
+    float *q1 = malloc(W * wq * 4), *k1 = malloc(W * wk * 4), *v1 = malloc(W * wk * 4), *do1 = malloc(W * wq * 4),
+          *o1 = malloc(W * wq * 4), *l1 = malloc((size_t)H * W * 4), *dq1 = malloc(W * wq * 4),
+          *dk1 = malloc(W * wk * 4), *dv1 = malloc(W * wk * 4);
+    cr_assert(q1 && k1 && v1 && do1 && o1 && l1 && dq1 && dk1 && dv1);
+    int cut = 0; /* windows shorter than W */
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < S; i++) {
+            const int s0 = st[b * S + i], n = i - s0 + 1;
+            cr_assert(n >= 1 && n <= W && s0 >= doc[b * S + i], "the window of %d", i);
+            cut += n < W;
+            const size_t r0 = (size_t)b * S + s0;
+            copy_rows(q1, q + r0 * wq, n, (int)wq, wq);
+            copy_rows(k1, k + r0 * wk, n, (int)wk, wk);
+            copy_rows(v1, v + r0 * wk, n, (int)wk, wk);
+            memset(do1, 0, (size_t)n * wq * 4);
+            copy_rows(do1 + (size_t)(n - 1) * wq, dout + (r0 + n - 1) * wq, 1, (int)wq, wq);
+            mt_cpu_attention(p, ws, o1, l1, q1, k1, v1, 1, n, H, Hkv, D, scale);
+            mt_cpu_attention_bwd(p, ws, dq1, dk1, dv1, do1, o1, l1, q1, k1, v1, 1, n, H, Hkv, D, scale);
+            const size_t ri = (size_t)b * S + i;
+            for (size_t e = 0; e < wq; e++) {
+                cr_assert(fabs(out[ri * wq + e] - o1[(size_t)(n - 1) * wq + e]) <= 1e-5, "out of %d:%d", b, i);
+                cr_assert(fabs(dq[ri * wq + e] - dq1[(size_t)(n - 1) * wq + e]) <= 1e-5 * big, "dq of %d:%d", b, i);
+            }
+            for (int h = 0; h < H; h++)
+                cr_assert(fabs(lse[((size_t)b * H + h) * S + i] - l1[(size_t)h * n + n - 1]) <= 1e-5, "lse %d:%d", b, i);
+            for (int r = 0; r < n; r++)
+                for (size_t e = 0; e < wk; e++) {
+                    dk_sum[(r0 + r) * wk + e] += dk1[(size_t)r * wk + e];
+                    dv_sum[(r0 + r) * wk + e] += dv1[(size_t)r * wk + e];
+                }
+        }
+    for (size_t e = 0; e < nkv; e++) {
+        cr_assert(fabs(dk[e] - dk_sum[e]) <= 1e-5 * big, "dk[%zu] %g, the queries' parts %g", e, dk[e], dk_sum[e]);
+        cr_assert(fabs(dv[e] - dv_sum[e]) <= 1e-5 * big, "dv[%zu] %g, the queries' parts %g", e, dv[e], dv_sum[e]);
+    }
+    /* cut: the first W - 1 queries of each of the four documents of 40 or more, all 5 of the other */
+    cr_assert_eq(cut, 4 * (W - 1) + 5, "windows cut by a sequence's or a document's start");
+    mt_pool_destroy(p);
+    free(q1), free(k1), free(v1), free(do1), free(o1), free(l1), free(dq1), free(dk1), free(dv1);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(dk_sum), free(dv_sum);
+    free(st), free(doc), free(ws);
 }

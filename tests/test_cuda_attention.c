@@ -40,6 +40,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "model/template.h"
 #include "gpu.h"
 
 #ifdef MT_HAVE_CUDA
@@ -172,6 +173,10 @@ typedef struct {
 /* Forward and backward of one shape in one dtype against the CPU; with
  * docs, documents packed into each sequence (lengths 1, 37, 70, 5, 90, ...
  * in turn, the last cut by the end). */
+/* docs: 0 one document a sequence, 1 documents packed (lengths lens[]), WINDOWED those documents under a
+ * sliding window of 37 keys (mt_window_starts), which the kernels take as they take document starts */
+enum { WINDOWED = 2, WINDOW = 37 };
+
 static void check(shape sh, int dtype, uint64_t s, int docs)
 {
     need_gpu();
@@ -195,6 +200,7 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
             if (i && left == 0) first = i, d = (d + 1) % 6, left = lens[d];
             st[(size_t)b * S + i] = first;
         }
+    if (docs == WINDOWED) mt_window_starts(st, st, B, S, WINDOW); /* in place: each entry reads only itself */
     mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
     float *out_in = malloc(nq * 4); /* the forward output both backwards get */
     cr_assert(out_in);
@@ -286,6 +292,10 @@ Test(cuda_attention, bf16_docs_s260_d128) { check(DOCS_128, MT_CUATTN_BF16, 22, 
 Test(cuda_attention, bf16_docs_s190_d96) { check(DOCS_96, MT_CUATTN_BF16, 23, 1); }
 Test(cuda_attention, fp32_docs_s300_d64) { check(DOCS_LONG, MT_CUATTN_FP32, 24, 1); }
 Test(cuda_attention, fp32_docs_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 25, 1); }
+/* sliding windows over the same documents: starts that move on every query */
+Test(cuda_attention, bf16_window_s300_d64) { check(DOCS_LONG, MT_CUATTN_BF16, 26, WINDOWED); }
+Test(cuda_attention, bf16_window_s260_d128) { check(DOCS_128, MT_CUATTN_BF16, 27, WINDOWED); }
+Test(cuda_attention, fp32_window_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 28, WINDOWED); }
 
 /* Two forwards and two backwards on the same inputs give the same bits. */
 Test(cuda_attention, deterministic)

@@ -14,15 +14,19 @@
 
 enum { V = 211 };
 
-/* family: 0 Llama, 1 Qwen2 (q/k/v biases), QWEN3 (norms of q and k) */
-enum { QWEN3 = 2 };
+/* family: 0 Llama, 1 Qwen2 (q/k/v biases), QWEN3 (norms of q and k), MISTRAL_WINDOW (every layer
+ * slides over 24 keys), QWEN2_WINDOW (biases; the second layer slides over 32) */
+enum { QWEN3 = 2, MISTRAL_WINDOW = 3, QWEN2_WINDOW = 4 };
 
 static mt_model_config cfg_of(int precision, int family, int tied, int head_dim)
 {
     mt_model_config c;
     mt_model_config_init(&c);
-    const int bias = family == 1;
-    c.arch = bias ? MT_ARCH_QWEN2 : family == QWEN3 ? MT_ARCH_QWEN3 : MT_ARCH_LLAMA;
+    const int bias = family == 1 || family == QWEN2_WINDOW;
+    c.arch = bias ? MT_ARCH_QWEN2 : family == QWEN3 ? MT_ARCH_QWEN3 : family == MISTRAL_WINDOW ? MT_ARCH_MISTRAL
+                                                                                               : MT_ARCH_LLAMA;
+    c.sliding_window = family == MISTRAL_WINDOW ? 24 : family == QWEN2_WINDOW ? 32 : 0;
+    c.max_window_layers = family == QWEN2_WINDOW;
     c.vocab_size = V;
     /* 4 heads (2 kv heads), or 2 (1) at head_dim 256: widths of at most 512,
      * where this initialisation (0.1) keeps the model unsaturated. At 1024
@@ -204,6 +208,13 @@ Test(cuda_backend, qwen3_step_matches_cpu_fp32) { step_matches_cpu(MT_PRECISION_
 Test(cuda_backend, qwen3_step_matches_cpu_bf16_cudnn)
 {
     step_matches_cpu_with(MT_PRECISION_BF16, QWEN3, 1, 128, 128, MT_ATTENTION_CUDNN, 0);
+}
+/* Sliding windows: the kernels take the window's first keys; cuDNN runs the layer that attends fully */
+Test(cuda_backend, window_step_matches_cpu_fp32) { step_matches_cpu(MT_PRECISION_FP32, MISTRAL_WINDOW, 0, 64); }
+Test(cuda_backend, window_step_matches_cpu_bf16) { step_matches_cpu(MT_PRECISION_BF16, MISTRAL_WINDOW, 0, 64); }
+Test(cuda_backend, window_step_matches_cpu_bf16_cudnn_full_layer)
+{
+    step_matches_cpu_with(MT_PRECISION_BF16, QWEN2_WINDOW, 1, 128, 128, MT_ATTENTION_AUTO, 0);
 }
 Test(cuda_backend, step_matches_cpu_bf16) { step_matches_cpu(MT_PRECISION_BF16, 0, 0, 64); }
 Test(cuda_backend, step_matches_cpu_bf16_bias_tied_d128) { step_matches_cpu(MT_PRECISION_BF16, 1, 1, 128); }

@@ -128,6 +128,10 @@ Test(cuda_parity, llama_packed_fp32) { on_cuda("llama_packed", MT_PRECISION_FP32
 Test(cuda_parity, llama_packed_bf16) { on_cuda("llama_packed", MT_PRECISION_BF16); }
 Test(cuda_parity, qwen3_gqa_fp32) { on_cuda("qwen3_gqa", MT_PRECISION_FP32); }
 Test(cuda_parity, qwen3_gqa_bf16) { on_cuda("qwen3_gqa", MT_PRECISION_BF16); }
+Test(cuda_parity, mistral_window_fp32) { on_cuda("mistral_window", MT_PRECISION_FP32); }
+Test(cuda_parity, mistral_window_bf16) { on_cuda("mistral_window", MT_PRECISION_BF16); }
+Test(cuda_parity, qwen2_window_fp32) { on_cuda("qwen2_window", MT_PRECISION_FP32); }
+Test(cuda_parity, qwen2_window_bf16) { on_cuda("qwen2_window", MT_PRECISION_BF16); }
 
 TestSuite(parity_bf16_cpu);
 
@@ -138,3 +142,5 @@ Test(parity_bf16_cpu, qwen2_tied_d32) { on_cpu_bf16("qwen2_tied_d32"); }
 Test(parity_bf16_cpu, llama_gqa_d64) { on_cpu_bf16("llama_gqa_d64"); }
 Test(parity_bf16_cpu, llama_packed) { on_cpu_bf16("llama_packed"); }
 Test(parity_bf16_cpu, qwen3_gqa) { on_cpu_bf16("qwen3_gqa"); }
+Test(parity_bf16_cpu, mistral_window) { on_cpu_bf16("mistral_window"); }
+Test(parity_bf16_cpu, qwen2_window) { on_cpu_bf16("qwen2_window"); }

@@ -283,12 +283,21 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     cr_assert_eq(a->precision, b->precision);
     cr_assert_eq(a->seed, b->seed);
     cr_assert_eq(a->initializer_range, b->initializer_range);
+    cr_assert_eq(a->sliding_window, b->sliding_window);
+    cr_assert_eq(a->sliding_window_pattern, b->sliding_window_pattern);
+    cr_assert_eq(a->max_window_layers, b->max_window_layers);
 }
 
 Test(hf, config_round_trip)
 {
-    mt_model_config cases[4] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
-                                llama_gqa(MT_PRECISION_BF16), qwen3(MT_PRECISION_FP32)};
+    mt_model_config cases[7] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
+                                llama_gqa(MT_PRECISION_BF16), qwen3(MT_PRECISION_FP32),
+                                llama_gqa(MT_PRECISION_BF16), qwen_tied(MT_PRECISION_BF16),
+                                qwen3(MT_PRECISION_BF16)};
+    /* sliding windows: Mistral's every layer, Qwen2's from a layer on, one in 2 full */
+    cases[4].arch = MT_ARCH_MISTRAL, cases[4].sliding_window = 48;
+    cases[5].sliding_window = 32, cases[5].max_window_layers = 1;
+    cases[6].sliding_window = 16, cases[6].sliding_window_pattern = 2;
     cases[2].rope_scaling = MT_ROPE_SCALING_LLAMA3;
     cases[2].rope_factor = 32.0f;
     cases[2].rope_low_freq_factor = 1.0f;
@@ -297,7 +306,7 @@ Test(hf, config_round_trip)
     cases[2].rope_theta = 500000.0f;
     cases[2].arch = MT_ARCH_MISTRAL;
     cases[2].head_dim = 16; /* != hidden / heads */
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 7; k++) {
         mt_model *m = make(&cases[k]);
         char dir[512], name[32];
         snprintf(name, sizeof name, "cfg%d", k);
@@ -341,6 +350,16 @@ Test(hf, config_load_keeps_callers_training_fields)
     cr_assert_eq(c.struct_size, sizeof c);
 }
 
+/* config.json of text in dir, loaded into a fresh default config (which must succeed) */
+static mt_model_config load_text(const char *dir, const char *json)
+{
+    write_text(dir, "config.json", json);
+    mt_model_config c;
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    return c;
+}
+
 Test(hf, config_load_real_world_shapes)
 {
     char dir[512];
@@ -368,18 +387,16 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.rms_norm_eps, 1e-6f);
 
     /* Llama 3.2 1B's config.json, llama3 rope scaling */
-    write_text(dir, "config.json",
-               "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
-               "\"bos_token_id\":128000,\"eos_token_id\":128001,\"head_dim\":64,\"hidden_act\":\"silu\","
-               "\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":8192,"
-               "\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
-               "\"num_attention_heads\":32,\"num_hidden_layers\":16,\"num_key_value_heads\":8,"
-               "\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,"
-               "\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,"
-               "\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"tie_word_embeddings\":true,"
-               "\"torch_dtype\":\"bfloat16\",\"use_cache\":true,\"vocab_size\":128256}");
-    mt_model_config_init(&c);
-    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    c = load_text(dir,
+                  "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"bos_token_id\":128000,\"eos_token_id\":128001,\"head_dim\":64,\"hidden_act\":\"silu\","
+                  "\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":8192,"
+                  "\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
+                  "\"num_attention_heads\":32,\"num_hidden_layers\":16,\"num_key_value_heads\":8,"
+                  "\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,"
+                  "\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,"
+                  "\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"tie_word_embeddings\":true,"
+                  "\"torch_dtype\":\"bfloat16\",\"use_cache\":true,\"vocab_size\":128256}");
     cr_assert_eq(c.arch, MT_ARCH_LLAMA);
     cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_LLAMA3);
     cr_assert_eq(c.rope_factor, 32.0f);
@@ -388,39 +405,33 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.num_key_value_heads, 8);
 
     /* transformers 5 writes rope_parameters instead of rope_theta and rope_scaling */
-    write_text(dir, "config.json",
-               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
-               "\"max_position_embeddings\":64,\"num_attention_heads\":4,\"num_hidden_layers\":2,"
-               "\"num_key_value_heads\":2,\"rope_parameters\":{\"factor\":8.0,\"high_freq_factor\":4.0,"
-               "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":16,\"rope_theta\":500000.0,"
-               "\"rope_type\":\"llama3\"},\"vocab_size\":96}");
-    mt_model_config_init(&c);
-    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    c = load_text(dir,
+                  "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+                  "\"max_position_embeddings\":64,\"num_attention_heads\":4,\"num_hidden_layers\":2,"
+                  "\"num_key_value_heads\":2,\"rope_parameters\":{\"factor\":8.0,\"high_freq_factor\":4.0,"
+                  "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":16,\"rope_theta\":500000.0,"
+                  "\"rope_type\":\"llama3\"},\"vocab_size\":96}");
     cr_assert_eq(c.rope_theta, 500000.0f, "rope_theta from rope_parameters");
     cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_LLAMA3);
     cr_assert_eq(c.rope_factor, 8.0f);
     cr_assert_eq(c.rope_original_max_position, 16);
-    write_text(dir, "config.json",
-               "{\"model_type\":\"qwen2\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
-               "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"max_position_embeddings\":128,"
-               "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}");
-    mt_model_config_init(&c);
-    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    c = load_text(dir,
+                  "{\"model_type\":\"qwen2\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
+                  "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"max_position_embeddings\":128,"
+                  "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}");
     cr_assert_eq(c.rope_theta, 1e6f);
     cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_NONE);
 
     /* Qwen3-8B's config.json: q/k norms, explicit head_dim, no biases */
-    write_text(dir, "config.json",
-               "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
-               "\"bos_token_id\":151643,\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\","
-               "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":12288,"
-               "\"max_position_embeddings\":40960,\"max_window_layers\":36,\"model_type\":\"qwen3\","
-               "\"num_attention_heads\":32,\"num_hidden_layers\":36,\"num_key_value_heads\":8,"
-               "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"
-               "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
-               "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}");
-    mt_model_config_init(&c);
-    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    c = load_text(dir,
+                  "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"bos_token_id\":151643,\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\","
+                  "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":12288,"
+                  "\"max_position_embeddings\":40960,\"max_window_layers\":36,\"model_type\":\"qwen3\","
+                  "\"num_attention_heads\":32,\"num_hidden_layers\":36,\"num_key_value_heads\":8,"
+                  "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"
+                  "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
+                  "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}");
     cr_assert_eq(c.arch, MT_ARCH_QWEN3);
     cr_assert_eq(c.attention_bias, 0);
     cr_assert_eq(c.head_dim, 128);
@@ -429,13 +440,64 @@ Test(hf, config_load_real_world_shapes)
     /* 8.19 B parameters, as Qwen3-8B's model card says: the norms of q and k are 2 x 128 a layer */
     cr_assert_eq(mt_layout_count_params(&c), 8190735360ull);
 
+    /* Mistral-7B-v0.1's config.json: every layer slides over 4096 tokens */
+    c = load_text(dir,
+                  "{\"architectures\":[\"MistralForCausalLM\"],\"bos_token_id\":1,\"eos_token_id\":2,"
+                  "\"hidden_act\":\"silu\",\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":14336,"
+                  "\"max_position_embeddings\":32768,\"model_type\":\"mistral\",\"num_attention_heads\":32,"
+                  "\"num_hidden_layers\":32,\"num_key_value_heads\":8,\"rms_norm_eps\":1e-05,\"rope_theta\":10000.0,"
+                  "\"sliding_window\":4096,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
+                  "\"transformers_version\":\"4.34.0.dev0\",\"use_cache\":true,\"vocab_size\":32000}");
+    cr_assert_eq(c.arch, MT_ARCH_MISTRAL);
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert_eq(c.max_window_layers, 0);
+    cr_assert_eq(c.sliding_window_pattern, 0);
+    for (int l = 0; l < 32; l++) cr_assert(mt_config_layer_slides(&c, l), "layer %d slides", l);
+    cr_assert_eq(mt_config_layer_window(&c, 5, 4096), 0, "a window as long as the sequence masks nothing");
+    cr_assert_eq(mt_config_layer_window(&c, 5, 4097), 4096);
+
+    /* Qwen2 with use_sliding_window: the layers from max_window_layers on slide */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                  "\"intermediate_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                  "\"max_position_embeddings\":128,\"use_sliding_window\":true,\"sliding_window\":16,"
+                  "\"max_window_layers\":3}");
+    cr_assert_eq(c.sliding_window, 16);
+    cr_assert_eq(c.max_window_layers, 3);
+    cr_assert(!mt_config_layer_slides(&c, 2) && mt_config_layer_slides(&c, 3));
+    /* ... and without max_window_layers transformers' default, 28: none of 4 layers slides */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                  "\"intermediate_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                  "\"max_position_embeddings\":128,\"use_sliding_window\":true,\"sliding_window\":16}");
+    cr_assert_eq(c.sliding_window, 0);
+    /* layer_types decide: sliding and full in turn (one in 2 full, as Gemma 2) */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                  "\"intermediate_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                  "\"max_position_embeddings\":128,\"use_sliding_window\":true,\"sliding_window\":16,"
+                  "\"max_window_layers\":28,\"layer_types\":[\"sliding_attention\",\"full_attention\","
+                  "\"sliding_attention\",\"full_attention\"]}");
+    cr_assert_eq(c.sliding_window, 16);
+    cr_assert_eq(c.sliding_window_pattern, 2);
+    cr_assert_eq(c.max_window_layers, 0);
+    for (int l = 0; l < 4; l++) cr_assert_eq(mt_config_layer_slides(&c, l), l % 2 == 0, "layer %d", l);
+    /* a caller built against 0.1's header (96 bytes) cannot hold the window: refused, not dropped */
+    union {
+        mt_model_config c;
+        unsigned char bytes[sizeof(mt_model_config)];
+    } old;
+    mt_model_config_init_sized(&old.c, 96);
+    const mt_model_config before = old.c;
+    cr_assert_eq(mt_config_load(&old.c, dir), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "the sliding window"), "%s", mt_last_errmsg());
+    cr_assert_eq(memcmp(&old.c, &before, sizeof before), 0);
+
     /* model_type alone is enough */
-    write_text(dir, "config.json",
-               "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
-               "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":1,"
-               "\"max_position_embeddings\":128,\"sliding_window\":null}");
-    mt_model_config_init(&c);
-    cr_assert_eq(mt_config_load(&c, dir), MT_OK, "%s", mt_last_errmsg());
+    c = load_text(dir,
+                  "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
+                  "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":1,"
+                  "\"max_position_embeddings\":128,\"sliding_window\":null}");
     cr_assert_eq(c.arch, MT_ARCH_MISTRAL);
 }
 
@@ -475,17 +537,25 @@ Test(hf, config_refusals)
                           MT_ERR_UNSUPPORTED, "gelu");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"mlp_bias\":true}",
                           MT_ERR_UNSUPPORTED, "mlp_bias");
-    expect_config_refusal("{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE_FIELDS
-                          ",\"sliding_window\":64,\"use_sliding_window\":true}",
-                          MT_ERR_UNSUPPORTED, "use_sliding_window");
-    expect_config_refusal("{\"architectures\":[\"MistralForCausalLM\"]," BASE_FIELDS ",\"sliding_window\":64}",
-                          MT_ERR_UNSUPPORTED, "sliding_window");
-    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
-                          ",\"sliding_window\":64,\"use_sliding_window\":true}",
-                          MT_ERR_UNSUPPORTED, "use_sliding_window");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"sliding_window\":64}",
+                          MT_ERR_UNSUPPORTED, "sliding_window 64");
+    expect_config_refusal("{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE_FIELDS ",\"use_sliding_window\":true}",
+                          MT_ERR_FORMAT, "sliding_window is not set");
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
                           ",\"layer_types\":[\"full_attention\",\"linear_attention\"]}",
                           MT_ERR_UNSUPPORTED, "layer_types[1] is linear_attention");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"layer_types\":[\"full_attention\",\"sliding_attention\"]}",
+                          MT_ERR_FORMAT, "layer_types[1] is sliding_attention but the model has no sliding_window");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"layer_types\":[\"full_attention\"]}",
+                          MT_ERR_FORMAT, "1 entries for 2 layers");
+    expect_config_refusal("{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                          "\"intermediate_size\":64,\"num_hidden_layers\":5,\"num_attention_heads\":4,"
+                          "\"max_position_embeddings\":128,\"use_sliding_window\":true,\"sliding_window\":8,"
+                          "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+                          "\"sliding_attention\",\"full_attention\"]}",
+                          MT_ERR_UNSUPPORTED, "layer 3 slides, which does not follow the pattern");
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS ",\"layer_types\":\"full\"}",
                           MT_ERR_FORMAT, "layer_types");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,

@@ -59,7 +59,7 @@ static const parity_tol TOL = {
 };
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
-                                       "llama_packed", "qwen3_gqa"};
+                                       "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -77,6 +77,9 @@ Test(parity, llama_gqa_d64) { run_fixture("llama_gqa_d64"); }
 Test(parity, llama_packed) { run_fixture("llama_packed"); }
 /* Qwen3: norms of each head of q and k */
 Test(parity, qwen3_gqa) { run_fixture("qwen3_gqa"); }
+/* sliding windows: Mistral's on every layer, Qwen2's from max_window_layers on */
+Test(parity, mistral_window) { run_fixture("mistral_window"); }
+Test(parity, qwen2_window) { run_fixture("qwen2_window"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)

@@ -226,6 +226,13 @@ type ModelConfig struct {
 	Precision               Precision
 	Seed                    uint64
 	InitializerRange        float32
+	// SlidingWindow 0: none; W: a sliding layer's query i sees keys i-W+1..i only.
+	SlidingWindow uint32
+	// SlidingWindowPattern 0: every layer from MaxWindowLayers slides; P: of
+	// those, layer i with (i+1)%P == 0 attends fully.
+	SlidingWindowPattern uint32
+	// MaxWindowLayers: the layers below this attend fully.
+	MaxWindowLayers uint32
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -259,6 +266,9 @@ func (g *ModelConfig) toC() C.mt_model_config {
 	c.precision = C.uint32_t(g.Precision)
 	c.seed = C.uint64_t(g.Seed)
 	c.initializer_range = C.float(g.InitializerRange)
+	c.sliding_window = C.uint32_t(g.SlidingWindow)
+	c.sliding_window_pattern = C.uint32_t(g.SlidingWindowPattern)
+	c.max_window_layers = C.uint32_t(g.MaxWindowLayers)
 	return c
 }
 
@@ -285,6 +295,9 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 		Precision:               Precision(c.precision),
 		Seed:                    uint64(c.seed),
 		InitializerRange:        float32(c.initializer_range),
+		SlidingWindow:           uint32(c.sliding_window),
+		SlidingWindowPattern:    uint32(c.sliding_window_pattern),
+		MaxWindowLayers:         uint32(c.max_window_layers),
 	}
 }
 

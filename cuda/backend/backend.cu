@@ -114,6 +114,7 @@ struct cu_be {
     int32_t *tokens, *targets; // (n_micro, T)
     int32_t *pos;   // (n_micro, T) each token's position in its document
     int32_t *doc_start; // (n_micro, T) each token's first key (mt_doc_layout)
+    int32_t *win_start; // (n_micro, T) with a sliding window: each token's first key there (mt_window_starts)
     int *docs;      // (n_micro) on the host: the micro-batch packs documents
     int mb;         // the micro-batch the kernels run on
     float *inv_freq;// (D/2)
@@ -333,10 +334,12 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
 
 static int attn_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32; }
 
-// The current micro-batch's document starts, or NULL when it has one document a sequence.
-static const int32_t *docs_of(const cu_be *b)
+// The first key of each query of the current micro-batch: its window's in a sliding layer, its
+// document's where it packs documents, else NULL (the sequence's first).
+static const int32_t *key_starts(const cu_be *b, int window)
 {
-    return b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL;
+    const size_t off = (size_t)b->mb * b->d.T;
+    return window ? b->win_start + off : b->docs[b->mb] ? b->doc_start + off : NULL;
 }
 
 // A cuDNN call that failed: the kernels serve this call; an execution
@@ -351,10 +354,10 @@ static void cudnn_failed(cu_be *b, int bwd, int rc, const char *why)
 }
 
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                        int seq_len, int H, int Hkv, int D, float scale)
+                        int seq_len, int H, int Hkv, int D, float scale, int window)
 {
     cu_be *b = B(kc);
-    const int32_t *docs = docs_of(b);
+    const int32_t *docs = key_starts(b, window);
     if (b->cudnn_fwd && !docs) {
         char why[256];
         const int rc = mt_cudnn_attn_forward(b->cudnn, b->comp, out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale,
@@ -369,10 +372,10 @@ static void k_attention(void *kc, void *out, float *lse, const void *q, const vo
 
 static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
-                            int H, int Hkv, int D, float scale)
+                            int H, int Hkv, int D, float scale, int window)
 {
     cu_be *b = B(kc);
-    const int32_t *docs = docs_of(b);
+    const int32_t *docs = key_starts(b, window);
     if (b->cudnn_bwd && !docs) {
         char why[256];
         const int rc = mt_cudnn_attn_backward(b->cudnn, b->comp, dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len,
@@ -521,7 +524,7 @@ static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
     const int l = unit - 1;
     const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
     mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h,
-                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv};
+                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv, mt_config_layer_window(b->req.cfg, l, b->d.seq_len)};
     if (a.att_kept) {
         a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
         a.lse = b->lse_keep + i * T * b->d.H;
@@ -607,6 +610,7 @@ static void layout_buffers(cu_be *b, carver *c)
     b->targets = (int32_t *)carve(c, M * T * 4);
     b->pos = (int32_t *)carve(c, M * T * 4);
     b->doc_start = (int32_t *)carve(c, M * T * 4);
+    b->win_start = d->window ? (int32_t *)carve(c, M * T * 4) : NULL;
     b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
     // the template's working buffers
     mt_work_buf wb[MT_WORK_MAX_BUFS];
@@ -701,10 +705,14 @@ static void attn_candidates(cu_be *b, int *cf, int *cb, char *no, size_t len)
 // host: all above the two rotating rows, none of checkpoint 0.
 static int rc_max(int L, int h) { return h ? MT_MAX(0, (L - h - 1) / 2) : L / 2; }
 
+// The arrays of each micro-batch's staging: tokens, targets, positions, document starts and,
+// with a sliding window, its starts.
+static int staged_arrays(const cu_be *b) { return b->d.window ? 5 : 4; }
+
 // The pinned bytes of h host checkpoints and of the tokens' staging.
 static uint64_t pinned_of(const cu_be *b, int h)
 {
-    return (uint64_t)b->shape.n_micro * b->d.T * 4 * sizeof(int32_t) + (uint64_t)h * ck_row_bytes(b);
+    return (uint64_t)b->shape.n_micro * b->d.T * staged_arrays(b) * sizeof(int32_t) + (uint64_t)h * ck_row_bytes(b);
 }
 
 // What b->req needs, with free_b bytes free on the device: decides where the
@@ -901,9 +909,10 @@ static void attn_describe(const cu_be *b, char *out, size_t len)
     const int det = !(b->req.pol->attention_flags & MT_ATTENTION_NONDETERMINISTIC);
     const size_t v = b->cudnn_version;
     if (b->cudnn_fwd || b->cudnn_bwd)
-        snprintf(out, len, "attention: cuDNN %zu.%zu %s%s%s (the kernels for batches that pack documents)",
+        snprintf(out, len, "attention: cuDNN %zu.%zu %s%s%s (the kernels for batches that pack documents%s)",
                  v / 10000, v / 100 % 100, b->cudnn_fwd ? "forward" : "", b->cudnn_fwd && b->cudnn_bwd ? " and " : "",
-                 b->cudnn_bwd ? (det ? "deterministic backward" : "non-deterministic backward") : "");
+                 b->cudnn_bwd ? (det ? "deterministic backward" : "non-deterministic backward") : "",
+                 b->d.window ? " and for the sliding-window layers" : "");
     else
         snprintf(out, len, "attention: the library's kernels");
 }
@@ -963,7 +972,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     layout_buffers(b, &c);
     b->shape = *s;
     b->docs = (int *)calloc((size_t)s->n_micro, sizeof *b->docs);
-    if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * 4 * sizeof(int32_t),
+    if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * staged_arrays(b) * sizeof(int32_t),
                                   cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
@@ -1026,7 +1035,7 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
     const size_t n = (size_t)b->d.T, M = (size_t)b->shape.n_micro;
     // the staging buffer (tokens, targets, positions, document starts of every micro-batch) is
     // free: every step, evaluation and logits call ends in sync()
-    int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = ht + M * n, *hp = hg + M * n, *hs = hp + M * n;
+    int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = ht + M * n, *hp = hg + M * n, *hs = hp + M * n, *hw = hs + M * n;
     memcpy(ht, tokens, n * 4);
     CU(b, cudaMemcpyAsync(b->tokens + (size_t)mb * n, ht, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (targets) {
@@ -1036,6 +1045,10 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
     b->docs[mb] = mt_doc_layout(hp, hs, positions, b->d.n_seq, b->d.seq_len);
     CU(b, cudaMemcpyAsync(b->pos + (size_t)mb * n, hp, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (b->docs[mb]) CU(b, cudaMemcpyAsync(b->doc_start + (size_t)mb * n, hs, n * 4, cudaMemcpyHostToDevice, b->comp));
+    if (b->d.window) {
+        mt_window_starts(hw, hs, b->d.n_seq, b->d.seq_len, b->d.window);
+        CU(b, cudaMemcpyAsync(b->win_start + (size_t)mb * n, hw, n * 4, cudaMemcpyHostToDevice, b->comp));
+    }
 }
 
 // ---- weights ---------------------------------------------------------------------------------

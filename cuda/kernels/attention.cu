@@ -233,6 +233,22 @@ __device__ __forceinline__ void mma_pv_m(float (&acc)[MT][D / 8][4], const float
     }
 }
 
+// With documents (or a sliding window): the end of the queries that see any key before kend. Query i
+// sees the keys [st[i], i] and st is nondecreasing, so they are the queries before the first i with
+// st[i] >= kend; S without documents. A key block's dK and dV stop there: later query blocks would
+// only add zeros.
+__device__ __forceinline__ int queries_seeing(const int32_t *st, int S, int kend)
+{
+    if (!st) return S;
+    int lo = 0, hi = S;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (st[mid] >= kend) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 template <int D, bool PAD, bool DOCS>
 __global__ void __launch_bounds__(FWD_THREADS, 2)
     fwd_bf16_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
@@ -510,7 +526,9 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int b = blockIdx.x / Hkv, g = blockIdx.x % Hkv, rep = H / Hkv;
     const int n0 = blockIdx.y * BN; // block y = 0: the keys with the most queries, first
-    const int mstart = n0 / BM, nmb = (S + BM - 1) / BM, per_head = nmb - mstart, total = rep * per_head;
+    const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr; // (a template flag, as in the forward)
+    const int mstart = n0 / BM, nmb = (queries_seeing(st, S, n0 + BN) + BM - 1) / BM;
+    const int per_head = nmb - mstart, total = rep * per_head;
     const size_t ldq = (size_t)H * dh, ldkv = (size_t)Hkv * dh;
     const bf16 *kg = k + ((size_t)b * S * Hkv + g) * dh;
     const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
@@ -531,7 +549,6 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         return qi < S ? Di[idx] : 0.f;
     };
     static_assert(BWD_THREADS == 2 * BM, "one thread per lse and per D_i value");
-    const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr; // (a template flag, as in the forward)
     // threads 0..BM-1 also fetch the first key of iteration it's query rows
     auto fetch_start = [&](int it) -> int {
         const int qi = (mstart + it % per_head) * BM + (tid & (BM - 1));
@@ -884,9 +901,10 @@ __global__ void __launch_bounds__(F_THREADS)
 #pragma unroll
     for (int u = 0; u < D / 16; ++u) dka[u] = dva[u] = 0.f;
 
+    const int qend = queries_seeing(st, S, k0 + F_R);
     for (int h = g * rep; h < (g + 1) * rep; ++h) {
         const size_t qoff = ((size_t)b * S * H + h) * dh;
-        for (int q0 = k0 / F_C * F_C; q0 < S; q0 += F_C) {
+        for (int q0 = k0 / F_C * F_C; q0 < qend; q0 += F_C) {
             __syncthreads();
             f_load<D>(sQ, LDP, q + qoff, ldq, q0, F_C, S, dh, tid);
             f_load<D>(sO, LDP, dout + qoff, ldq, q0, F_C, S, dh, tid);

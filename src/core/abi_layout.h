@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 96, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, reserved0) + sizeof(((mt_model_config *)0)->reserved0) == 96, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 112, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, reserved1) + sizeof(((mt_model_config *)0)->reserved1) == 112, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -34,6 +34,10 @@ _Static_assert(offsetof(mt_model_config, precision) == 76, "mt_model_config.prec
 _Static_assert(offsetof(mt_model_config, seed) == 80, "mt_model_config.seed: offset");
 _Static_assert(offsetof(mt_model_config, initializer_range) == 88, "mt_model_config.initializer_range: offset");
 _Static_assert(offsetof(mt_model_config, reserved0) == 92, "mt_model_config.reserved0: offset");
+_Static_assert(offsetof(mt_model_config, sliding_window) == 96, "mt_model_config.sliding_window: offset");
+_Static_assert(offsetof(mt_model_config, sliding_window_pattern) == 100, "mt_model_config.sliding_window_pattern: offset");
+_Static_assert(offsetof(mt_model_config, max_window_layers) == 104, "mt_model_config.max_window_layers: offset");
+_Static_assert(offsetof(mt_model_config, reserved1) == 108, "mt_model_config.reserved1: offset");
 
 _Static_assert(sizeof(mt_offload_policy) == 104, "mt_offload_policy: size");
 _Static_assert(offsetof(mt_offload_policy, attention_flags) + sizeof(((mt_offload_policy *)0)->attention_flags) == 104, "mt_offload_policy: no tail padding");

@@ -178,6 +178,24 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     if (!(c->initializer_range >= 0.0f) || !isfinite(c->initializer_range))
         return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
     if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
+    if (c->reserved1) return BAD("mt_model_config.reserved1 must be zero");
+    if (c->sliding_window) {
+        if (c->arch == MT_ARCH_LLAMA)
+            return BAD("sliding_window %u: Llama has no sliding-window attention (Mistral, Qwen2 and Qwen3 do)",
+                       c->sliding_window);
+        if (c->arch == MT_ARCH_MISTRAL && (c->sliding_window_pattern || c->max_window_layers))
+            return BAD("Mistral slides every layer: sliding_window_pattern %u and max_window_layers %u must be 0",
+                       c->sliding_window_pattern, c->max_window_layers);
+        if (c->sliding_window_pattern == 1 || c->sliding_window_pattern > c->num_hidden_layers)
+            return BAD("sliding_window_pattern %u must be 0 or between 2 and num_hidden_layers %u",
+                       c->sliding_window_pattern, c->num_hidden_layers);
+        if (c->max_window_layers > c->num_hidden_layers)
+            return BAD("max_window_layers %u is more than num_hidden_layers %u", c->max_window_layers,
+                       c->num_hidden_layers);
+    } else if (c->sliding_window_pattern || c->max_window_layers) {
+        return BAD("sliding_window_pattern %u and max_window_layers %u need a sliding_window",
+                   c->sliding_window_pattern, c->max_window_layers);
+    }
 #undef BAD
     return MT_OK;
 }

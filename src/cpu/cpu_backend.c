@@ -39,6 +39,7 @@ typedef struct cpu_be {
     int32_t *pos;              /* (n_micro, T) position of each token in its document */
     int32_t *doc_start;        /* (n_micro, T) the first key of each token (mt_doc_layout) */
     int32_t *docs;             /* (n_micro) the micro-batch packs documents */
+    int32_t *win_start;        /* (n_micro, T) with a sliding window: each token's first key (mt_window_starts) */
     int mb;                    /* the micro-batch the kernels run on */
     float *inv_freq;           /* (D/2) */
     void *ws;                  /* the ops' per-thread workspace */
@@ -86,22 +87,28 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
     mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse);
 }
 
+/* The first key of each query of the current micro-batch: its window's in a sliding layer, its
+ * document's where it packs documents, else NULL (the sequence's first) */
+static const int32_t *key_starts(const cpu_be *b, int window)
+{
+    const size_t off = (size_t)b->mb * b->d.T;
+    return window ? b->win_start + off : b->docs[b->mb] ? b->doc_start + off : NULL;
+}
+
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                        int seq_len, int H, int Hkv, int D, float scale)
+                        int seq_len, int H, int Hkv, int D, float scale, int window)
 {
     cpu_be *b = kc;
-    mt_cpu_attention_docs(b->pool, b->ws, out, lse, q, k, v, b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL,
-                          n_seq, seq_len, H, Hkv, D, scale);
+    mt_cpu_attention_docs(b->pool, b->ws, out, lse, q, k, v, key_starts(b, window), n_seq, seq_len, H, Hkv, D, scale);
 }
 
 static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
-                            int H, int Hkv, int D, float scale)
+                            int H, int Hkv, int D, float scale, int window)
 {
     cpu_be *b = kc;
-    mt_cpu_attention_bwd_docs(b->pool, b->ws, dq, dk, dv, dout, out, lse, q, k, v,
-                              b->docs[b->mb] ? b->doc_start + (size_t)b->mb * b->d.T : NULL, n_seq, seq_len, H, Hkv,
-                              D, scale);
+    mt_cpu_attention_bwd_docs(b->pool, b->ws, dq, dk, dv, dout, out, lse, q, k, v, key_starts(b, window), n_seq,
+                              seq_len, H, Hkv, D, scale);
 }
 
 static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
@@ -251,6 +258,7 @@ static void list_buffers(cpu_be *b, buf_list *l)
     add(l, &b->pos, M * T * sizeof(int32_t));
     add(l, &b->doc_start, M * T * sizeof(int32_t));
     add(l, &b->docs, M * sizeof(int32_t));
+    if (d->window) add(l, &b->win_start, M * T * sizeof(int32_t));
     add(l, &b->inv_freq, (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
     mt_work_buf wb[MT_WORK_MAX_BUFS];
@@ -325,9 +333,11 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                            mt_fmt_bytes(b1, sizeof b1, n.host_bytes));
         }
     count(&l, &b->base.held);
-    for (int mb = 0; mb < s->n_micro; mb++)
-        b->docs[mb] = mt_doc_layout(b->pos + (size_t)mb * b->d.T, b->doc_start + (size_t)mb * b->d.T, NULL, s->n_seq,
-                                    s->seq_len);
+    for (int mb = 0; mb < s->n_micro; mb++) {
+        const size_t off = (size_t)mb * b->d.T;
+        b->docs[mb] = mt_doc_layout(b->pos + off, b->doc_start + off, NULL, s->n_seq, s->seq_len);
+        if (b->d.window) mt_window_starts(b->win_start + off, b->doc_start + off, s->n_seq, s->seq_len, b->d.window);
+    }
     mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg);
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
@@ -340,8 +350,11 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
     memcpy(b->tokens + (size_t)mb * T, tokens, T * sizeof *tokens);
     if (targets) memcpy(b->targets + (size_t)mb * T, targets, T * sizeof *targets);
     /* without documents the positions are as reserve() left them, unless the last batch packed some */
-    if (positions || b->docs[mb])
+    if (positions || b->docs[mb]) {
         b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->d.n_seq, b->d.seq_len);
+        if (b->d.window)
+            mt_window_starts(b->win_start + mb * T, b->doc_start + mb * T, b->d.n_seq, b->d.seq_len, b->d.window);
+    }
 }
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
@@ -387,9 +400,10 @@ static mt_exec exec_of(cpu_be *b, int mb)
 }
 
 /* The layer's activations all live in the work buffers: nothing is kept. */
-static mt_layer_acts acts_of(cpu_be *b)
+static mt_layer_acts acts_of(cpu_be *b, int unit)
 {
-    return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0};
+    return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0,
+                           mt_config_layer_window(&b->m->cfg, unit - 1, b->d.seq_len)};
 }
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)
@@ -401,7 +415,7 @@ static void cpu_forward(mt_be *be, int slot, int unit, int mb)
     if (unit == 0) {
         b->tpl->embed_forward(&x, w, tokens_of(b, mb), ck_at(b, 0, mb));
     } else {
-        const mt_layer_acts a = acts_of(b);
+        const mt_layer_acts a = acts_of(b, unit);
         b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
     }
 }
@@ -419,7 +433,7 @@ static void cpu_backward(mt_be *be, int slot, int unit, int mb)
     mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
     mt_bind_unit_f32(gw, b->acc, unit_desc(b, unit));
     const float *in = ck_at(b, unit - 1, mb);
-    const mt_layer_acts a = acts_of(b);
+    const mt_layer_acts a = acts_of(b, unit);
     b->tpl->layer_forward(&x, w, in, NULL, &a);
     b->tpl->layer_backward(&x, w, gw, in, dx_of(b, mb), &a);
 }

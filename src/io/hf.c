@@ -72,6 +72,79 @@ static const char *arch_list(char *buf, size_t len, int types)
     return buf;
 }
 
+/* Sliding-window attention, as transformers reads it: Mistral slides every
+ * layer when sliding_window is set; Qwen2 and Qwen3 the layers from
+ * max_window_layers on when use_sliding_window is true; "layer_types" (one
+ * per layer, written by transformers 4.53 and later), where present, says
+ * which layers slide, and must be a shape mt_model_config can hold. */
+static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+{
+    mt_status st;
+    const uint32_t L = c->num_hidden_layers;
+    uint32_t W = 0, mwl = 0;
+    if ((st = get_u32(err, j, "sliding_window", &W, 0, path))) return st;
+    if (c->arch == MT_ARCH_LLAMA) {
+        /* LlamaForCausalLM has no window: one that covers every position is harmless */
+        if (W && W < c->max_position_embeddings)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: sliding_window %u (shorter than max_position_embeddings %u) in a Llama model is not "
+                           "supported (Mistral, Qwen2 and Qwen3 have sliding windows)",
+                           path, W, c->max_position_embeddings);
+        W = 0;
+    } else if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
+        uint32_t use = 0;
+        if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
+        if (!use) W = 0;
+        if (use && !W)
+            return mt_fail(err, MT_ERR_FORMAT, "%s: use_sliding_window is true but sliding_window is not set", path);
+        mwl = 28; /* transformers' default for both */
+        if ((st = get_u32(err, j, "max_window_layers", &mwl, 0, path))) return st;
+    }
+    /* the layers that slide: from max_window_layers on, one in P attending fully */
+    uint32_t P = 0, first = W ? MT_MIN(mwl, L) : L; /* first == L: no layer slides */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list", path);
+        if ((uint32_t)cJSON_GetArraySize(lt) != L)
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" has %d entries for %u layers", path,
+                           cJSON_GetArraySize(lt), L);
+        uint32_t i = 0, g = L; /* g: the first full layer after the first sliding one */
+        first = L;
+        for (const cJSON *e = lt->child; e; e = e->next, i++) {
+            if (!cJSON_IsString(e))
+                return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list of names", path);
+            const int slides = !strcmp(e->valuestring, "sliding_attention");
+            if (!slides && strcmp(e->valuestring, "full_attention") != 0)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: layer_types[%u] is %s: only full_attention and sliding_attention layers are "
+                               "supported",
+                               path, i, e->valuestring);
+            if (slides && first == L) first = i;
+            if (!slides && first < L && g == L) g = i;
+        }
+        if (first < L && !W)
+            return mt_fail(err, MT_ERR_FORMAT,
+                           "%s: layer_types[%u] is sliding_attention but the model has no sliding_window%s", path,
+                           first, c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 ? " (use_sliding_window)" : "");
+        P = g < L ? g + 1 : 0;
+        i = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, i++) {
+            const int slides = !strcmp(e->valuestring, "sliding_attention");
+            if (slides != (i >= first && (P == 0 || (i + 1) % P != 0)))
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: layer_types: layer %u %s, which does not follow the pattern of the layers before "
+                               "it (full layers, then sliding ones with every P-th full)",
+                               path, i, slides ? "slides" : "attends fully");
+        }
+    }
+    if (W && first < L) {
+        c->sliding_window = W;
+        c->max_window_layers = first;
+        c->sliding_window_pattern = P;
+    }
+    return MT_OK;
+}
+
 static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
 {
     mt_status st;
@@ -141,41 +214,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
                            act->valuestring);
     }
 
-    /* sliding-window attention */
-    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
-    if (sw && !cJSON_IsNull(sw)) {
-        if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
-            uint32_t use = 0;
-            if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
-            if (use)
-                return mt_fail(err, MT_ERR_UNSUPPORTED,
-                               "%s: use_sliding_window true (sliding_window attention) is not supported", path);
-        } else {
-            /* Mistral (and Llama configs that carry it) apply the window whenever it is set: only a
-             * window that covers every position is harmless. */
-            uint32_t w = 0;
-            if ((st = get_u32(err, j, "sliding_window", &w, 0, path))) return st;
-            if (w < c->max_position_embeddings)
-                return mt_fail(err, MT_ERR_UNSUPPORTED,
-                               "%s: sliding_window %u (shorter than max_position_embeddings %u) is not supported",
-                               path, w, c->max_position_embeddings);
-        }
-    }
-
-    /* per-layer attention kinds (transformers 4.53+ write "layer_types"): only full attention */
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
-    if (lt && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list", path);
-        int i = 0;
-        for (const cJSON *e = lt->child; e; e = e->next, i++) {
-            if (!cJSON_IsString(e))
-                return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list of names", path);
-            if (strcmp(e->valuestring, "full_attention") != 0)
-                return mt_fail(err, MT_ERR_UNSUPPORTED,
-                               "%s: layer_types[%d] is %s: only full_attention layers are supported", path, i,
-                               e->valuestring);
-        }
-    }
+    if ((st = sliding_window_from_json(err, c, j, path))) return st;
 
     /* rope scaling: "rope_scaling" (transformers 4), or "rope_parameters",
      * which transformers 5 writes instead of both rope_theta and rope_scaling */
@@ -238,6 +277,17 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
     char why[MT_ERRMSG_MAX];
     if ((st = mt_config_import((mt_err){why}, &check, &c)))
         return mt_fail(err, st, "%s describes an impossible model: %s", path, why);
+    /* a caller built against an older header gets the fields it knows: refuse rather than drop a
+     * setting (the fields appended since default to zero) */
+    uint32_t caller_size;
+    memcpy(&caller_size, cfg, sizeof caller_size);
+    const size_t known = MT_MIN((size_t)caller_size, sizeof c);
+    for (size_t i = known; i < sizeof c; i++)
+        if (((const unsigned char *)&c)[i])
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s needs a field of mt_model_config past the %zu bytes this caller's struct has (byte %zu%s): "
+                           "build against this library's megatrain.h",
+                           path, known, i, i >= offsetof(mt_model_config, sliding_window) ? ", the sliding window" : "");
     return mt_copy_out(err, cfg, &c, sizeof c, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
 }
 
@@ -288,8 +338,21 @@ char *mt_config_json_text(const mt_model_config *c)
     cJSON_AddBoolToObject(j, "mlp_bias", 0);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) cJSON_AddBoolToObject(j, "use_sliding_window", 0);
-    if (c->arch != MT_ARCH_LLAMA) cJSON_AddNullToObject(j, "sliding_window");
+    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
+        cJSON_AddBoolToObject(j, "use_sliding_window", c->sliding_window != 0);
+        if (c->sliding_window) cJSON_AddNumberToObject(j, "max_window_layers", c->max_window_layers);
+    }
+    if (c->sliding_window) {
+        cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
+        if (c->arch != MT_ARCH_MISTRAL) { /* which layers slide, explicitly (transformers 4.53 and later) */
+            cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+            for (int l = 0; l < (int)c->num_hidden_layers; l++)
+                cJSON_AddItemToArray(lt, cJSON_CreateString(mt_config_layer_slides(c, l) ? "sliding_attention"
+                                                                                         : "full_attention"));
+        }
+    } else if (c->arch != MT_ARCH_LLAMA) {
+        cJSON_AddNullToObject(j, "sliding_window");
+    }
     cJSON_AddStringToObject(j, "torch_dtype", c->precision == MT_PRECISION_FP32 ? "float32" : "bfloat16");
     cJSON_AddItemToObject(j, "initializer_range", float_number(c->initializer_range));
     char *s = cJSON_Print(j);

@@ -72,6 +72,21 @@ static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS ||
 /* Whether a validated config's layers normalize each head of q and k. */
 static inline int mt_config_qk_norm(const mt_model_config *c) { return c->arch == MT_ARCH_QWEN3; }
 
+/* Whether layer l of a validated config attends through a sliding window. */
+static inline int mt_config_layer_slides(const mt_model_config *c, int l)
+{
+    const uint32_t P = c->sliding_window_pattern;
+    return c->sliding_window && (uint32_t)l >= c->max_window_layers && (P == 0 || ((uint32_t)l + 1) % P != 0);
+}
+
+/* The window of layer l for sequences of seq_len: 0 where it attends to
+ * every earlier token of its document (a window of seq_len or more masks
+ * nothing). */
+static inline int mt_config_layer_window(const mt_model_config *c, int l, int seq_len)
+{
+    return mt_config_layer_slides(c, l) && c->sliding_window < (uint32_t)seq_len ? (int)c->sliding_window : 0;
+}
+
 /* cfg must have passed mt_config_import. Returns -1 when out of memory. */
 int mt_layout_build(mt_layout *lo, const mt_model_config *cfg);
 void mt_layout_free(mt_layout *lo);

@@ -120,7 +120,8 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
         k->rope(kc, a->k, T, d->Hkv, d->D, 0);
     }
     if (!recompute || !a->att_kept)
-        k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale);
+        k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale,
+                     a->window);
     /* the residual adds inside the GEMMs: h = x + att Wo^T */
     if (!recompute || !a->h_kept) {
         k->copy(kc, a->h, in, (size_t)T * C);
@@ -180,7 +181,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
     k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
     k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
-                     d->Hkv, d->D, d->attn_scale);
+                     d->Hkv, d->D, d->attn_scale, a->window);
     k->rope(kc, b->dq, T, d->H, d->D, 1);
     k->rope(kc, b->dk, T, d->Hkv, d->D, 1);
     const void *dq = b->dq, *dk = b->dk;

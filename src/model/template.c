@@ -25,6 +25,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->eps = c->rms_norm_eps;
     d->attn_scale = 1.0f / sqrtf((float)d->D);
     d->qk_norm = mt_config_qk_norm(c);
+    for (int l = 0; l < (int)c->num_hidden_layers && !d->window; l++) d->window = mt_config_layer_window(c, l, seq_len);
 }
 
 void mt_bind_unit(void **w, void *block, const mt_unit_desc *u, size_t es)
@@ -54,4 +55,13 @@ int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, in
         }
     }
     return docs;
+}
+
+void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq_len, int window)
+{
+    for (int s = 0; s < n_seq; s++)
+        for (int i = 0; i < seq_len; i++) {
+            const size_t t = (size_t)s * seq_len + i;
+            win[t] = MT_MAX(doc_start[t], i - window + 1);
+        }
 }

@@ -49,13 +49,15 @@ typedef struct mt_kernels {
     /* RoPE in place on x (T, nh, D) act at the positions of the micro-batch; inverse: the backward */
     void (*rope)(void *kc, void *x, int T, int nh, int D, int inverse);
     /* Causal grouped-query attention over n_seq sequences of seq_len: out (T, H*D) act and the
-     * log-sum-exp lse f32 of each query row; q (T, H*D), k, v (T, Hkv*D) act */
+     * log-sum-exp lse f32 of each query row; q (T, H*D), k, v (T, Hkv*D) act. Each query sees
+     * the keys of its document (the micro-batch's positions); window > 0 (d->window, on the
+     * layers that slide): only the last window of them, itself included. */
     void (*attention)(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                      int seq_len, int H, int Hkv, int D, float scale);
+                      int seq_len, int H, int Hkv, int D, float scale, int window);
     /* Its backward from out and lse: dq, dk, dv act, overwritten */
     void (*attention_bwd)(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, int n_seq, int seq_len, int H, int Hkv, int D,
-                          float scale);
+                          float scale, int window);
     /* out = silu(gate) * up, n elements act; and its backward */
     void (*swiglu)(void *kc, void *out, const void *gate, const void *up, size_t n);
     void (*swiglu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
@@ -90,6 +92,7 @@ typedef struct mt_dims {
     int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
     float eps, attn_scale;
     int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3) */
+    int window;  /* the sliding layers' window, 0 where none is shorter than seq_len */
 } mt_dims;
 
 /* The model's part of d (everything but es, FT and chunk, which the backend
@@ -129,6 +132,7 @@ typedef struct mt_layer_acts {
     int h_kept;   /* h does */
     void *q, *k, *v; /* the attention's inputs after RoPE: (T, Q), (T, KV), (T, KV) act */
     int qkv_kept;    /* q, k and v do */
+    int window;      /* this layer's sliding window (mt_config_layer_window): 0 none */
 } mt_layer_acts;
 
 /* What a template call runs on. */
@@ -173,6 +177,12 @@ typedef struct mt_template {
  * token's first key (its document's first token). Returns whether the
  * micro-batch has more than one document in any sequence. */
 int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, int n_seq, int seq_len);
+
+/* The first key of each token in a sliding window's layers: the later of
+ * its document's first token and its window's, i - window + 1 (in its
+ * sequence). Nondecreasing along each sequence like doc_start, so the
+ * attentions take it where they take doc_start. */
+void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq_len, int window);
 
 /* The template of a validated config's family. */
 const mt_template *mt_template_for(const mt_model_config *cfg);

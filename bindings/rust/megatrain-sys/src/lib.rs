@@ -207,6 +207,10 @@ pub struct mt_model_config {
     pub seed: u64,
     pub initializer_range: f32,
     pub reserved0: u32,
+    pub sliding_window: u32,
+    pub sliding_window_pattern: u32,
+    pub max_window_layers: u32,
+    pub reserved1: u32,
 }
 
 #[repr(C)]

@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 96, align 8,
+    mt_model_config, size 112, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -60,6 +60,10 @@ layout! {
     seed: 80,
     initializer_range: 88,
     reserved0: 92,
+    sliding_window: 96,
+    sliding_window_pattern: 100,
+    max_window_layers: 104,
+    reserved1: 108,
 }
 
 layout! {

@@ -322,6 +322,13 @@ pub struct ModelConfig {
     /// Weight initialisation.
     pub seed: u64,
     pub initializer_range: f32,
+    /// 0: none; W: a sliding layer's query i sees keys i - W + 1 ..= i only.
+    pub sliding_window: u32,
+    /// 0: every layer from `max_window_layers` slides; P: of those, layer i
+    /// with (i + 1) % P == 0 attends fully.
+    pub sliding_window_pattern: u32,
+    /// The layers below this attend fully.
+    pub max_window_layers: u32,
 }
 
 impl Default for ModelConfig {
@@ -354,6 +361,9 @@ impl ModelConfig {
             precision: Precision(r.precision),
             seed: r.seed,
             initializer_range: r.initializer_range,
+            sliding_window: r.sliding_window,
+            sliding_window_pattern: r.sliding_window_pattern,
+            max_window_layers: r.max_window_layers,
         }
     }
 
@@ -380,6 +390,9 @@ impl ModelConfig {
         r.precision = self.precision.0;
         r.seed = self.seed;
         r.initializer_range = self.initializer_range;
+        r.sliding_window = self.sliding_window;
+        r.sliding_window_pattern = self.sliding_window_pattern;
+        r.max_window_layers = self.max_window_layers;
         r
     }
 
