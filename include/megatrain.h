@@ -129,6 +129,7 @@ typedef enum mt_arch {
     MT_ARCH_QWEN2 = 1,   /* Qwen2ForCausalLM: q/k/v bias */
     MT_ARCH_MISTRAL = 2, /* MistralForCausalLM */
     MT_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: RMSNorm of each head of q and k */
+    MT_ARCH_PHI3 = 4,    /* Phi3ForCausalLM (Phi-3, Phi-4): q, k, v and gate, up fused in the checkpoint */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 

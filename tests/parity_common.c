@@ -88,7 +88,7 @@ double parity_rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 
 static const char *arch_name(uint32_t a)
 {
     static const char *const names[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
-                                        "Qwen3ForCausalLM"};
+                                        "Qwen3ForCausalLM", "Phi3ForCausalLM"};
     return a < sizeof names / sizeof names[0] ? names[a] : "?";
 }
 

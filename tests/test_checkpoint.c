@@ -112,9 +112,11 @@ static void rmdir_all(char *d)
 
 /* Training N steps gives the same bits as training k, saving, loading in a
  * fresh process and training N - k. */
-static void resume_is_bit_identical(int precision)
+static void resume_is_bit_identical_arch(int precision, mt_arch arch)
 {
     mt_model_config c = cfg_of(precision, 32);
+    c.arch = arch;
+    c.attention_bias = arch != MT_ARCH_PHI3; /* Phi-3's fused qkv_proj has none */
     char *dir = tmpdir(), *dir2 = tmpdir();
     mt_model *ref = make(&c, 3, 1); /* one thread: the forked child can free it */
     uint64_t pos_ref = 0;
@@ -170,8 +172,15 @@ static void resume_is_bit_identical(int precision)
     rmdir_all(dir2);
 }
 
+static void resume_is_bit_identical(int precision) { resume_is_bit_identical_arch(precision, MT_ARCH_LLAMA); }
+
 Test(checkpoint, resume_is_bit_identical_bf16, .timeout = 60) { resume_is_bit_identical(MT_PRECISION_BF16); }
 Test(checkpoint, resume_is_bit_identical_fp32, .timeout = 60) { resume_is_bit_identical(MT_PRECISION_FP32); }
+/* Phi-3: weights and moments of q, k, v and gate, up written and read as the fused matrices */
+Test(checkpoint, resume_is_bit_identical_phi3, .timeout = 60)
+{
+    resume_is_bit_identical_arch(MT_PRECISION_BF16, MT_ARCH_PHI3);
+}
 
 Test(checkpoint, layout_and_pruning)
 {

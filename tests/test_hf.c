@@ -14,6 +14,7 @@
 
 #include "core/bf16.h"
 #include "engine/model.h"
+#include "io/safetensors.h"
 
 /* ---- a temporary directory per test ------------------------------------------ */
 
@@ -246,6 +247,53 @@ Test(hf, round_trip_qwen2_bias_tied_bf16) { round_trip(qwen_tied(MT_PRECISION_BF
 Test(hf, round_trip_qwen2_bias_tied_fp32) { round_trip(qwen_tied(MT_PRECISION_FP32)); }
 Test(hf, round_trip_qwen3_bf16) { round_trip(qwen3(MT_PRECISION_BF16)); }
 
+static mt_model_config phi3(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_PHI3;
+    c.sliding_window = 24;
+    return c;
+}
+
+Test(hf, round_trip_phi3_bf16) { round_trip(phi3(MT_PRECISION_BF16)); }
+Test(hf, round_trip_phi3_fp32) { round_trip(phi3(MT_PRECISION_FP32)); }
+
+/* Phi-3's folder holds q, k, v as one qkv_proj and gate, up as one gate_up_proj, in that row order,
+ * as transformers' Phi3 splits them */
+Test(hf, phi3_folder_fuses_qkv_and_gate_up)
+{
+    mt_model_config c = phi3(MT_PRECISION_FP32);
+    mt_model *m = make(&c);
+    char dir[512];
+    tmp_path(dir, "phi3");
+    cr_assert_eq(mt_model_save(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    mt_st_set s = {0};
+    mt_err err = mt_err_thread();
+    cr_assert_eq(mt_st_open_dir(err, &s, dir), MT_OK);
+    cr_assert_eq(mt_st_index(err, &s), MT_OK);
+    const uint32_t C = c.hidden_size, D = C / c.num_attention_heads, Q = c.num_attention_heads * D,
+                   KV = c.num_key_value_heads * D, F = c.intermediate_size;
+    const mt_st_tensor *qkv = mt_st_find(&s, "model.layers.1.self_attn.qkv_proj.weight");
+    const mt_st_tensor *gu = mt_st_find(&s, "model.layers.1.mlp.gate_up_proj.weight");
+    cr_assert(qkv && gu);
+    cr_assert(qkv->ndim == 2 && qkv->dims[0] == Q + 2 * KV && qkv->dims[1] == C);
+    cr_assert(gu->ndim == 2 && gu->dims[0] == 2 * F && gu->dims[1] == C);
+    cr_assert_null(mt_st_find(&s, "model.layers.1.self_attn.k_proj.weight"));
+    cr_assert_null(mt_st_find(&s, "model.layers.1.mlp.up_proj.weight"));
+    /* the rows of k start after q's, up's after gate's */
+    const mt_unit_desc *u = &m->layout.units[2];
+    const float *master = mt_tile_master(&m->tiles.tile[2], u);
+    for (int i = 0; i < u->n_tensors; i++) {
+        const mt_tensor_desc *t = &u->tensors[i];
+        const mt_st_tensor *f = t->role == MT_T_K ? qkv : t->role == MT_T_UP ? gu : NULL;
+        if (!f) continue;
+        const uint64_t row0 = t->role == MT_T_K ? Q : F;
+        cr_assert_eq(memcmp((const float *)f->data + row0 * C, master + t->offset, t->numel * 4), 0, "%s", t->name);
+    }
+    mt_st_free(&s);
+    mt_model_destroy(m);
+}
+
 /* An embedding of 1.28 M elements: several write chunks and conversion tasks. */
 Test(hf, round_trip_large_tensor)
 {
@@ -350,6 +398,15 @@ Test(hf, config_load_keeps_callers_training_fields)
     cr_assert_eq(c.struct_size, sizeof c);
 }
 
+/* The parameters of a config as mt_config_load returns it (head_dim 0 there means hidden / heads) */
+static uint64_t params_of(const mt_model_config *c)
+{
+    mt_model_config v;
+    char why[MT_ERRMSG_MAX];
+    cr_assert_eq(mt_config_import((mt_err){why}, &v, c), MT_OK, "%s", why);
+    return mt_layout_count_params(&v);
+}
+
 /* config.json of text in dir, loaded into a fresh default config (which must succeed) */
 static mt_model_config load_text(const char *dir, const char *json)
 {
@@ -438,7 +495,7 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.num_key_value_heads, 8);
     cr_assert_eq(c.intermediate_size, 12288);
     /* 8.19 B parameters, as Qwen3-8B's model card says: the norms of q and k are 2 x 128 a layer */
-    cr_assert_eq(mt_layout_count_params(&c), 8190735360ull);
+    cr_assert_eq(params_of(&c), 8190735360ull);
 
     /* Mistral-7B-v0.1's config.json: every layer slides over 4096 tokens */
     c = load_text(dir,
@@ -492,6 +549,36 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(mt_config_load(&old.c, dir), MT_ERR_UNSUPPORTED);
     cr_assert(strstr(mt_last_errmsg(), "the sliding window"), "%s", mt_last_errmsg());
     cr_assert_eq(memcmp(&old.c, &before, sizeof before), 0);
+
+    /* Phi-3-mini-4k-instruct's config.json: a window of 2047 on every layer */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Phi3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"bos_token_id\":1,\"embd_pdrop\":0.0,\"eos_token_id\":32000,\"hidden_act\":\"silu\","
+                  "\"hidden_size\":3072,\"initializer_range\":0.02,\"intermediate_size\":8192,"
+                  "\"max_position_embeddings\":4096,\"model_type\":\"phi3\",\"num_attention_heads\":32,"
+                  "\"num_hidden_layers\":32,\"num_key_value_heads\":32,\"original_max_position_embeddings\":4096,"
+                  "\"pad_token_id\":32000,\"resid_pdrop\":0.0,\"rms_norm_eps\":1e-05,\"rope_scaling\":null,"
+                  "\"rope_theta\":10000.0,\"sliding_window\":2047,\"tie_word_embeddings\":false,"
+                  "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.40.2\",\"use_cache\":true,"
+                  "\"vocab_size\":32064}");
+    cr_assert_eq(c.arch, MT_ARCH_PHI3);
+    cr_assert_eq(c.sliding_window, 2047);
+    cr_assert(mt_config_layer_slides(&c, 0) && mt_config_layer_slides(&c, 31));
+    cr_assert_eq(params_of(&c), 3821079552ull, "3.82 B, as the model card says");
+    /* Phi-4's: grouped-query attention, no window, theta 250000 (14.7 B) */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Phi3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"bos_token_id\":100257,\"embd_pdrop\":0.0,\"eos_token_id\":100265,\"hidden_act\":\"silu\","
+                  "\"hidden_size\":5120,\"initializer_range\":0.02,\"intermediate_size\":17920,"
+                  "\"max_position_embeddings\":16384,\"model_type\":\"phi3\",\"num_attention_heads\":40,"
+                  "\"num_hidden_layers\":40,\"num_key_value_heads\":10,\"original_max_position_embeddings\":16384,"
+                  "\"pad_token_id\":100349,\"partial_rotary_factor\":1.0,\"resid_pdrop\":0.0,\"rms_norm_eps\":1e-05,"
+                  "\"rope_scaling\":null,\"rope_theta\":250000,\"sliding_window\":null,\"tie_word_embeddings\":false,"
+                  "\"torch_dtype\":\"bfloat16\",\"use_cache\":true,\"vocab_size\":100352}");
+    cr_assert_eq(c.arch, MT_ARCH_PHI3);
+    cr_assert_eq(c.sliding_window, 0);
+    cr_assert_eq(c.rope_theta, 250000.0f);
+    cr_assert_eq(params_of(&c), 14659507200ull);
 
     /* model_type alone is enough */
     c = load_text(dir,
@@ -558,8 +645,15 @@ Test(hf, config_refusals)
                           MT_ERR_UNSUPPORTED, "layer 3 slides, which does not follow the pattern");
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS ",\"layer_types\":\"full\"}",
                           MT_ERR_FORMAT, "layer_types");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"partial_rotary_factor\":0.75}",
+                          MT_ERR_UNSUPPORTED, "partial_rotary_factor 0.75");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1.0],\"long_factor\":[2.0]}}",
+                          MT_ERR_UNSUPPORTED, "longrope (Phi-3's 128k-context checkpoints)");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"attention_bias\":true}",
+                          MT_ERR_INVALID_ARGUMENT, "qkv_proj has no bias");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
-                          "Qwen3ForCausalLM are");
+                          "Qwen3MoeForCausalLM is not supported (LlamaForCausalLM");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");

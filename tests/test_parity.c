@@ -59,7 +59,8 @@ static const parity_tol TOL = {
 };
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
-                                       "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window"};
+                                       "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
+                                       "phi3_window"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -80,6 +81,8 @@ Test(parity, qwen3_gqa) { run_fixture("qwen3_gqa"); }
 /* sliding windows: Mistral's on every layer, Qwen2's from max_window_layers on */
 Test(parity, mistral_window) { run_fixture("mistral_window"); }
 Test(parity, qwen2_window) { run_fixture("qwen2_window"); }
+/* Phi-3: q, k, v and gate, up fused in the checkpoint; a window on every layer */
+Test(parity, phi3_window) { run_fixture("phi3_window"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)

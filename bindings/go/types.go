@@ -47,6 +47,7 @@ const (
 	ArchQwen2   Arch = C.MT_ARCH_QWEN2
 	ArchMistral Arch = C.MT_ARCH_MISTRAL
 	ArchQwen3   Arch = C.MT_ARCH_QWEN3
+	ArchPhi3    Arch = C.MT_ARCH_PHI3
 )
 
 // Precision is the numeric mode of a model (mt_precision).

@@ -137,7 +137,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
 #define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
-    if (c->arch > MT_ARCH_QWEN3) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
+    if (c->arch > MT_ARCH_PHI3) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
     if (c->precision > MT_PRECISION_FP32)
         return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
     if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)
@@ -179,13 +179,16 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
         return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
     if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
     if (c->reserved1) return BAD("mt_model_config.reserved1 must be zero");
+    if (c->arch == MT_ARCH_PHI3 && c->attention_bias)
+        return BAD("attention_bias: Phi-3's fused qkv_proj has no bias");
     if (c->sliding_window) {
         if (c->arch == MT_ARCH_LLAMA)
-            return BAD("sliding_window %u: Llama has no sliding-window attention (Mistral, Qwen2 and Qwen3 do)",
+            return BAD("sliding_window %u: Llama has no sliding-window attention (Mistral, Qwen2, Qwen3 and Phi-3 do)",
                        c->sliding_window);
-        if (c->arch == MT_ARCH_MISTRAL && (c->sliding_window_pattern || c->max_window_layers))
-            return BAD("Mistral slides every layer: sliding_window_pattern %u and max_window_layers %u must be 0",
-                       c->sliding_window_pattern, c->max_window_layers);
+        if ((c->arch == MT_ARCH_MISTRAL || c->arch == MT_ARCH_PHI3) &&
+            (c->sliding_window_pattern || c->max_window_layers))
+            return BAD("%s slides every layer: sliding_window_pattern %u and max_window_layers %u must be 0",
+                       c->arch == MT_ARCH_PHI3 ? "Phi-3" : "Mistral", c->sliding_window_pattern, c->max_window_layers);
         if (c->sliding_window_pattern == 1 || c->sliding_window_pattern > c->num_hidden_layers)
             return BAD("sliding_window_pattern %u must be 0 or between 2 and num_hidden_layers %u",
                        c->sliding_window_pattern, c->num_hidden_layers);

@@ -196,15 +196,15 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     mt_path_join(path, sizeof path, tmp, "model.safetensors");
     if (!(st = mt_save_tensors(err, m, path, 0, MT_ST_F32))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
-        size_t n = mt_tensor_count(m);
+        size_t n = mt_tensor_count(m), na = 0, nb = 0;
         char(*names)[128] = malloc(2 * n * sizeof *names);
-        mt_st_write_req *a = names ? mt_tensor_write_list(m, 1, MT_ST_F32, names) : NULL;
-        mt_st_write_req *b = names ? mt_tensor_write_list(m, 2, MT_ST_F32, names + n) : NULL;
-        mt_st_write_req *both = a && b ? malloc(2 * n * sizeof *both) : NULL;
+        mt_st_write_req *a = names ? mt_tensor_write_list(m, 1, MT_ST_F32, names, &na) : NULL;
+        mt_st_write_req *b = names ? mt_tensor_write_list(m, 2, MT_ST_F32, names + n, &nb) : NULL;
+        mt_st_write_req *both = a && b ? malloc((na + nb) * sizeof *both) : NULL;
         if (both) {
-            memcpy(both, a, n * sizeof *both);
-            memcpy(both + n, b, n * sizeof *both);
-            st = mt_st_write(err, path, both, 2 * n);
+            memcpy(both, a, na * sizeof *both);
+            memcpy(both + na, b, nb * sizeof *both);
+            st = mt_st_write(err, path, both, na + nb);
         } else {
             st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory writing %s", path);
         }

@@ -59,6 +59,7 @@ static const struct {
     {"Qwen2ForCausalLM", "qwen2", MT_ARCH_QWEN2},
     {"MistralForCausalLM", "mistral", MT_ARCH_MISTRAL},
     {"Qwen3ForCausalLM", "qwen3", MT_ARCH_QWEN3},
+    {"Phi3ForCausalLM", "phi3", MT_ARCH_PHI3},
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
 
@@ -72,8 +73,8 @@ static const char *arch_list(char *buf, size_t len, int types)
     return buf;
 }
 
-/* Sliding-window attention, as transformers reads it: Mistral slides every
- * layer when sliding_window is set; Qwen2 and Qwen3 the layers from
+/* Sliding-window attention, as transformers reads it: Mistral and Phi-3
+ * slide every layer when sliding_window is set; Qwen2 and Qwen3 the layers from
  * max_window_layers on when use_sliding_window is true; "layer_types" (one
  * per layer, written by transformers 4.53 and later), where present, says
  * which layers slide, and must be a shape mt_model_config can hold. */
@@ -216,6 +217,14 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
 
     if ((st = sliding_window_from_json(err, c, j, path))) return st;
 
+    /* RoPE on part of each head (Phi-4-mini's 0.75) */
+    float rotary = 1.0f;
+    if ((st = get_float(err, j, "partial_rotary_factor", &rotary, 0, path))) return st;
+    if (rotary != 1.0f)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: partial_rotary_factor %g is not supported (RoPE turns every dimension of a head)", path,
+                       (double)rotary);
+
     /* rope scaling: "rope_scaling" (transformers 4), or "rope_parameters",
      * which transformers 5 writes instead of both rope_theta and rope_scaling */
     c->rope_scaling = MT_ROPE_SCALING_NONE;
@@ -233,6 +242,12 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
         if (!cJSON_IsString(t))
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" has no \"rope_type\" (or \"type\")", path);
+        if (!strcmp(t->valuestring, "longrope"))
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: rope_scaling type longrope (Phi-3's 128k-context checkpoints) is not supported: it "
+                           "rescales each frequency by one of two factor lists, chosen by the sequence length, which "
+                           "this library does not implement (the 4k-context checkpoints have rope_scaling null)",
+                           path);
         if (!strcmp(t->valuestring, "llama3")) {
             c->rope_scaling = MT_ROPE_SCALING_LLAMA3;
             if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path)) ||
@@ -344,7 +359,7 @@ char *mt_config_json_text(const mt_model_config *c)
     }
     if (c->sliding_window) {
         cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
-        if (c->arch != MT_ARCH_MISTRAL) { /* which layers slide, explicitly (transformers 4.53 and later) */
+        if (c->arch != MT_ARCH_MISTRAL && c->arch != MT_ARCH_PHI3) { /* which layers slide, explicitly */
             cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
             for (int l = 0; l < (int)c->num_hidden_layers; l++)
                 cJSON_AddItemToArray(lt, cJSON_CreateString(mt_config_layer_slides(c, l) ? "sliding_attention"
@@ -365,7 +380,7 @@ int mt_tensor_ndim(const mt_tensor_desc *t)
     return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) ? 1 : 2;
 }
 
-mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128])
+mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128], size_t *count)
 {
     mt_st_write_req *r = calloc(MT_MAX(mt_tensor_count(m), (size_t)1), sizeof *r);
     if (!r) return NULL;
@@ -375,12 +390,23 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
         const mt_unit_desc *ud = &m->layout.units[u];
         const mt_tile *tl = &m->tiles.tile[u];
         const float *base = which == 0 ? mt_tile_master(tl, ud) : which == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
-        for (int i = 0; i < ud->n_tensors; i++, k++) {
+        for (int i = 0; i < ud->n_tensors; i++) {
             const mt_tensor_desc *t = &ud->tensors[i];
+            if (t->fused_rows && t->fused_row0) { /* a later block of the fused matrix before it */
+                mt_st_write_req *f = &r[k - 1];
+                f->part[f->n_parts] = base + t->offset;
+                f->part_numel[f->n_parts++] = t->numel;
+                f->numel += t->numel;
+                continue;
+            }
             snprintf(names[k], sizeof names[k], "%s%s", t->name, suffix[which]);
-            r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {t->rows, t->cols}, t->numel, base + t->offset};
+            const uint64_t rows = t->fused_rows ? t->fused_rows : t->rows;
+            r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, t->numel, 1,
+                                     {base + t->offset}, {t->numel}};
+            k++;
         }
     }
+    *count = k;
     return r;
 }
 
@@ -414,7 +440,7 @@ mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int w
 {
     size_t n = mt_tensor_count(m);
     char(*names)[128] = malloc(MT_MAX(n, (size_t)1) * sizeof *names);
-    mt_st_write_req *req = names ? mt_tensor_write_list(m, which, dtype, names) : NULL;
+    mt_st_write_req *req = names ? mt_tensor_write_list(m, which, dtype, names, &n) : NULL;
     mt_status st = req ? mt_st_write(err, path, req, n)
                        : mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory writing %s", path);
     free(req);
@@ -486,10 +512,11 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
                 const mt_tensor_desc *t = &ud->tensors[i];
                 char name[128];
                 snprintf(name, sizeof name, "%s%s", t->name, suffix[which[w]]);
-                const uint64_t dims[2] = {t->rows, t->cols};
+                const uint64_t dims[2] = {t->fused_rows ? t->fused_rows : t->rows, t->cols};
                 mt_st_tensor *src;
                 st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
-                req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL};
+                req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL,
+                                          (uint64_t)t->fused_row0 * t->cols, t->numel};
             }
         }
     for (size_t i = 0; i < s->n && !st; i++) {

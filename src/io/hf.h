@@ -15,8 +15,9 @@ char *mt_config_json_text(const mt_model_config *cfg);
 mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *dir);
 
 /* which: 0 the master weights (HF names), 1 AdamW m ("<name>.exp_avg"),
- * 2 AdamW v ("<name>.exp_avg_sq"). */
-mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128]);
+ * 2 AdamW v ("<name>.exp_avg_sq"). Tensors fused in the checkpoint are one
+ * request of several parts; *count gets the number of requests. */
+mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128], size_t *count);
 mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int which, int dtype);
 /* Validates that s holds every tensor of the kinds which[0..n_which) with its
  * exact shape and nothing else, then (unless dry_run) converts them into the

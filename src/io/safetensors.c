@@ -294,10 +294,10 @@ mt_status mt_st_expect(mt_err err, mt_st_set *s, const char *name, const uint64_
 
 #define CONVERT_CHUNK (1u << 20) /* elements per parallel task */
 
-/* Elements [lo, hi) of t into dst (and their bf16 rounding into bf). */
-static void convert_range(const mt_st_tensor *t, float *dst, uint16_t *bf, uint64_t lo, uint64_t hi)
+/* Elements [lo, hi) of t from element off on into dst (and their bf16 rounding into bf). */
+static void convert_range(const mt_st_tensor *t, uint64_t off, float *dst, uint16_t *bf, uint64_t lo, uint64_t hi)
 {
-    const unsigned char *p = t->data;
+    const unsigned char *p = t->data + off * (t->dtype == MT_ST_F32 ? 4 : 2);
     for (uint64_t i = lo; i < hi; i++) {
         float x;
         if (t->dtype == MT_ST_F32) {
@@ -324,9 +324,10 @@ static void convert_task(void *ctx, size_t task, int thread)
     const convert_job *j = ctx;
     size_t i = 0;
     while (j->first_task[i + 1] <= task) i++;
+    const mt_st_read_req *r = &j->req[i];
     uint64_t lo = (uint64_t)(task - j->first_task[i]) * CONVERT_CHUNK;
-    uint64_t hi = MT_MIN(lo + CONVERT_CHUNK, j->req[i].src->numel);
-    convert_range(j->req[i].src, j->req[i].dst, j->req[i].bf16, lo, hi);
+    uint64_t hi = MT_MIN(lo + CONVERT_CHUNK, r->numel ? r->numel : r->src->numel);
+    convert_range(r->src, r->offset, r->dst, r->bf16, lo, hi);
 }
 
 mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_t n)
@@ -335,7 +336,8 @@ mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_
     if (!first) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     for (size_t i = 0; i < n; i++) {
         first[i] = tasks;
-        tasks += (size_t)((req[i].src->numel + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+        const uint64_t numel = req[i].numel ? req[i].numel : req[i].src->numel;
+        tasks += (size_t)((numel + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
     }
     first[n] = tasks;
     convert_job j = {req, first, n};
@@ -383,14 +385,17 @@ static int write_data(int fd, const mt_st_write_req *t, size_t n, void *buf)
 {
     const size_t per = IO_CHUNK / 4;
     for (size_t i = 0; i < n; i++)
-        for (uint64_t k = 0; k < t[i].numel; k += per) {
-            size_t c = (size_t)MT_MIN((uint64_t)per, t[i].numel - k);
-            if (t[i].dtype == MT_ST_F32) {
-                if (mt_write_all(fd, t[i].src + k, c * 4)) return -1; /* little-endian host (x86-64) */
-            } else {
-                uint16_t *b = buf;
-                for (size_t e = 0; e < c; e++) b[e] = mt_f32_to_bf16(t[i].src[k + e]);
-                if (mt_write_all(fd, buf, c * 2)) return -1;
+        for (int p = 0; p < t[i].n_parts; p++) {
+            const float *src = t[i].part[p];
+            for (uint64_t k = 0; k < t[i].part_numel[p]; k += per) {
+                size_t c = (size_t)MT_MIN((uint64_t)per, t[i].part_numel[p] - k);
+                if (t[i].dtype == MT_ST_F32) {
+                    if (mt_write_all(fd, src + k, c * 4)) return -1; /* little-endian host (x86-64) */
+                } else {
+                    uint16_t *b = buf;
+                    for (size_t e = 0; e < c; e++) b[e] = mt_f32_to_bf16(src[k + e]);
+                    if (mt_write_all(fd, buf, c * 2)) return -1;
+                }
             }
         }
     return 0;

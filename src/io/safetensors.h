@@ -48,22 +48,30 @@ mt_status mt_st_expect(mt_err err, mt_st_set *s, const char *name, const uint64_
 void mt_st_free(mt_st_set *s);
 void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd);
 
-/* One tensor converted into fp32 (and, if bf16 is not NULL, its bf16 rounding). */
+/* One tensor converted into fp32 (and, if bf16 is not NULL, its bf16 rounding):
+ * its numel elements from offset (numel 0: all of it), e.g. some rows of a
+ * checkpoint's fused matrix. */
 typedef struct mt_st_read_req {
     const mt_st_tensor *src;
     float *dst;
     uint16_t *bf16;
+    uint64_t offset, numel;
 } mt_st_read_req;
 mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_t n);
 
-/* One tensor to write, from fp32 values (rounded to nearest even for BF16). */
+#define MT_ST_MAX_PARTS 3
+
+/* One tensor to write, from fp32 values (rounded to nearest even for BF16):
+ * the concatenation of n_parts arrays (a fused matrix from its row blocks). */
 typedef struct mt_st_write_req {
     const char *name;
     int dtype; /* MT_ST_F32 or MT_ST_BF16 */
     int ndim;
     uint64_t dims[2];
-    uint64_t numel;
-    const float *src;
+    uint64_t numel; /* of all the parts */
+    int n_parts;
+    const float *part[MT_ST_MAX_PARTS];
+    uint64_t part_numel[MT_ST_MAX_PARTS];
 } mt_st_write_req;
 /* Writes path.tmp tensor by tensor, fsyncs it and renames it to path. */
 mt_status mt_st_write(mt_err err, const char *path, const mt_st_write_req *t, size_t n);

@@ -19,16 +19,29 @@ static void add_tensor(mt_unit_desc *u, mt_tensor_role role, const char *name, u
     u->padded += MT_ALIGN_UP(t->numel, MT_TENSOR_ALIGN_ELEMS);
 }
 
+/* Tensors first .. first + n - 1 of u are row blocks, in order, of one matrix of the checkpoint. */
+static void fuse(mt_unit_desc *u, int first, int n)
+{
+    uint32_t rows = 0;
+    for (int i = first; i < first + n; i++) rows += u->tensors[i].rows;
+    for (int i = first, row0 = 0; i < first + n; row0 += (int)u->tensors[i].rows, i++) {
+        u->tensors[i].fused_rows = rows;
+        u->tensors[i].fused_row0 = (uint32_t)row0;
+    }
+}
+
 static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
 {
     const uint32_t C = c->hidden_size, F = c->intermediate_size;
     const uint32_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;
     char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "model.layers.%d." s, l), n)
+    const int fused = c->arch == MT_ARCH_PHI3; /* Phi-3's checkpoints fuse q, k, v and gate, up */
     add_tensor(u, MT_T_ATTN_NORM, NAME("input_layernorm.weight"), C, 1, 0);
-    add_tensor(u, MT_T_Q, NAME("self_attn.q_proj.weight"), q, C, 1);
-    add_tensor(u, MT_T_K, NAME("self_attn.k_proj.weight"), kv, C, 1);
-    add_tensor(u, MT_T_V, NAME("self_attn.v_proj.weight"), kv, C, 1);
+    add_tensor(u, MT_T_Q, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.q_proj.weight"), q, C, 1);
+    add_tensor(u, MT_T_K, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.k_proj.weight"), kv, C, 1);
+    add_tensor(u, MT_T_V, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.v_proj.weight"), kv, C, 1);
+    if (fused) fuse(u, u->n_tensors - 3, 3);
     if (c->attention_bias) {
         add_tensor(u, MT_T_Q_BIAS, NAME("self_attn.q_proj.bias"), q, 1, 0);
         add_tensor(u, MT_T_K_BIAS, NAME("self_attn.k_proj.bias"), kv, 1, 0);
@@ -40,8 +53,9 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
     }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
     add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
-    add_tensor(u, MT_T_GATE, NAME("mlp.gate_proj.weight"), F, C, 1);
-    add_tensor(u, MT_T_UP, NAME("mlp.up_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_UP, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.up_proj.weight"), F, C, 1);
+    if (fused) fuse(u, u->n_tensors - 2, 2);
     add_tensor(u, MT_T_DOWN, NAME("mlp.down_proj.weight"), C, F, 1);
 #undef NAME
 }

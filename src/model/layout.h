@@ -35,6 +35,10 @@ typedef struct mt_tensor_desc {
     uint64_t numel;
     uint64_t offset;    /* in elements from the start of the unit's blocks */
     int decay;          /* matrices take weight decay; norms and biases do not */
+    /* fused_rows != 0: the checkpoint holds this matrix as rows fused_row0 .. fused_row0 + rows of
+     * the fused_rows x cols matrix `name`, beside the other tensors of the unit with that name
+     * (Phi-3's qkv_proj and gate_up_proj) */
+    uint32_t fused_rows, fused_row0;
 } mt_tensor_desc;
 
 #define MT_MAX_UNIT_TENSORS 15

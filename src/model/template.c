@@ -10,7 +10,8 @@ const mt_template *mt_template_for(const mt_model_config *cfg)
     case MT_ARCH_LLAMA:
     case MT_ARCH_QWEN2:
     case MT_ARCH_MISTRAL:
-    case MT_ARCH_QWEN3: return &mt_template_llama;
+    case MT_ARCH_QWEN3:
+    case MT_ARCH_PHI3: return &mt_template_llama;
     default: return NULL;
     }
 }

@@ -187,7 +187,7 @@ void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq
 /* The template of a validated config's family. */
 const mt_template *mt_template_for(const mt_model_config *cfg);
 
-/* The template of Llama, Qwen2, Mistral and Qwen3 (src/model/llama.c). */
+/* The template of Llama, Qwen2, Mistral, Qwen3 and Phi-3 (src/model/llama.c). */
 extern const mt_template mt_template_llama;
 
 /* Pointers to each tensor of a unit inside a block laid out like its tile,

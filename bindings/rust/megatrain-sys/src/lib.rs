@@ -71,6 +71,7 @@ c_enum!(mt_arch {
     MT_ARCH_QWEN2 = 1,
     MT_ARCH_MISTRAL = 2,
     MT_ARCH_QWEN3 = 3,
+    MT_ARCH_PHI3 = 4,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 

@@ -136,6 +136,7 @@ c_enum!(Arch {
     QWEN2 = sys::MT_ARCH_QWEN2,
     MISTRAL = sys::MT_ARCH_MISTRAL,
     QWEN3 = sys::MT_ARCH_QWEN3,
+    PHI3 = sys::MT_ARCH_PHI3,
 });
 
 c_enum!(Precision {
