@@ -75,6 +75,13 @@ expect "plan" 0 "$BIN" plan --layers 8 --hidden 1024 --heads 16 --ffn 2816 --seq
 has "plan" "bytes per parameter"
 expect "plan too big" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 11008 --host-budget 1 --cpu
 has "plan too big" "does not fit"
+expect "plan families" 0 "$BIN" plan --families
+for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM Phi3ForCausalLM; do
+  has "plan families" "$a"
+done
+has "plan families" "Qwen3-8B             8.19 B     106.8    14.0     122.1    16.0"
+expect "plan families and more" 1 "$BIN" plan --families --cpu
+has "plan families and more" "--families takes no other option"
 expect "info" 0 "$BIN" info
 has "info" "libmegatrain"
 

@@ -335,6 +335,56 @@ int cmd_eval(int argc, char **argv)
 
 static double gib(uint64_t b) { return (double)b / (1u << 30); }
 
+/* The families this library trains, each with the shape of a checkpoint people fine-tune, and what
+ * the library's plan says that costs in host memory (the GPU holds a layer or two at a time). */
+static int print_families(void)
+{
+    static const struct {
+        const char *family, *architecture, *what, *example;
+        mt_arch arch;
+        uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
+    } f[] = {
+        {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
+         32, 8, 0, 0, 0, 0},
+        {"Qwen2", "Qwen2ForCausalLM", "q/k/v biases; windows", "Qwen2.5-7B", MT_ARCH_QWEN2, 152064, 3584, 18944, 28,
+         28, 4, 0, 0, 1, 0},
+        {"Mistral", "MistralForCausalLM", "sliding window", "Mistral-7B-v0.1", MT_ARCH_MISTRAL, 32000, 4096, 14336, 32,
+         32, 8, 0, 4096, 0, 0},
+        {"Qwen3", "Qwen3ForCausalLM", "norms of q and k", "Qwen3-8B", MT_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8,
+         128, 0, 0, 0},
+        {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
+         0, 0, 0},
+    };
+    printf("%-8s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
+           "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param");
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        double host[2] = {0, 0}, bpp[2] = {0, 0}, params = 0;
+        for (int fp32 = 0; fp32 < 2; fp32++) {
+            mt_model_config c;
+            mt_model_config_init(&c);
+            c.arch = f[i].arch, c.vocab_size = f[i].V, c.hidden_size = f[i].C, c.intermediate_size = f[i].F;
+            c.num_hidden_layers = f[i].L, c.num_attention_heads = f[i].H, c.num_key_value_heads = f[i].Hkv;
+            c.head_dim = f[i].D, c.sliding_window = f[i].window, c.attention_bias = f[i].bias;
+            c.tie_word_embeddings = f[i].tied, c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+            mt_offload_policy pol;
+            mt_offload_policy_init(&pol);
+            pol.backend = MT_BACKEND_CPU;
+            pol.host_budget_bytes = (uint64_t)1 << 50; /* the cost, not whether this machine has it */
+            mt_memory_plan p;
+            mt_memory_plan_init(&p);
+            if (mt_plan(&p, &c, &pol, NULL) != MT_OK) cli_die("%s", mt_last_errmsg());
+            const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
+            host[fp32] = gib(state), bpp[fp32] = (double)state / (double)p.num_params, params = (double)p.num_params;
+        }
+        printf("%-8s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
+               f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1]);
+    }
+    puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
+         "moments) in bf16 and in fp32 training; activations and the GPU's share come on top (plan a shape\n"
+         "to see them).");
+    return 0;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     mt_model_config cfg;
@@ -349,13 +399,19 @@ int cmd_plan(int argc, char **argv)
             puts("usage: megatrain plan [--model DIR|FILE | --config DIR|FILE] [--layers N --hidden N --heads N\n"
                  "                      --kv-heads N --ffn N --vocab N] [--seq-len N] [--micro-batch N]\n"
                  "                      [--grad-accum N] [--fp32] [--cpu | --gpu-memory GIB]\n"
-                 "                      [--host-budget GIB] [--gpu-budget GIB]\n\n"
+                 "                      [--host-budget GIB] [--gpu-budget GIB]\n"
+                 "       megatrain plan --families\n\n"
                  "Prints the bytes each memory tier would hold, without allocating anything.\n"
+                 "--families lists the model families this library trains and what a model of\n"
+                 "each costs in host memory.\n"
                  "--model and --config take a Hugging Face config.json or the folder holding it;\n"
                  "the shape options change what it says. --gpu-memory plans for a GPU with that\n"
                  "much memory, on any machine (one without a GPU too); --gpu-budget caps the\n"
                  "memory of this machine's GPU.");
             return 0;
+        } else if (cli_flag(argv, i, "--families")) {
+            if (argc != 2) cli_die("plan: --families takes no other option");
+            return print_families();
         } else if (cli_opt(argc, argv, &i, "--model", &v) || cli_opt(argc, argv, &i, "--config", &v)) {
             cli_config_load(&cfg, v);
         } else if (cli_opt(argc, argv, &i, "--gpu-memory", &v)) {
