@@ -2,6 +2,7 @@
 /* Hugging Face model folders: config.json parsing and writing, safetensors
  * save/load round trips, hand-written files in every dtype, shards, and the
  * refusals (each leaving the model as it was). */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1193,4 +1194,73 @@ Test(hf, save_carries_the_tokenizer_files)
     cr_assert_eq(stat(a, &sb), 0);
     mt_model_destroy(n);
     mt_model_destroy(m);
+}
+
+/* The special token ids of the folder a model came from go with it (transformers stops generating at
+ * eos; a padding row comes from pad_token_id), and a new Phi-3 says it has no padding row rather than
+ * leave transformers Phi3Config's 32000, beyond a small vocabulary. */
+static cJSON *saved_config(const char *dir)
+{
+    char p[512], *text = NULL;
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = malloc(len + 1);
+    cr_assert_eq(fread(text, 1, len, f), len);
+    fclose(f);
+    text[len] = '\0';
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cr_assert_not_null(j);
+    return j;
+}
+
+Test(hf, save_carries_the_token_ids)
+{
+    mt_model_config c = llama_gqa(MT_PRECISION_BF16);
+    mt_model *m = make(&c);
+    char src[256], dst[256];
+    tmp_path(src, "ids-src");
+    tmp_path(dst, "ids-dst");
+    cr_assert_eq(mt_model_save(m, src), MT_OK, "%s", mt_model_errmsg(m));
+    cJSON *j = saved_config(src);
+    cr_assert_null(cJSON_GetObjectItem(j, "eos_token_id"), "a new Llama leaves them to transformers");
+    cJSON_Delete(j);
+    /* the source's ids, an eos list among them (Llama 3.1 Instruct's) */
+    char *text = NULL;
+    {
+        j = saved_config(src);
+        cJSON_AddNumberToObject(j, "bos_token_id", 98);
+        cJSON *eos = cJSON_AddArrayToObject(j, "eos_token_id");
+        cJSON_AddItemToArray(eos, cJSON_CreateNumber(97));
+        cJSON_AddItemToArray(eos, cJSON_CreateNumber(99));
+        cJSON_AddNullToObject(j, "pad_token_id");
+        text = cJSON_Print(j);
+        cJSON_Delete(j);
+    }
+    write_text(src, "config.json", text);
+    cJSON_free(text);
+    mt_model *n = make(&c);
+    cr_assert_eq(mt_model_load(n, src), MT_OK, "%s", mt_model_errmsg(n));
+    cr_assert_eq(mt_model_save(n, dst), MT_OK, "%s", mt_model_errmsg(n));
+    j = saved_config(dst);
+    cr_assert_eq(cJSON_GetObjectItem(j, "bos_token_id")->valuedouble, 98);
+    const cJSON *eos = cJSON_GetObjectItem(j, "eos_token_id");
+    cr_assert(cJSON_IsArray(eos) && cJSON_GetArraySize(eos) == 2 && cJSON_GetArrayItem(eos, 1)->valuedouble == 99);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "pad_token_id")));
+    cJSON_Delete(j);
+    mt_model_destroy(n);
+    mt_model_destroy(m);
+
+    mt_model_config p = phi3(MT_PRECISION_BF16);
+    mt_model *f = make(&p);
+    cr_assert_eq(mt_model_save(f, dst), MT_OK, "%s", mt_model_errmsg(f));
+    j = saved_config(dst);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "pad_token_id")), "a new Phi-3 has no padding row");
+    cJSON_Delete(j);
+    mt_model_destroy(f);
 }

@@ -210,7 +210,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         }
         free(both), free(a), free(b), free(names);
     }
-    if (!st) st = mt_write_config(err, &m->cfg, tmp);
+    if (!st) st = mt_write_config(err, &m->cfg, m->source_dir, tmp);
     if (!st) st = write_state(err, tmp, m, &info, caller);
     else cJSON_Delete(caller);
     if (!st) st = mt_sync_dir(err, tmp);

@@ -319,7 +319,33 @@ static cJSON *float_number(float f)
     return cJSON_CreateNumber(strtod(s, NULL));
 }
 
-char *mt_config_json_text(const mt_model_config *c)
+/* The special token ids of the folder a model came from: the library does not use them, but
+ * transformers does (generation stops at eos; an embedding's padding row), and its defaults are
+ * some other model's (Phi3Config's pad_token_id 32000, LlamaConfig's eos 2). Best effort: a
+ * source folder whose config.json is gone or unreadable gives none. */
+static void add_token_ids(cJSON *j, const mt_model_config *c, const char *source_dir)
+{
+    static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    cJSON *src = NULL;
+    if (source_dir) {
+        char path[4096], *text;
+        size_t len;
+        char why[MT_ERRMSG_MAX];
+        mt_path_join(path, sizeof path, source_dir, "config.json");
+        if (mt_read_small_file((mt_err){why}, path, &text, &len) == MT_OK) {
+            src = cJSON_ParseWithLength(text, len);
+            free(text);
+        }
+    }
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = src ? cJSON_GetObjectItemCaseSensitive(src, keys[i]) : NULL;
+        if (v) cJSON_AddItemToObject(j, keys[i], cJSON_Duplicate(v, 1));
+        else if (c->arch == MT_ARCH_PHI3) cJSON_AddNullToObject(j, keys[i]); /* not Phi3Config's 32000 */
+    }
+    cJSON_Delete(src);
+}
+
+char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
@@ -370,6 +396,7 @@ char *mt_config_json_text(const mt_model_config *c)
     }
     cJSON_AddStringToObject(j, "torch_dtype", c->precision == MT_PRECISION_FP32 ? "float32" : "bfloat16");
     cJSON_AddItemToObject(j, "initializer_range", float_number(c->initializer_range));
+    add_token_ids(j, c, source_dir);
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;
@@ -417,9 +444,9 @@ size_t mt_tensor_count(const mt_model *m)
     return n;
 }
 
-mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *dir)
+mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *source_dir, const char *dir)
 {
-    char *text = mt_config_json_text(cfg), path[4096];
+    char *text = mt_config_json_text(cfg, source_dir), path[4096];
     if (!text) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory building config.json");
     size_t n = strlen(text);
     char *line = malloc(n + 2);
@@ -485,7 +512,7 @@ mt_status mt_model_save(mt_model *m, const char *dir)
     mt_status st;
     if ((st = mt_mkdir_p(err, dir)) ||
         (st = mt_save_tensors(err, m, path, 0, m->cfg.precision == MT_PRECISION_FP32 ? MT_ST_F32 : MT_ST_BF16)) ||
-        (st = mt_write_config(err, &m->cfg, dir)) || (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
+        (st = mt_write_config(err, &m->cfg, m->source_dir, dir)) || (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
         return st;
     return mt_sync_dir(err, dir);
 }

@@ -9,10 +9,11 @@
 /* 1 for norms and biases, 2 for matrices: the shape transformers uses. */
 int mt_tensor_ndim(const mt_tensor_desc *t);
 size_t mt_tensor_count(const mt_model *m);
-/* config.json text of cfg (cJSON_free it). */
-char *mt_config_json_text(const mt_model_config *cfg);
+/* config.json text of cfg (cJSON_free it), with the token ids (bos, eos, pad) of source_dir's
+ * config.json when the model came from a folder (source_dir non-NULL). */
+char *mt_config_json_text(const mt_model_config *cfg, const char *source_dir);
 /* Writes dir/config.json durably. */
-mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *dir);
+mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *source_dir, const char *dir);
 
 /* which: 0 the master weights (HF names), 1 AdamW m ("<name>.exp_avg"),
  * 2 AdamW v ("<name>.exp_avg_sq"). Tensors fused in the checkpoint are one
