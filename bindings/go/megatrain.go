@@ -1,6 +1,6 @@
 // Package megatrain trains decoder-only transformer language models (Llama,
-// Qwen2, Mistral families) through libmegatrain, whose model state lives in
-// host memory while the GPU receives one layer at a time.
+// Qwen2, Qwen3, Mistral, Phi-3 families) through libmegatrain, whose model
+// state lives in host memory while the GPU receives one layer at a time.
 //
 // The package is a cgo binding found through pkg-config (package
 // "megatrain"). Its API has no C types: option and result structs are plain

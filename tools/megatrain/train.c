@@ -430,8 +430,8 @@ static cJSON *identity_of(const train_args *a, const mt_model_config *cfg, const
     cJSON *j = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(j, "model"), *b = cJSON_AddObjectToObject(j, "batch"),
           *s = cJSON_AddObjectToObject(j, "schedule"), *d = cJSON_AddObjectToObject(j, "data");
     if (!d) cli_die("out of memory");
-    static const char *const arch[] = {"llama", "qwen2", "mistral"};
-    cJSON_AddStringToObject(m, "arch", cfg->arch < 3 ? arch[cfg->arch] : "?");
+    static const char *const arch[] = {"llama", "qwen2", "mistral", "qwen3", "phi3"};
+    cJSON_AddStringToObject(m, "arch", cfg->arch < sizeof arch / sizeof arch[0] ? arch[cfg->arch] : "?");
     cJSON_AddNumberToObject(m, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(m, "hidden_size", cfg->hidden_size);
     cJSON_AddNumberToObject(m, "intermediate_size", cfg->intermediate_size);

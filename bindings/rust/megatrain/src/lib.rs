@@ -1,6 +1,6 @@
 //! Safe Rust API of libmegatrain, which trains decoder-only transformer
-//! language models (Llama, Qwen2, Mistral) whose state lives in host memory
-//! while the GPU receives one layer at a time.
+//! language models (Llama, Qwen2, Qwen3, Mistral, Phi-3) whose state lives in
+//! host memory while the GPU receives one layer at a time.
 //!
 //! ```no_run
 //! use megatrain::{Backend, Batch, Model, ModelConfig, OffloadPolicy, OptimConfig, Precision};
