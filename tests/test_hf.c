@@ -654,6 +654,9 @@ Test(hf, config_refusals)
                           MT_ERR_UNSUPPORTED, "longrope (Phi-3's 128k-context checkpoints)");
     expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"attention_bias\":true}",
                           MT_ERR_INVALID_ARGUMENT, "qkv_proj has no bias");
+    expect_config_refusal("{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"text_config\":{" BASE_FIELDS
+                          "},\"vision_config\":{\"hidden_size\":1152}}",
+                          MT_ERR_UNSUPPORTED, "vision_config: Gemma3ForConditionalGeneration has a vision encoder");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
                           "Qwen3MoeForCausalLM is not supported (LlamaForCausalLM");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,

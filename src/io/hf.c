@@ -154,6 +154,18 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     int found = -1;
     char known[256];
+    /* multimodal checkpoints (Gemma 3 4B+, Llava, Qwen2-VL, Mistral 3, Llama 4) nest their language
+     * model beside a vision tower: say that, rather than only that the architecture is unknown */
+    static const char *const towers[] = {"vision_config", "audio_config"};
+    for (size_t i = 0; i < sizeof towers / sizeof towers[0]; i++)
+        if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, towers[i]))) {
+            const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: %s: %s has a %s encoder beside its language model; only text-only decoder models "
+                           "are supported (%s)",
+                           path, towers[i], cJSON_IsString(a0) ? a0->valuestring : "the model",
+                           i ? "audio" : "vision", arch_list(known, sizeof known, 0));
+        }
     if (archs && !cJSON_IsNull(archs)) {
         if (!cJSON_IsArray(archs) || cJSON_GetArraySize(archs) < 1)
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a non-empty list of names", path);
