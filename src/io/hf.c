@@ -89,7 +89,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
         if (W && W < c->max_position_embeddings)
             return mt_fail(err, MT_ERR_UNSUPPORTED,
                            "%s: sliding_window %u (shorter than max_position_embeddings %u) in a Llama model is not "
-                           "supported (Mistral, Qwen2 and Qwen3 have sliding windows)",
+                           "supported (Mistral, Qwen2, Qwen3 and Phi-3 have sliding windows)",
                            path, W, c->max_position_embeddings);
         W = 0;
     } else if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {

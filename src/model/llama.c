@@ -1,6 +1,8 @@
-/* The Llama template: Llama 2/3, Qwen2 (q/k/v biases), Mistral without
- * sliding window, and Qwen3 (an RMSNorm of each head of q and k before RoPE). Each unit's forward, recompute and backward as calls on
- * the kernel table (template.h); the worked example of
+/* The Llama template: Llama 2/3, Qwen2 (q/k/v biases), Mistral, Phi-3 (whose
+ * checkpoint fuses tensors: the layout's business) and Qwen3 (an RMSNorm of
+ * each head of q and k before RoPE: d->qk_norm); a layer's sliding window
+ * (a->window) is the attention kernels'. Each unit's forward, recompute and
+ * backward as calls on the kernel table (template.h); the worked example of
  * docs/architecture.md.
  *
  *   layer:  xn1 = rmsnorm(x)            q, k, v = xn1 Wq^T (+ b), ...
