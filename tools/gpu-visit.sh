@@ -68,6 +68,10 @@ done
 # the 7B step with each attention: the kernels, cuDNN (the default), cuDNN's non-deterministic backward
 run step_7b_kernels build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --attention kernels
 run step_7b_nondet build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --nondeterministic
+# the Qwen3-8B shape (norms of q and k; no q/k/v kept)
+run step_qwen3_8b build/bench/step --preset qwen3-8b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
+# the kernels with a sliding window of 4096 against none, one sequence of 32768 per B x H
+run attn_window sh -c 'for w in 0 4096; do build/bench/cuda_attention --S 32768 --D 128 --bh 32 --H 32 --iters 5 --window $w; done'
 run step_qwen7b build/bench/step --preset qwen7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
 run step_7b_full build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --recompute full --timeline
 run step_2gib build/bench/step --preset 1.5b --seq-len 2048 --micro-batch 1 --grad-accum 8 --steps 3 --host-budget 110 --gpu-budget 2 --timeline --timeline-csv "$OUT/step_2gib_visits.csv"
