@@ -1,0 +1,53 @@
+/* The lean mode's AdamW step, scalar (lean.h). Built with -std=c11: no
+ * contraction into fused multiply-adds, every operation rounds once, as in
+ * the default mode's kernels. */
+#include "optim/lean.h"
+#include "core/bf16.h"
+#include "optim/q8.h"
+
+#include <math.h>
+#include <string.h>
+
+uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index)
+{
+    uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ull) ^ (index * 0xD1B54A32D192ED03ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; /* splitmix64's finaliser */
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 48);
+}
+
+uint16_t mt_bf16_round_stochastic(float x, uint32_t r16)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN, quiet */
+    /* sign and magnitude: adding to the magnitude's dropped 16 bits carries into the kept ones with
+     * probability (dropped bits) / 2^16, into the exponent too when the mantissa is all ones */
+    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
+}
+
+int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n, uint16_t *w,
+                       const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv)
+{
+    const mt_adamw_consts c = mt_adamw_consts_of(h);
+    float m[MT_Q8_BLOCK], v[MT_Q8_BLOCK], p[MT_Q8_BLOCK];
+    if (n > MT_Q8_BLOCK) return -1;
+    mt_q8_decode_signed(qm, n, *sm, m);
+    mt_q8_decode_sqrt(qv, n, *sv, v);
+    for (size_t i = 0; i < n; i++) {
+        const float gi = mt_bf16_to_f32(g[i]) * c.grad_scale;
+        float pi = mt_bf16_to_f32(w[i]) * c.decay;
+        m[i] = c.beta1 * m[i] + c.omb1 * gi;
+        v[i] = c.beta2 * v[i] + c.omb2 * (gi * gi);
+        const float denom = sqrtf(v[i]) * c.inv_sqrt_bc2 + c.eps;
+        p[i] = pi - c.step * (m[i] / denom);
+    }
+    uint8_t qm2[MT_Q8_BLOCK], qv2[MT_Q8_BLOCK];
+    float sm2, sv2;
+    if (mt_q8_encode_signed(m, n, qm2, &sm2) || mt_q8_encode_sqrt(v, n, qv2, &sv2)) return -1;
+    for (size_t i = 0; i < n; i++) w[i] = mt_bf16_round_stochastic(p[i], mt_lean_random(seed, step, index0 + i));
+    memcpy(qm, qm2, n), memcpy(qv, qv2, n);
+    *sm = sm2, *sv = sv2;
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* The lean mode's AdamW step (docs/lean-optimizer.md): bf16 weights updated
+ * in place with stochastic rounding, the moments kept as 8-bit block codes
+ * (optim/q8.h). The scalar reference kernel of that mode; nothing calls it
+ * yet. */
+#ifndef MT_OPTIM_LEAN_H
+#define MT_OPTIM_LEAN_H
+
+#include "optim/adamw.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 16 random bits for parameter `index` at `step`: a counter-based hash, so a
+ * run (and a resumed run) draws the same bits whatever the threads. */
+uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index);
+
+/* x to bf16, rounded up in magnitude with probability equal to the dropped
+ * fraction of its ulp (r16: 16 uniform bits): the expected result is x.
+ * NaN stays a (quiet) NaN. */
+uint16_t mt_bf16_round_stochastic(float x, uint32_t r16);
+
+/* One block of n <= MT_Q8_BLOCK parameters, numbered index0.. in the model:
+ * AdamW (docs/adamw.md's arithmetic, in fp32) on w from the bf16 gradients
+ * g, with the moments decoded from (qm, *sm) and (qv, *sv) and encoded back;
+ * the new weights rounded by mt_bf16_round_stochastic. Returns -1, writing
+ * nothing, when a new moment is NaN or infinite (a NaN or infinite
+ * gradient). */
+int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n, uint16_t *w,
+                       const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv);
+
+#endif
