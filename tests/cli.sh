@@ -75,6 +75,9 @@ expect "plan" 0 "$BIN" plan --layers 8 --hidden 1024 --heads 16 --ffn 2816 --seq
 has "plan" "bytes per parameter"
 expect "plan too big" 1 "$BIN" plan --layers 32 --hidden 4096 --heads 32 --ffn 11008 --host-budget 1 --cpu
 has "plan too big" "does not fit"
+expect "plan a window" 0 "$BIN" plan --model tests/fixtures/mistral_window/model --seq-len 40 --cpu
+has "plan a window" "bf16, Mistral"
+has "plan a window" "a sliding window of 16 keys from layer 0 on"
 expect "plan families" 0 "$BIN" plan --families
 for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM Phi3ForCausalLM; do
   has "plan families" "$a"

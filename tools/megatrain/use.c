@@ -335,29 +335,42 @@ int cmd_eval(int argc, char **argv)
 
 static double gib(uint64_t b) { return (double)b / (1u << 30); }
 
-/* The families this library trains, each with the shape of a checkpoint people fine-tune, and what
- * the library's plan says that costs in host memory (the GPU holds a layer or two at a time). */
+/* The families this library trains, each with the shape of a checkpoint people fine-tune. */
+typedef struct family {
+    const char *family, *architecture, *what, *example;
+    mt_arch arch;
+    uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
+} family;
+
+static const family FAMILIES[] = {
+    {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
+     32, 8, 0, 0, 0, 0},
+    {"Qwen2", "Qwen2ForCausalLM", "q/k/v biases; windows", "Qwen2.5-7B", MT_ARCH_QWEN2, 152064, 3584, 18944, 28,
+     28, 4, 0, 0, 1, 0},
+    {"Mistral", "MistralForCausalLM", "sliding window", "Mistral-7B-v0.1", MT_ARCH_MISTRAL, 32000, 4096, 14336, 32,
+     32, 8, 0, 4096, 0, 0},
+    {"Qwen3", "Qwen3ForCausalLM", "norms of q and k", "Qwen3-8B", MT_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8,
+     128, 0, 0, 0},
+    {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
+     0, 0, 0},
+};
+#define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
+
+static const char *family_of(uint32_t arch)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if ((uint32_t)FAMILIES[i].arch == arch) return FAMILIES[i].family;
+    return "?";
+}
+
+/* What each family's example costs in host memory by the library's plan (the GPU holds a layer or
+ * two at a time). */
 static int print_families(void)
 {
-    static const struct {
-        const char *family, *architecture, *what, *example;
-        mt_arch arch;
-        uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
-    } f[] = {
-        {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
-         32, 8, 0, 0, 0, 0},
-        {"Qwen2", "Qwen2ForCausalLM", "q/k/v biases; windows", "Qwen2.5-7B", MT_ARCH_QWEN2, 152064, 3584, 18944, 28,
-         28, 4, 0, 0, 1, 0},
-        {"Mistral", "MistralForCausalLM", "sliding window", "Mistral-7B-v0.1", MT_ARCH_MISTRAL, 32000, 4096, 14336, 32,
-         32, 8, 0, 4096, 0, 0},
-        {"Qwen3", "Qwen3ForCausalLM", "norms of q and k", "Qwen3-8B", MT_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8,
-         128, 0, 0, 0},
-        {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
-         0, 0, 0},
-    };
+    const family *f = FAMILIES;
     printf("%-8s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
            "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param");
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    for (size_t i = 0; i < N_FAMILIES; i++) {
         double host[2] = {0, 0}, bpp[2] = {0, 0}, params = 0;
         for (int fp32 = 0; fp32 < 2; fp32++) {
             mt_model_config c;
@@ -439,8 +452,13 @@ int cmd_plan(int argc, char **argv)
     mt_status st = mt_plan(&p, &cfg, &pol, &sh);
     /* a plan that does not fit is printed with the reason; any other failure has no plan to print */
     if (st != MT_OK && st != MT_ERR_HOST_BUDGET && st != MT_ERR_GPU_BUDGET) cli_die("%s", mt_last_errmsg());
-    printf("model:       %.3f B parameters in %u units, %s\n", p.num_params / 1e9, p.num_units,
-           cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
+    printf("model:       %.3f B parameters in %u units, %s, %s\n", p.num_params / 1e9, p.num_units,
+           cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16", family_of(cfg.arch));
+    if (cfg.sliding_window) {
+        printf("attention:   a sliding window of %u keys from layer %u on", cfg.sliding_window, cfg.max_window_layers);
+        if (cfg.sliding_window_pattern) printf(", one layer in %u attending fully", cfg.sliding_window_pattern);
+        printf("%s\n", cfg.sliding_window >= sh.seq_len ? " (as long as the sequence or longer: it masks nothing)" : "");
+    }
     printf("batch:       %u x %u x %u tokens per step, %s backend\n", sh.num_micro_batches, sh.micro_batch_size,
            sh.seq_len, p.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");
     printf("host:        %8.2f GiB pinned + %8.2f GiB pageable (budget %.2f GiB)\n", gib(p.host_pinned_bytes),
