@@ -130,6 +130,10 @@ typedef enum mt_arch {
     MT_ARCH_MISTRAL = 2, /* MistralForCausalLM */
     MT_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: RMSNorm of each head of q and k */
     MT_ARCH_PHI3 = 4,    /* Phi3ForCausalLM (Phi-3, Phi-4): q, k, v and gate, up fused in the checkpoint */
+    MT_ARCH_GEMMA2 = 5,  /* Gemma2ForCausalLM: (1 + w) norms around attention and MLP, GELU-tanh, soft-capping */
+    MT_ARCH_GEMMA3 = 6,  /* Gemma3ForCausalLM (text): Gemma 2's layer with q/k norms and a local RoPE base */
+    MT_ARCH_QWEN3_MOE = 7, /* Qwen3MoeForCausalLM: Qwen3 attention, mixture-of-experts MLPs */
+    MT_ARCH_MIXTRAL = 8, /* MixtralForCausalLM: Mistral attention, mixture-of-experts MLPs */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 
@@ -142,6 +146,7 @@ typedef enum mt_precision {
 typedef enum mt_rope_scaling {
     MT_ROPE_SCALING_NONE = 0,
     MT_ROPE_SCALING_LLAMA3 = 1, /* rope_type "llama3": factor, low/high_freq_factor, original_max_position */
+    MT_ROPE_SCALING_LINEAR = 2, /* rope_type "linear": positions divided by factor (Gemma 3's full layers) */
     MT_ROPE_SCALING_MAX_ENUM = 0x7FFFFFFF
 } mt_rope_scaling;
 
@@ -176,6 +181,21 @@ typedef struct mt_model_config {
                                         with (i + 1) % P == 0 attends fully (one in P, as Gemma's) */
     uint32_t max_window_layers;    /* the layers below this attend fully (Qwen2's max_window_layers) */
     uint32_t reserved1;            /* zero */
+    /* appended in 0.2: Gemma 2 and Gemma 3 */
+    float query_pre_attn_scalar;   /* 0: head_dim; attention scores are scaled by its -1/2 power */
+    float rope_local_base_freq;    /* 0: rope_theta; the RoPE base of the sliding layers (Gemma 3), unscaled */
+    float attn_logit_softcapping;  /* 0: none; c: attention scores s become c * tanh(s / c) (Gemma 2) */
+    float final_logit_softcapping; /* 0: none; c: the same on the logits of the LM head */
+    /* appended in 0.2: mixture of experts (Qwen3-MoE, Mixtral) */
+    uint32_t num_experts;          /* 0: dense MLPs; E: each sparse layer's MLP is E experts and a router */
+    uint32_t num_experts_per_tok;  /* k: each token's output is the weighted sum of its k best experts' */
+    uint32_t moe_intermediate_size; /* each expert's inner width */
+    uint32_t norm_topk_prob;       /* non-zero: the k routing weights are renormalised to sum to 1 */
+    uint32_t decoder_sparse_step;  /* 0 or 1: every layer is sparse; s: layer l is when (l + 1) % s == 0 */
+    uint32_t output_router_logits; /* non-zero: the router's load-balancing loss is added to the training loss */
+    float router_aux_loss_coef;    /* its weight */
+    uint32_t reserved2;            /* zero */
+    uint64_t mlp_only_layers[4];   /* bit l % 64 of word l / 64: layer l has a dense MLP (l < 256) */
 } mt_model_config;
 
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,

@@ -183,6 +183,24 @@ static void window_layers_past(mt_model_config *c)
     c->arch = MT_ARCH_QWEN3, c->sliding_window = 16, c->max_window_layers = c->num_hidden_layers + 1;
 }
 static void pattern_without_window(mt_model_config *c) { c->arch = MT_ARCH_QWEN3, c->sliding_window_pattern = 2; }
+static void reserved2_set(mt_model_config *c) { c->reserved2 = 1; }
+static void llama_softcap(mt_model_config *c) { c->attn_logit_softcapping = 50.0f; }
+static void gemma_nan_softcap(mt_model_config *c) { c->arch = MT_ARCH_GEMMA2, c->final_logit_softcapping = NAN; }
+static void gemma2_local_base(mt_model_config *c) { c->arch = MT_ARCH_GEMMA2, c->rope_local_base_freq = 10000.0f; }
+static void gemma3_scalar(mt_model_config *c) { c->arch = MT_ARCH_GEMMA3, c->query_pre_attn_scalar = -1.0f; }
+static void linear_factor(mt_model_config *c) { c->rope_scaling = MT_ROPE_SCALING_LINEAR, c->rope_factor = 0.5f; }
+static void dense_experts(mt_model_config *c) { c->num_experts = 8; }
+static void moe(mt_model_config *c)
+{
+    c->arch = MT_ARCH_QWEN3_MOE, c->num_experts = 8, c->num_experts_per_tok = 2, c->moe_intermediate_size = 64;
+}
+static void moe_no_experts(mt_model_config *c) { moe(c), c->num_experts = 0; }
+static void moe_k_past(mt_model_config *c) { moe(c), c->num_experts_per_tok = 9; }
+static void moe_no_width(mt_model_config *c) { moe(c), c->moe_intermediate_size = 0; }
+static void moe_dense_past(mt_model_config *c) { moe(c), c->mlp_only_layers[0] = 1ull << c->num_hidden_layers; }
+static void moe_step_past(mt_model_config *c) { moe(c), c->decoder_sparse_step = c->num_hidden_layers + 1; }
+static void moe_aux_nan(mt_model_config *c) { moe(c), c->router_aux_loss_coef = NAN; }
+static void mixtral_no_norm(mt_model_config *c) { moe(c), c->arch = MT_ARCH_MIXTRAL; }
 
 Test(api, bad_configurations_are_refused_with_a_message)
 {
@@ -208,6 +226,20 @@ Test(api, bad_configurations_are_refused_with_a_message)
         {"pattern 1", pattern_one, "sliding_window_pattern 1"},
         {"window layers", window_layers_past, "max_window_layers"},
         {"pattern, no window", pattern_without_window, "need a sliding_window"},
+        {"reserved2", reserved2_set, "reserved2"},
+        {"Llama soft-cap", llama_softcap, "are Gemma's"},
+        {"soft-cap NaN", gemma_nan_softcap, "final_logit_softcapping nan"},
+        {"Gemma 2 local base", gemma2_local_base, "is Gemma 3's"},
+        {"negative scalar", gemma3_scalar, "query_pre_attn_scalar -1"},
+        {"linear factor", linear_factor, "linear rope scaling"},
+        {"dense with experts", dense_experts, "Qwen3-MoE and Mixtral have experts"},
+        {"no experts", moe_no_experts, "num_experts 0"},
+        {"k past experts", moe_k_past, "num_experts_per_tok 9"},
+        {"expert width 0", moe_no_width, "moe_intermediate_size 0"},
+        {"dense layer past", moe_dense_past, "mlp_only_layers names layer 2 of a model of 2"},
+        {"sparse step past", moe_step_past, "decoder_sparse_step 3"},
+        {"aux coef NaN", moe_aux_nan, "router_aux_loss_coef"},
+        {"Mixtral unnormalised", mixtral_no_norm, "Mixtral renormalises"},
     };
     mt_offload_policy p = quiet_cpu_policy();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

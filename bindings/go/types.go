@@ -43,11 +43,15 @@ type Arch uint32
 
 // The architectures.
 const (
-	ArchLlama   Arch = C.MT_ARCH_LLAMA
-	ArchQwen2   Arch = C.MT_ARCH_QWEN2
-	ArchMistral Arch = C.MT_ARCH_MISTRAL
-	ArchQwen3   Arch = C.MT_ARCH_QWEN3
-	ArchPhi3    Arch = C.MT_ARCH_PHI3
+	ArchLlama    Arch = C.MT_ARCH_LLAMA
+	ArchQwen2    Arch = C.MT_ARCH_QWEN2
+	ArchMistral  Arch = C.MT_ARCH_MISTRAL
+	ArchQwen3    Arch = C.MT_ARCH_QWEN3
+	ArchPhi3     Arch = C.MT_ARCH_PHI3
+	ArchGemma2   Arch = C.MT_ARCH_GEMMA2
+	ArchGemma3   Arch = C.MT_ARCH_GEMMA3
+	ArchQwen3Moe Arch = C.MT_ARCH_QWEN3_MOE
+	ArchMixtral  Arch = C.MT_ARCH_MIXTRAL
 )
 
 // Precision is the numeric mode of a model (mt_precision).
@@ -66,6 +70,7 @@ type RopeScaling uint32
 const (
 	RopeScalingNone   RopeScaling = C.MT_ROPE_SCALING_NONE
 	RopeScalingLlama3 RopeScaling = C.MT_ROPE_SCALING_LLAMA3
+	RopeScalingLinear RopeScaling = C.MT_ROPE_SCALING_LINEAR
 )
 
 // Backend is what runs a model (mt_backend).
@@ -234,6 +239,30 @@ type ModelConfig struct {
 	SlidingWindowPattern uint32
 	// MaxWindowLayers: the layers below this attend fully.
 	MaxWindowLayers uint32
+	// QueryPreAttnScalar: 0: head_dim; attention scores are scaled by its -1/2 power.
+	QueryPreAttnScalar float32
+	// RopeLocalBaseFreq: 0: rope_theta; the RoPE base of the sliding layers (Gemma 3).
+	RopeLocalBaseFreq float32
+	// AttnLogitSoftcapping: 0: none; c: attention scores s become c * tanh(s / c).
+	AttnLogitSoftcapping float32
+	// FinalLogitSoftcapping: 0: none; c: the same on the LM head's logits.
+	FinalLogitSoftcapping float32
+	// NumExperts: 0: dense MLPs; E: each sparse layer's MLP is E experts and a router.
+	NumExperts uint32
+	// NumExpertsPerTok: k: each token's output is the weighted sum of its k best experts'.
+	NumExpertsPerTok uint32
+	// MoeIntermediateSize: Each expert's inner width.
+	MoeIntermediateSize uint32
+	// NormTopkProb: Non-zero: the k routing weights are renormalised to sum to 1.
+	NormTopkProb uint32
+	// DecoderSparseStep: 0 or 1: every layer is sparse; s: layer l is when (l + 1) % s == 0.
+	DecoderSparseStep uint32
+	// OutputRouterLogits: Non-zero: the load-balancing loss is added to the training loss.
+	OutputRouterLogits uint32
+	// RouterAuxLossCoef: The load-balancing loss's weight.
+	RouterAuxLossCoef float32
+	// MlpOnlyLayers: bit l%64 of word l/64: layer l has a dense MLP.
+	MlpOnlyLayers [4]uint64
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -270,11 +299,25 @@ func (g *ModelConfig) toC() C.mt_model_config {
 	c.sliding_window = C.uint32_t(g.SlidingWindow)
 	c.sliding_window_pattern = C.uint32_t(g.SlidingWindowPattern)
 	c.max_window_layers = C.uint32_t(g.MaxWindowLayers)
+	c.query_pre_attn_scalar = C.float(g.QueryPreAttnScalar)
+	c.rope_local_base_freq = C.float(g.RopeLocalBaseFreq)
+	c.attn_logit_softcapping = C.float(g.AttnLogitSoftcapping)
+	c.final_logit_softcapping = C.float(g.FinalLogitSoftcapping)
+	c.num_experts = C.uint32_t(g.NumExperts)
+	c.num_experts_per_tok = C.uint32_t(g.NumExpertsPerTok)
+	c.moe_intermediate_size = C.uint32_t(g.MoeIntermediateSize)
+	c.norm_topk_prob = C.uint32_t(g.NormTopkProb)
+	c.decoder_sparse_step = C.uint32_t(g.DecoderSparseStep)
+	c.output_router_logits = C.uint32_t(g.OutputRouterLogits)
+	c.router_aux_loss_coef = C.float(g.RouterAuxLossCoef)
+	for i := range g.MlpOnlyLayers {
+		c.mlp_only_layers[i] = C.uint64_t(g.MlpOnlyLayers[i])
+	}
 	return c
 }
 
 func modelConfigFromC(c *C.mt_model_config) ModelConfig {
-	return ModelConfig{
+	g := ModelConfig{
 		Arch:                    Arch(c.arch),
 		VocabSize:               uint32(c.vocab_size),
 		HiddenSize:              uint32(c.hidden_size),
@@ -299,7 +342,22 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 		SlidingWindow:           uint32(c.sliding_window),
 		SlidingWindowPattern:    uint32(c.sliding_window_pattern),
 		MaxWindowLayers:         uint32(c.max_window_layers),
+		QueryPreAttnScalar:      float32(c.query_pre_attn_scalar),
+		RopeLocalBaseFreq:       float32(c.rope_local_base_freq),
+		AttnLogitSoftcapping:    float32(c.attn_logit_softcapping),
+		FinalLogitSoftcapping:   float32(c.final_logit_softcapping),
+		NumExperts:              uint32(c.num_experts),
+		NumExpertsPerTok:        uint32(c.num_experts_per_tok),
+		MoeIntermediateSize:     uint32(c.moe_intermediate_size),
+		NormTopkProb:            uint32(c.norm_topk_prob),
+		DecoderSparseStep:       uint32(c.decoder_sparse_step),
+		OutputRouterLogits:      uint32(c.output_router_logits),
+		RouterAuxLossCoef:       float32(c.router_aux_loss_coef),
 	}
+	for i := range g.MlpOnlyLayers {
+		g.MlpOnlyLayers[i] = uint64(c.mlp_only_layers[i])
+	}
+	return g
 }
 
 // LoadConfig reads a Hugging Face model folder's config.json. Precision,

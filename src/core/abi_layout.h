@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 112, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, reserved1) + sizeof(((mt_model_config *)0)->reserved1) == 112, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 192, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, mlp_only_layers) + sizeof(((mt_model_config *)0)->mlp_only_layers) == 192, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -38,6 +38,19 @@ _Static_assert(offsetof(mt_model_config, sliding_window) == 96, "mt_model_config
 _Static_assert(offsetof(mt_model_config, sliding_window_pattern) == 100, "mt_model_config.sliding_window_pattern: offset");
 _Static_assert(offsetof(mt_model_config, max_window_layers) == 104, "mt_model_config.max_window_layers: offset");
 _Static_assert(offsetof(mt_model_config, reserved1) == 108, "mt_model_config.reserved1: offset");
+_Static_assert(offsetof(mt_model_config, query_pre_attn_scalar) == 112, "mt_model_config.query_pre_attn_scalar: offset");
+_Static_assert(offsetof(mt_model_config, rope_local_base_freq) == 116, "mt_model_config.rope_local_base_freq: offset");
+_Static_assert(offsetof(mt_model_config, attn_logit_softcapping) == 120, "mt_model_config.attn_logit_softcapping: offset");
+_Static_assert(offsetof(mt_model_config, final_logit_softcapping) == 124, "mt_model_config.final_logit_softcapping: offset");
+_Static_assert(offsetof(mt_model_config, num_experts) == 128, "mt_model_config.num_experts: offset");
+_Static_assert(offsetof(mt_model_config, num_experts_per_tok) == 132, "mt_model_config.num_experts_per_tok: offset");
+_Static_assert(offsetof(mt_model_config, moe_intermediate_size) == 136, "mt_model_config.moe_intermediate_size: offset");
+_Static_assert(offsetof(mt_model_config, norm_topk_prob) == 140, "mt_model_config.norm_topk_prob: offset");
+_Static_assert(offsetof(mt_model_config, decoder_sparse_step) == 144, "mt_model_config.decoder_sparse_step: offset");
+_Static_assert(offsetof(mt_model_config, output_router_logits) == 148, "mt_model_config.output_router_logits: offset");
+_Static_assert(offsetof(mt_model_config, router_aux_loss_coef) == 152, "mt_model_config.router_aux_loss_coef: offset");
+_Static_assert(offsetof(mt_model_config, reserved2) == 156, "mt_model_config.reserved2: offset");
+_Static_assert(offsetof(mt_model_config, mlp_only_layers) == 160, "mt_model_config.mlp_only_layers: offset");
 
 _Static_assert(sizeof(mt_offload_policy) == 104, "mt_offload_policy: size");
 _Static_assert(offsetof(mt_offload_policy, attention_flags) + sizeof(((mt_offload_policy *)0)->attention_flags) == 104, "mt_offload_policy: no tail padding");

@@ -131,13 +131,81 @@ void mt_memory_plan_init_sized(mt_memory_plan *p, uint32_t size) { mt_struct_ini
 #define MAX_HEADS 1024u
 #define MAX_HEAD_DIM 1024u
 
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+static int is_gemma(const mt_model_config *c) { return c->arch == MT_ARCH_GEMMA2 || c->arch == MT_ARCH_GEMMA3; }
+static int is_moe(const mt_model_config *c) { return c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL; }
+
+/* A float field that is 0 (unset) or finite and above lo. */
+static int unset_or_above(float f, float lo) { return f == 0.0f || (isfinite(f) && f > lo); }
+
+static mt_status gemma_fields_check(mt_err err, const mt_model_config *c)
+{
+    if (!unset_or_above(c->query_pre_attn_scalar, 0.0f))
+        return BAD("query_pre_attn_scalar %g must be 0 or a positive finite number", (double)c->query_pre_attn_scalar);
+    if (!unset_or_above(c->rope_local_base_freq, 1.0f))
+        return BAD("rope_local_base_freq %g must be 0 or a finite number above 1", (double)c->rope_local_base_freq);
+    if (!unset_or_above(c->attn_logit_softcapping, 0.0f) || !unset_or_above(c->final_logit_softcapping, 0.0f))
+        return BAD("attn_logit_softcapping %g and final_logit_softcapping %g must be 0 or positive finite numbers",
+                   (double)c->attn_logit_softcapping, (double)c->final_logit_softcapping);
+    if (!is_gemma(c) && (c->query_pre_attn_scalar != 0.0f || c->attn_logit_softcapping != 0.0f ||
+                         c->final_logit_softcapping != 0.0f))
+        return BAD("query_pre_attn_scalar, attn_logit_softcapping and final_logit_softcapping are Gemma's: they must "
+                   "be 0 for architecture %u",
+                   c->arch);
+    if (c->arch != MT_ARCH_GEMMA3 && c->rope_local_base_freq != 0.0f)
+        return BAD("rope_local_base_freq %g is Gemma 3's: it must be 0 for architecture %u",
+                   (double)c->rope_local_base_freq, c->arch);
+    return MT_OK;
+}
+
+#define MAX_EXPERTS 1024u
+
+static int any_dense_layer(const mt_model_config *c)
+{
+    return (c->mlp_only_layers[0] | c->mlp_only_layers[1] | c->mlp_only_layers[2] | c->mlp_only_layers[3]) != 0;
+}
+
+static mt_status moe_fields_check(mt_err err, const mt_model_config *c)
+{
+    const int any = c->num_experts || c->num_experts_per_tok || c->moe_intermediate_size || c->norm_topk_prob ||
+                    c->decoder_sparse_step || c->output_router_logits || c->router_aux_loss_coef != 0.0f ||
+                    c->mlp_only_layers[0] || c->mlp_only_layers[1] || c->mlp_only_layers[2] ||
+                    c->mlp_only_layers[3];
+    if (!is_moe(c)) {
+        if (any)
+            return BAD("num_experts and the other mixture-of-experts fields must be 0 for architecture %u (Qwen3-MoE "
+                       "and Mixtral have experts)",
+                       c->arch);
+        return MT_OK;
+    }
+    if (c->num_experts == 0 || c->num_experts > MAX_EXPERTS)
+        return BAD("num_experts %u is outside [1, %u]", c->num_experts, MAX_EXPERTS);
+    if (c->num_experts_per_tok == 0 || c->num_experts_per_tok > c->num_experts)
+        return BAD("num_experts_per_tok %u is outside [1, num_experts %u]", c->num_experts_per_tok, c->num_experts);
+    if (c->moe_intermediate_size == 0 || c->moe_intermediate_size > 8 * MAX_HIDDEN)
+        return BAD("moe_intermediate_size %u is outside [1, %u]", c->moe_intermediate_size, 8 * MAX_HIDDEN);
+    if (c->decoder_sparse_step > c->num_hidden_layers)
+        return BAD("decoder_sparse_step %u is more than num_hidden_layers %u", c->decoder_sparse_step,
+                   c->num_hidden_layers);
+    if (!(c->router_aux_loss_coef >= 0.0f) || !isfinite(c->router_aux_loss_coef))
+        return BAD("router_aux_loss_coef %g must be finite and >= 0", (double)c->router_aux_loss_coef);
+    for (uint32_t l = c->num_hidden_layers; l < 256; l++)
+        if (c->mlp_only_layers[l / 64] >> (l % 64) & 1)
+            return BAD("mlp_only_layers names layer %u of a model of %u layers", l, c->num_hidden_layers);
+    if (c->arch == MT_ARCH_MIXTRAL &&
+        (!c->norm_topk_prob || c->decoder_sparse_step > 1 || any_dense_layer(c)))
+        return BAD("Mixtral renormalises its top-k weights and has experts in every layer: norm_topk_prob must be 1, "
+                   "decoder_sparse_step 0 or 1 and mlp_only_layers empty");
+    return MT_OK;
+}
+
 mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config *src)
 {
     mt_model_config_init(c);
     mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
-#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
-    if (c->arch > MT_ARCH_PHI3) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
+    if (c->arch > MT_ARCH_MIXTRAL) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
     if (c->precision > MT_PRECISION_FP32)
         return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
     if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)
@@ -166,7 +234,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
         return BAD("rms_norm_eps %g must be a positive finite number", (double)c->rms_norm_eps);
     if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
         return BAD("rope_theta %g must be a finite number above 1", (double)c->rope_theta);
-    if (c->rope_scaling > MT_ROPE_SCALING_LLAMA3)
+    if (c->rope_scaling > MT_ROPE_SCALING_LINEAR)
         return BAD("rope_scaling %u is not an mt_rope_scaling value", c->rope_scaling);
     if (c->rope_scaling == MT_ROPE_SCALING_LLAMA3 &&
         (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
@@ -175,10 +243,16 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
                    "original_max_position > 0 (got %g, %g, %g, %u)",
                    (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
                    c->rope_original_max_position);
+    if (c->rope_scaling == MT_ROPE_SCALING_LINEAR && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
+        return BAD("linear rope scaling needs a finite factor >= 1 (got %g)", (double)c->rope_factor);
     if (!(c->initializer_range >= 0.0f) || !isfinite(c->initializer_range))
         return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
     if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
     if (c->reserved1) return BAD("mt_model_config.reserved1 must be zero");
+    if (c->reserved2) return BAD("mt_model_config.reserved2 must be zero");
+    st = gemma_fields_check(err, c);
+    if (!st) st = moe_fields_check(err, c);
+    if (st) return st;
     if (c->arch == MT_ARCH_PHI3 && c->attention_bias)
         return BAD("attention_bias: Phi-3's fused qkv_proj has no bias");
     if (c->sliding_window) {

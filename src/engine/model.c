@@ -6,6 +6,7 @@
 #include "engine/plan.h"
 #include "core/rng.h"
 #include "core/sysinfo.h"
+#include "model/template.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +79,9 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     mt_optimizer_init(&m->opt);
     mt_status st;
     char why[256], b1[32];
-    if ((st = mt_config_import(err, &m->cfg, cfg)) || (st = mt_policy_import(err, &m->pol, pol))) goto fail;
+    if ((st = mt_config_import(err, &m->cfg, cfg)) || (st = mt_policy_import(err, &m->pol, pol)) ||
+        (st = mt_template_check(err, &m->cfg)))
+        goto fail;
     m->log = (mt_logger){m->pol.log_callback, m->pol.log_user_data, (mt_log_level)m->pol.log_level};
     if ((st = mt_resolve_backend(err, &m->pol, &m->backend, why, sizeof why))) goto fail;
     if (m->backend == MT_BACKEND_CUDA) {

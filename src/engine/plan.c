@@ -2,6 +2,7 @@
 #include "engine/backend.h"
 #include "device/device.h"
 #include "core/sysinfo.h"
+#include "model/template.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -116,7 +117,7 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
         return mt_fail(err, MT_ERR_STRUCT_SIZE, "mt_memory_plan.struct_size is %u, but the smallest accepted is %d: "
                        "initialise it with mt_memory_plan_init()", out_size, MT_FIRST_SIZE_MEMORY_PLAN);
     if ((st = mt_config_import(err, &cfg, cfg_in)) || (st = mt_policy_import(err, &pol, pol_in)) ||
-        (st = mt_shape_import(err, &shape, shape_in)))
+        (st = mt_shape_import(err, &shape, shape_in)) || (st = mt_template_check(err, &cfg)))
         return st;
     /* A plan is arithmetic: asked for the CUDA backend with a GPU budget, it
      * plans for that GPU whether or not this machine has one. */

@@ -74,7 +74,19 @@ static inline int mt_role_is_norm(mt_tensor_role r)
 static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS; }
 
 /* Whether a validated config's layers normalize each head of q and k. */
-static inline int mt_config_qk_norm(const mt_model_config *c) { return c->arch == MT_ARCH_QWEN3; }
+static inline int mt_config_qk_norm(const mt_model_config *c)
+{
+    return c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_GEMMA3;
+}
+
+/* Whether layer l of a validated config has a mixture-of-experts MLP: every
+ * decoder_sparse_step-th layer of a model with experts, except those of
+ * mlp_only_layers (transformers' Qwen3-MoE rule; Mixtral: every layer). */
+static inline int mt_config_layer_sparse(const mt_model_config *c, int l)
+{
+    const uint32_t step = c->decoder_sparse_step ? c->decoder_sparse_step : 1;
+    return c->num_experts && ((uint32_t)l + 1) % step == 0 && !(c->mlp_only_layers[l / 64] >> (l % 64) & 1);
+}
 
 /* Whether layer l of a validated config attends through a sliding window. */
 static inline int mt_config_layer_slides(const mt_model_config *c, int l)

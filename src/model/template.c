@@ -16,6 +16,13 @@ const mt_template *mt_template_for(const mt_model_config *cfg)
     }
 }
 
+mt_status mt_template_check(mt_err err, const mt_model_config *cfg)
+{
+    if (mt_template_for(cfg)) return MT_OK;
+    return mt_fail(err, MT_ERR_UNSUPPORTED, "architecture %u has no layer template in this build of the library",
+                   cfg->arch);
+}
+
 void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
 {
     memset(d, 0, sizeof *d);

@@ -187,6 +187,9 @@ void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq
 /* The template of a validated config's family. */
 const mt_template *mt_template_for(const mt_model_config *cfg);
 
+/* MT_ERR_UNSUPPORTED, naming the architecture, where it has no template. */
+mt_status mt_template_check(mt_err err, const mt_model_config *cfg);
+
 /* The template of Llama, Qwen2, Mistral, Qwen3 and Phi-3 (src/model/llama.c). */
 extern const mt_template mt_template_llama;
 

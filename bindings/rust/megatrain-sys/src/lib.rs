@@ -72,6 +72,10 @@ c_enum!(mt_arch {
     MT_ARCH_MISTRAL = 2,
     MT_ARCH_QWEN3 = 3,
     MT_ARCH_PHI3 = 4,
+    MT_ARCH_GEMMA2 = 5,
+    MT_ARCH_GEMMA3 = 6,
+    MT_ARCH_QWEN3_MOE = 7,
+    MT_ARCH_MIXTRAL = 8,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -84,6 +88,7 @@ c_enum!(mt_precision {
 c_enum!(mt_rope_scaling {
     MT_ROPE_SCALING_NONE = 0,
     MT_ROPE_SCALING_LLAMA3 = 1,
+    MT_ROPE_SCALING_LINEAR = 2,
     MT_ROPE_SCALING_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -212,6 +217,19 @@ pub struct mt_model_config {
     pub sliding_window_pattern: u32,
     pub max_window_layers: u32,
     pub reserved1: u32,
+    pub query_pre_attn_scalar: f32,
+    pub rope_local_base_freq: f32,
+    pub attn_logit_softcapping: f32,
+    pub final_logit_softcapping: f32,
+    pub num_experts: u32,
+    pub num_experts_per_tok: u32,
+    pub moe_intermediate_size: u32,
+    pub norm_topk_prob: u32,
+    pub decoder_sparse_step: u32,
+    pub output_router_logits: u32,
+    pub router_aux_loss_coef: f32,
+    pub reserved2: u32,
+    pub mlp_only_layers: [u64; 4],
 }
 
 #[repr(C)]

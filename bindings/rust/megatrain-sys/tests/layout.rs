@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 112, align 8,
+    mt_model_config, size 192, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -64,6 +64,19 @@ layout! {
     sliding_window_pattern: 100,
     max_window_layers: 104,
     reserved1: 108,
+    query_pre_attn_scalar: 112,
+    rope_local_base_freq: 116,
+    attn_logit_softcapping: 120,
+    final_logit_softcapping: 124,
+    num_experts: 128,
+    num_experts_per_tok: 132,
+    moe_intermediate_size: 136,
+    norm_topk_prob: 140,
+    decoder_sparse_step: 144,
+    output_router_logits: 148,
+    router_aux_loss_coef: 152,
+    reserved2: 156,
+    mlp_only_layers: 160,
 }
 
 layout! {

@@ -137,6 +137,10 @@ c_enum!(Arch {
     MISTRAL = sys::MT_ARCH_MISTRAL,
     QWEN3 = sys::MT_ARCH_QWEN3,
     PHI3 = sys::MT_ARCH_PHI3,
+    GEMMA2 = sys::MT_ARCH_GEMMA2,
+    GEMMA3 = sys::MT_ARCH_GEMMA3,
+    QWEN3_MOE = sys::MT_ARCH_QWEN3_MOE,
+    MIXTRAL = sys::MT_ARCH_MIXTRAL,
 });
 
 c_enum!(Precision {
@@ -147,6 +151,7 @@ c_enum!(Precision {
 c_enum!(RopeScaling {
     NONE = sys::MT_ROPE_SCALING_NONE,
     LLAMA3 = sys::MT_ROPE_SCALING_LLAMA3,
+    LINEAR = sys::MT_ROPE_SCALING_LINEAR,
 });
 
 c_enum!(Backend {
@@ -330,6 +335,30 @@ pub struct ModelConfig {
     pub sliding_window_pattern: u32,
     /// The layers below this attend fully.
     pub max_window_layers: u32,
+    /// 0: head_dim; attention scores are scaled by its -1/2 power.
+    pub query_pre_attn_scalar: f32,
+    /// 0: rope_theta; the RoPE base of the sliding layers (Gemma 3).
+    pub rope_local_base_freq: f32,
+    /// 0: none; c: attention scores s become c * tanh(s / c).
+    pub attn_logit_softcapping: f32,
+    /// 0: none; c: the same on the LM head's logits.
+    pub final_logit_softcapping: f32,
+    /// 0: dense MLPs; E: each sparse layer's MLP is E experts and a router.
+    pub num_experts: u32,
+    /// k: each token's output is the weighted sum of its k best experts'.
+    pub num_experts_per_tok: u32,
+    /// Each expert's inner width.
+    pub moe_intermediate_size: u32,
+    /// Non-zero: the k routing weights are renormalised to sum to 1.
+    pub norm_topk_prob: u32,
+    /// 0 or 1: every layer is sparse; s: layer l is when (l + 1) % s == 0.
+    pub decoder_sparse_step: u32,
+    /// Non-zero: the load-balancing loss is added to the training loss.
+    pub output_router_logits: u32,
+    /// The load-balancing loss's weight.
+    pub router_aux_loss_coef: f32,
+    /// Bit l % 64 of word l / 64: layer l has a dense MLP.
+    pub mlp_only_layers: [u64; 4],
 }
 
 impl Default for ModelConfig {
@@ -365,6 +394,18 @@ impl ModelConfig {
             sliding_window: r.sliding_window,
             sliding_window_pattern: r.sliding_window_pattern,
             max_window_layers: r.max_window_layers,
+            query_pre_attn_scalar: r.query_pre_attn_scalar,
+            rope_local_base_freq: r.rope_local_base_freq,
+            attn_logit_softcapping: r.attn_logit_softcapping,
+            final_logit_softcapping: r.final_logit_softcapping,
+            num_experts: r.num_experts,
+            num_experts_per_tok: r.num_experts_per_tok,
+            moe_intermediate_size: r.moe_intermediate_size,
+            norm_topk_prob: r.norm_topk_prob,
+            decoder_sparse_step: r.decoder_sparse_step,
+            output_router_logits: r.output_router_logits,
+            router_aux_loss_coef: r.router_aux_loss_coef,
+            mlp_only_layers: r.mlp_only_layers,
         }
     }
 
@@ -394,6 +435,18 @@ impl ModelConfig {
         r.sliding_window = self.sliding_window;
         r.sliding_window_pattern = self.sliding_window_pattern;
         r.max_window_layers = self.max_window_layers;
+        r.query_pre_attn_scalar = self.query_pre_attn_scalar;
+        r.rope_local_base_freq = self.rope_local_base_freq;
+        r.attn_logit_softcapping = self.attn_logit_softcapping;
+        r.final_logit_softcapping = self.final_logit_softcapping;
+        r.num_experts = self.num_experts;
+        r.num_experts_per_tok = self.num_experts_per_tok;
+        r.moe_intermediate_size = self.moe_intermediate_size;
+        r.norm_topk_prob = self.norm_topk_prob;
+        r.decoder_sparse_step = self.decoder_sparse_step;
+        r.output_router_logits = self.output_router_logits;
+        r.router_aux_loss_coef = self.router_aux_loss_coef;
+        r.mlp_only_layers = self.mlp_only_layers;
         r
     }
 
