@@ -97,9 +97,9 @@ static void bench_others(mt_pool *p)
     mt_rope_inv_freq(inv_freq, D, &rp);
     double t[8];
     t[0] = now();
-    mt_cpu_rmsnorm(p, y, rstd, x, w, T, C, 1e-5f);
+    mt_cpu_rmsnorm(p, y, rstd, x, w, T, C, 1e-5f, 0.0f);
     t[1] = now();
-    mt_cpu_rmsnorm_bwd(p, dx, w, y, x, w, rstd, T, C, 1e-5f);
+    mt_cpu_rmsnorm_bwd(p, dx, w, y, x, w, rstd, T, C, 1e-5f, 0.0f);
     t[2] = now();
     mt_cpu_rope(p, q, pos, inv_freq, T, H, D, 0);
     t[3] = now();
@@ -107,7 +107,7 @@ static void bench_others(mt_pool *p)
     t[4] = now();
     mt_cpu_swiglu_bwd(p, o, g, u, g, u, (size_t)T * F);
     t[5] = now();
-    mt_cpu_cross_entropy(p, logits, pos, n, V, 1.0f, -100, NULL);
+    mt_cpu_cross_entropy(p, logits, pos, n, V, 1.0f, 0.0f, -100, NULL);
     t[6] = now();
     printf("ms: rmsnorm %.2f, rmsnorm_bwd %.2f, rope(q) %.2f, swiglu %.2f, swiglu_bwd %.2f, cross-entropy %.2f\n",
            (t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3, (t[5] - t[4]) * 1e3,

@@ -441,10 +441,7 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
 
     /* RoPE's inverse frequencies, as the CPU backend computes them */
     float *want_if = parity_jfloats(f.json, "inv_freq", D / 2), *inv = malloc(D / 2 * sizeof *inv);
-    mt_rope_params rp = {m->cfg.rope_theta, m->cfg.rope_scaling == MT_ROPE_SCALING_LLAMA3, m->cfg.rope_factor,
-                         m->cfg.rope_low_freq_factor, m->cfg.rope_high_freq_factor,
-                         (int)m->cfg.rope_original_max_position};
-    mt_rope_inv_freq(inv, (int)D, &rp);
+    mt_rope_inv_freq_of(inv, &m->cfg, 0);
     double if_max = 0.0;
     int if_at = 0;
     for (uint32_t i = 0; i < D / 2; i++) {

@@ -263,7 +263,7 @@ Test(cpu_ops, rmsnorm_forward)
     const int T = 17, C = 77;
     const float eps = 1e-5f;
     float *x = rand_vec(T * C, 2), *w = rand_vec(C, 1), *y = rand_vec(T * C, 1), *rstd = rand_vec(T, 1);
-    mt_cpu_rmsnorm(NULL, y, rstd, x, w, T, C, eps);
+    mt_cpu_rmsnorm(NULL, y, rstd, x, w, T, C, eps, 0.0f);
     for (int t = 0; t < T; t++) {
         double ss = 0;
         for (int c = 0; c < C; c++) ss += (double)x[t * C + c] * x[t * C + c];
@@ -286,7 +286,7 @@ typedef struct {
 static double norm_loss(void *c)
 {
     norm_ctx *n = c;
-    mt_cpu_rmsnorm(NULL, n->y, NULL, n->x, n->w, n->T, n->C, n->eps);
+    mt_cpu_rmsnorm(NULL, n->y, NULL, n->x, n->w, n->T, n->C, n->eps, 0.0f);
     return dot_d(n->y, n->R, (size_t)n->T * n->C);
 }
 
@@ -296,13 +296,13 @@ Test(cpu_ops, rmsnorm_backward_fd)
     const int T = 6, C = 37;
     norm_ctx n = {rand_vec(T * C, 1), rand_vec(C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), T, C, 1e-5f};
     float *rstd = rand_vec(T, 1);
-    mt_cpu_rmsnorm(NULL, n.y, rstd, n.x, n.w, T, C, n.eps);
+    mt_cpu_rmsnorm(NULL, n.y, rstd, n.x, n.w, T, C, n.eps, 0.0f);
     float *dx0 = rand_vec(T * C, 1), *dw0 = rand_vec(C, 1);
     float *dx = copy_vec(dx0, T * C), *dw = copy_vec(dw0, C);
-    mt_cpu_rmsnorm_bwd(NULL, dx, dw, n.R, n.x, n.w, rstd, T, C, n.eps);
+    mt_cpu_rmsnorm_bwd(NULL, dx, dw, n.R, n.x, n.w, rstd, T, C, n.eps, 0.0f);
     /* without the saved rstd: recomputed, the same bits */
     float *dx2 = copy_vec(dx0, T * C), *dw2 = copy_vec(dw0, C);
-    mt_cpu_rmsnorm_bwd(NULL, dx2, dw2, n.R, n.x, n.w, NULL, T, C, n.eps);
+    mt_cpu_rmsnorm_bwd(NULL, dx2, dw2, n.R, n.x, n.w, NULL, T, C, n.eps, 0.0f);
     expect_same("dx (rstd recomputed)", dx, dx2, T * C, 1);
     expect_same("dw (rstd recomputed)", dw, dw2, C, 1);
     for (int i = 0; i < T * C; i++) dx[i] -= dx0[i];
@@ -558,7 +558,7 @@ typedef struct {
 static double emb_loss(void *c)
 {
     emb_ctx *e = c;
-    mt_cpu_embedding(NULL, e->out, e->tokens, e->wte, e->T, e->C);
+    mt_cpu_embedding(NULL, e->out, e->tokens, e->wte, e->T, e->C, 1.0f);
     return dot_d(e->out, e->R, (size_t)e->T * e->C);
 }
 
@@ -571,7 +571,7 @@ Test(cpu_ops, embedding)
     emb_loss(&e);
     for (int t = 0; t < T; t++) cr_expect(memcmp(e.out + t * C, e.wte + tokens[t] * C, C * sizeof(float)) == 0);
     float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
-    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V);
+    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, 1.0f);
     for (int i = 0; i < V * C; i++) dwte[i] -= d0[i];
     for (int c = 0; c < C; c++) cr_expect(dwte[4 * C + c] == 0.0f, "unused row changed");
     fd_check("dwte", emb_loss, &e, e.wte, dwte, V * C);
@@ -591,7 +591,7 @@ static double ce_loss(void *c) /* L = dscale * sum of losses: its gradient is dl
 {
     ce_ctx *e = c;
     memcpy(e->work, e->logits, (size_t)e->n * e->V * sizeof(float));
-    return e->dscale * mt_cpu_cross_entropy(NULL, e->work, e->targets, e->n, e->V, e->dscale, -100, NULL);
+    return e->dscale * mt_cpu_cross_entropy(NULL, e->work, e->targets, e->n, e->V, e->dscale, 0.0f, -100, NULL);
 }
 
 Test(cpu_ops, cross_entropy)
@@ -602,7 +602,7 @@ Test(cpu_ops, cross_entropy)
     ce_ctx e = {rand_vec(n * V, 4), rand_vec(n * V, 1), targets, n, V, 0.25f};
     float *g = copy_vec(e.logits, n * V);
     int count = -1;
-    const double loss = mt_cpu_cross_entropy(NULL, g, targets, n, V, e.dscale, -100, &count);
+    const double loss = mt_cpu_cross_entropy(NULL, g, targets, n, V, e.dscale, 0.0f, -100, &count);
     cr_expect(count == 7, "count %d", count);
     double ref = 0;
     for (int r = 0; r < n; r++) {
@@ -698,8 +698,8 @@ Test(cpu_ops, threads_bit_identical)
         mt_cpu_matmul(p, ws, r[0], x, W, b, T, K, N, 0);
         mt_cpu_matmul_bwd(p, ws, r[1], r[2], r[3], dy, x, W, T, K, N, 0);
         r[4] = rand_vec(Tn * C, 1), r[5] = rand_vec(Tn, 1), r[6] = calloc((size_t)Tn * C, sizeof(float)), r[7] = calloc(C, sizeof(float));
-        mt_cpu_rmsnorm(p, r[4], r[5], xn, wn, Tn, C, 1e-5f);
-        mt_cpu_rmsnorm_bwd(p, r[6], r[7], dyn, xn, wn, NULL, Tn, C, 1e-5f);
+        mt_cpu_rmsnorm(p, r[4], r[5], xn, wn, Tn, C, 1e-5f, 0.0f);
+        mt_cpu_rmsnorm_bwd(p, r[6], r[7], dyn, xn, wn, NULL, Tn, C, 1e-5f, 0.0f);
         r[8] = copy_vec(xn, (size_t)Tn * C); /* as (Tn, C / 64, 64) */
         mt_cpu_rope(p, r[8], pos, inv_freq, Tn, C / 64, 64, 0);
         r[9] = rand_vec(nq, 1), r[10] = rand_vec((size_t)B * H * S, 1);
@@ -710,10 +710,10 @@ Test(cpu_ops, threads_bit_identical)
         mt_cpu_swiglu(p, r[14], g, u, ne);
         mt_cpu_swiglu_bwd(p, r[15], r[16], u, g, u, ne);
         r[17] = rand_vec((size_t)T * K, 1), r[18] = calloc((size_t)50 * K, sizeof(float));
-        mt_cpu_embedding(p, r[17], tok, x, T, K);
-        mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50);
+        mt_cpu_embedding(p, r[17], tok, x, T, K, 1.0f);
+        mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50, 1.0f);
         r[19] = copy_vec(logits, (size_t)nce * V);
-        loss[pi] = mt_cpu_cross_entropy(p, r[19], tgt, nce, V, 0.5f, -100, NULL);
+        loss[pi] = mt_cpu_cross_entropy(p, r[19], tgt, nce, V, 0.5f, 0.0f, -100, NULL);
         r[20] = rand_vec(ne, 1);
         mt_cpu_add(p, r[20], g, u, ne);
         r[21] = NULL;
@@ -774,8 +774,8 @@ Test(cpu_ops, attention_documents_equal_separate_runs)
                 st[b * S + i] = starts[b][d];
     void *ws = ws_alloc(2, S);
     mt_pool *p = mt_pool_create(2, NULL);
-    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
-    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
     const double big = fmax(max_abs(dq, nq), fmax(max_abs(dk, nkv), max_abs(dv, nkv)));
     int docs = 0;
     for (int b = 0; b < B; b++)
@@ -843,8 +843,8 @@ Test(cpu_ops, attention_window_equals_each_query_on_its_keys)
     mt_window_starts(st, doc, B, S, W);
     void *ws = ws_alloc(2, S);
     mt_pool *p = mt_pool_create(2, NULL);
-    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
-    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
     const double big = fmax(max_abs(dq, nq), fmax(max_abs(dk, nkv), max_abs(dv, nkv)));
     float *q1 = malloc(W * wq * 4), *k1 = malloc(W * wk * 4), *v1 = malloc(W * wk * 4), *do1 = malloc(W * wq * 4),
           *o1 = malloc(W * wq * 4), *l1 = malloc((size_t)H * W * 4), *dq1 = malloc(W * wq * 4),

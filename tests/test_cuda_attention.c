@@ -201,11 +201,11 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
             st[(size_t)b * S + i] = first;
         }
     if (docs == WINDOWED) mt_window_starts(st, st, B, S, WINDOW); /* in place: each entry reads only itself */
-    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
     float *out_in = malloc(nq * 4); /* the forward output both backwards get */
     cr_assert(out_in);
     for (size_t i = 0; i < nq; i++) out_in[i] = bf ? mt_bf16_to_f32(mt_f32_to_bf16(out[i])) : out[i];
-    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, st, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
 
     void *gq = upload(q, nq, dtype), *gk = upload(k, nkv, dtype), *gv = upload(v, nkv, dtype);
     void *gout = alloc_poisoned(nq, elem), *glse = alloc_poisoned(nl, 4);

@@ -176,7 +176,7 @@ static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, con
     tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, 0.5f, 1.5f, 0);
     tensor y = t_rand(dt, n, 0.0f, 0.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
     float *yref = xmalloc(n * sizeof(float)), *rref = xmalloc((size_t)T * sizeof(float));
-    mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps);
+    mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps, 0.0f);
     cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps, tu) == 0);
     float *yg = t_fetch(&y), *rg = t_fetch(&r);
     /* rstd, fp32 mode: the mean of squares is summed in double on both sides
@@ -227,9 +227,9 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
     memcpy(dx0, dx.ref, n * sizeof(float));
     memcpy(dw0, dw.ref, (size_t)C * sizeof(float));
     float *y = xmalloc(n * sizeof(float));
-    mt_cpu_rmsnorm(NULL, y, r.ref, x.ref, w.ref, T, C, eps);
+    mt_cpu_rmsnorm(NULL, y, r.ref, x.ref, w.ref, T, C, eps, 0.0f);
     t_upload(&r); /* the CPU's rstd, so that the backward is tested alone */
-    mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps);
+    mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps, 0.0f);
 
     void *scratch = dev_scratch(mt_cu_rmsnorm_bwd_scratch_bytes(T, C, tu));
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
@@ -371,7 +371,7 @@ static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
     if (T > 1) pos[1] = 131071;
     if (T > 2) pos[2] = 200000;
     float *inv = xmalloc((size_t)(D / 2) * sizeof(float));
-    const mt_rope_params rp = {500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192};
+    const mt_rope_params rp = {500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192, 0};
     mt_rope_inv_freq(inv, D, &rp);
     void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(D / 2) * sizeof(float));
     float *x0 = xmalloc(n * sizeof(float));
@@ -486,7 +486,7 @@ static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt
     tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1.0f, 1.0f, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
     float *dwte0 = xmalloc((size_t)V * C * sizeof(float));
     memcpy(dwte0, dwte.ref, (size_t)V * C * sizeof(float));
-    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V);
+    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V, 1.0f);
     void *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
     cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scratch) == 0);
     float *g = t_fetch(&dwte);
@@ -556,7 +556,7 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     float *ref = xmalloc((size_t)n * V * sizeof(float));
     memcpy(ref, lg.ref, (size_t)n * V * sizeof(float));
     int count_ref = 0;
-    const double loss_ref = mt_cpu_cross_entropy(NULL, ref, tg, n, V, dscale, ignore, &count_ref);
+    const double loss_ref = mt_cpu_cross_entropy(NULL, ref, tg, n, V, dscale, 0.0f, ignore, &count_ref);
 
     void *dtg = dev_upload(tg, (size_t)n * sizeof(int32_t));
     const double loss0 = 1.5; /* the sums accumulate */

@@ -289,16 +289,25 @@ static void gemm(cu_be *b, const char *what, int ta, int tb, int M, int N, int K
     }
 }
 
-static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps)
+// What the CUDA backend cannot run yet: the step fails naming it.
+static void not_yet(cu_be *b, const char *what)
+{
+    if (!b->failed) snprintf(b->why, sizeof b->why, "%s: not implemented in the CUDA backend", what), b->failed = 1;
+}
+
+static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps,
+                      float woff)
 {
     cu_be *b = B(kc);
+    if (woff != 0.0f) return not_yet(b, "RMSNorm with a weight offset");
     OK(b, mt_cu_rmsnorm(b->comp, b->dt, y, rstd, b->dt, x, w, T, C, eps, NULL), "rmsnorm");
 }
 
 static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
-                          const float *rstd, int T, int C, float eps)
+                          const float *rstd, int T, int C, float eps, float woff)
 {
     cu_be *b = B(kc);
+    if (woff != 0.0f) return not_yet(b, "RMSNorm with a weight offset");
     OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, dw, dy, b->dt, x, b->dt, w, rstd, T, C, eps, b->red_scratch, NULL),
        "rmsnorm backward");
 }
@@ -325,9 +334,10 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
     if (db) OK(b, mt_cu_bias_grad(b->comp, db, b->dt, dy, M, N, b->red_scratch), "bias gradient");
 }
 
-static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
+static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cu_be *b = B(kc);
+    if (local) return not_yet(b, "RoPE with local frequencies");
     OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse),
        inverse ? "rope backward" : "rope");
 }
@@ -354,9 +364,10 @@ static void cudnn_failed(cu_be *b, int bwd, int rc, const char *why)
 }
 
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                        int seq_len, int H, int Hkv, int D, float scale, int window)
+                        int seq_len, int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cu_be *b = B(kc);
+    if (softcap != 0.0f) return not_yet(b, "soft-capped attention");
     const int32_t *docs = key_starts(b, window);
     if (b->cudnn_fwd && !docs) {
         char why[256];
@@ -372,9 +383,10 @@ static void k_attention(void *kc, void *out, float *lse, const void *q, const vo
 
 static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
-                            int H, int Hkv, int D, float scale, int window)
+                            int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cu_be *b = B(kc);
+    if (softcap != 0.0f) return not_yet(b, "soft-capped attention");
     const int32_t *docs = key_starts(b, window);
     if (b->cudnn_bwd && !docs) {
         char why[256];
@@ -389,16 +401,18 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
-static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
+static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);
+    if (act != MT_GLU_SILU) return not_yet(b, "GeGLU");
     OK(b, mt_cu_swiglu(b->comp, b->dt, out, gate, up, n), "swiglu");
 }
 
-static void k_swiglu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-                         size_t n)
+static void k_glu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
+                      int act)
 {
     cu_be *b = B(kc);
+    if (act != MT_GLU_SILU) return not_yet(b, "GeGLU");
     OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "swiglu backward");
 }
 
@@ -438,24 +452,41 @@ static void k_zero(void *kc, void *p, size_t bytes)
     CU(b, cudaMemsetAsync(p, 0, bytes, b->comp));
 }
 
-static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V)
+static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V, float scale)
 {
     cu_be *b = B(kc);
+    if (scale != 1.0f) return not_yet(b, "a scaled embedding");
     OK(b, mt_cu_embedding(b->comp, b->dt, out, tokens, b->dt, wte, T, C, V), "embedding");
 }
 
-static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V)
+static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                            float scale)
 {
     cu_be *b = B(kc);
+    if (scale != 1.0f) return not_yet(b, "a scaled embedding");
     OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, b->red_scratch), "embedding backward");
 }
 
-static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale)
+static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,
+                            float softcap)
 {
     cu_be *b = B(kc);
+    if (softcap != 0.0f) return not_yet(b, "soft-capped logits");
     OK(b, mt_cu_cross_entropy(b->comp, logits, targets, n, V, dscale, MT_IGNORE_INDEX, b->dt, dlogits, b->d_loss, NULL,
                               b->red_scratch, NULL),
        "cross-entropy");
+}
+
+static void k_softcap(void *kc, float *x, size_t n, float cap)
+{
+    (void)x, (void)n, (void)cap;
+    not_yet(B(kc), "soft-capped logits");
+}
+
+static void k_add(void *kc, void *dst, const void *a, const void *c, size_t n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_add(b->comp, b->dt, dst, b->dt, a, b->dt, c, n), "add");
 }
 
 static void k_to_host(void *kc, float *dst, const float *src, size_t n)
@@ -476,8 +507,8 @@ static mt_kernels cuda_kernels(void)
     k.rope = k_rope;
     k.attention = k_attention;
     k.attention_bwd = k_attention_bwd;
-    k.swiglu = k_swiglu;
-    k.swiglu_bwd = k_swiglu_bwd;
+    k.glu = k_glu;
+    k.glu_bwd = k_glu_bwd;
     k.copy = k_copy;
     k.last_rows = k_last_rows;
     k.as_act = k_as_act;
@@ -486,6 +517,8 @@ static mt_kernels cuda_kernels(void)
     k.embedding = k_embedding;
     k.embedding_bwd = k_embedding_bwd;
     k.cross_entropy = k_cross_entropy;
+    k.softcap = k_softcap;
+    k.add = k_add;
     k.to_host = k_to_host;
     return k;
 }
@@ -524,7 +557,8 @@ static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
     const int l = unit - 1;
     const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
     mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h,
-                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv, mt_config_layer_window(b->req.cfg, l, b->d.seq_len)};
+                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv, mt_config_layer_window(b->req.cfg, l, b->d.seq_len),
+                       mt_config_layer_local_rope(b->req.cfg, l)};
     if (a.att_kept) {
         a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
         a.lse = b->lse_keep + i * T * b->d.H;
@@ -993,7 +1027,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     }
-    mt_rope_inv_freq_of(inv, b->req.cfg);
+    mt_rope_inv_freq_of(inv, b->req.cfg, 0);
     cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
     cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
     free(inv);

@@ -42,6 +42,7 @@ typedef struct cpu_be {
     int32_t *win_start;        /* (n_micro, T) with a sliding window: each token's first key (mt_window_starts) */
     int mb;                    /* the micro-batch the kernels run on */
     float *inv_freq;           /* (D/2) */
+    float *inv_freq_local;     /* (D/2) the sliding layers' (Gemma 3), or NULL */
     void *ws;                  /* the ops' per-thread workspace */
     double loss_sum, sumsq;
 } cpu_be;
@@ -51,15 +52,16 @@ typedef struct cpu_be {
 static mt_pool *P(void *kc) { return ((cpu_be *)kc)->pool; }
 static void *WS(void *kc) { return ((cpu_be *)kc)->ws; }
 
-static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps)
+static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps,
+                      float woff)
 {
-    mt_cpu_rmsnorm(P(kc), y, rstd, x, w, T, C, eps);
+    mt_cpu_rmsnorm(P(kc), y, rstd, x, w, T, C, eps, woff);
 }
 
 static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
-                          const float *rstd, int T, int C, float eps)
+                          const float *rstd, int T, int C, float eps, float woff)
 {
-    mt_cpu_rmsnorm_bwd(P(kc), dx, dw, dy, x, w, rstd, T, C, eps);
+    mt_cpu_rmsnorm_bwd(P(kc), dx, dw, dy, x, w, rstd, T, C, eps, woff);
 }
 
 static void k_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
@@ -81,10 +83,11 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
     mt_cpu_matmul_bwd(P(kc), WS(kc), NULL, dW, db, dy, x, NULL, M, K, N, 0);
 }
 
-static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse)
+static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cpu_be *b = kc;
-    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse);
+    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->d.T, local ? b->inv_freq_local : b->inv_freq, T, nh, D,
+                inverse);
 }
 
 /* The first key of each query of the current micro-batch: its window's in a sliding layer, its
@@ -96,30 +99,31 @@ static const int32_t *key_starts(const cpu_be *b, int window)
 }
 
 static void k_attention(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                        int seq_len, int H, int Hkv, int D, float scale, int window)
+                        int seq_len, int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cpu_be *b = kc;
-    mt_cpu_attention_docs(b->pool, b->ws, out, lse, q, k, v, key_starts(b, window), n_seq, seq_len, H, Hkv, D, scale);
+    mt_cpu_attention_docs(b->pool, b->ws, out, lse, q, k, v, key_starts(b, window), n_seq, seq_len, H, Hkv, D, scale,
+                          softcap);
 }
 
 static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v, int n_seq, int seq_len,
-                            int H, int Hkv, int D, float scale, int window)
+                            int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cpu_be *b = kc;
     mt_cpu_attention_bwd_docs(b->pool, b->ws, dq, dk, dv, dout, out, lse, q, k, v, key_starts(b, window), n_seq,
-                              seq_len, H, Hkv, D, scale);
+                              seq_len, H, Hkv, D, scale, softcap);
 }
 
-static void k_swiglu(void *kc, void *out, const void *gate, const void *up, size_t n)
+static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
-    mt_cpu_swiglu(P(kc), out, gate, up, n);
+    (act == MT_GLU_GELU_TANH ? mt_cpu_geglu : mt_cpu_swiglu)(P(kc), out, gate, up, n);
 }
 
-static void k_swiglu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-                         size_t n)
+static void k_glu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
+                      int act)
 {
-    mt_cpu_swiglu_bwd(P(kc), dgate, dup, dout, gate, up, n);
+    (act == MT_GLU_GELU_TANH ? mt_cpu_geglu_bwd : mt_cpu_swiglu_bwd)(P(kc), dgate, dup, dout, gate, up, n);
 }
 
 static void k_copy(void *kc, void *dst, const void *src, size_t n)
@@ -154,23 +158,36 @@ static void k_zero(void *kc, void *p, size_t bytes)
     memset(p, 0, bytes);
 }
 
-static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V)
+static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V, float scale)
 {
     (void)V;
-    mt_cpu_embedding(P(kc), out, tokens, wte, T, C);
+    mt_cpu_embedding(P(kc), out, tokens, wte, T, C, scale);
 }
 
-static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V)
+static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                            float scale)
 {
-    mt_cpu_embedding_bwd(P(kc), dwte, tokens, dout, T, C, V);
+    mt_cpu_embedding_bwd(P(kc), dwte, tokens, dout, T, C, V, scale);
 }
 
-static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale)
+static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,
+                            float softcap)
 {
     cpu_be *b = kc;
     /* in place: logits become the gradient */
-    b->loss_sum += mt_cpu_cross_entropy(b->pool, logits, targets, n, V, dscale, MT_IGNORE_INDEX, NULL);
+    b->loss_sum += mt_cpu_cross_entropy(b->pool, logits, targets, n, V, dscale, softcap, MT_IGNORE_INDEX, NULL);
     if (dlogits) memcpy(dlogits, logits, (size_t)n * V * sizeof(float));
+}
+
+static void k_softcap(void *kc, float *x, size_t n, float cap)
+{
+    (void)kc;
+    mt_cpu_softcap(x, n, cap);
+}
+
+static void k_add(void *kc, void *dst, const void *a, const void *b, size_t n)
+{
+    mt_cpu_add(P(kc), dst, a, b, n);
 }
 
 static void k_to_host(void *kc, float *dst, const float *src, size_t n)
@@ -188,8 +205,8 @@ static const mt_kernels cpu_kernels = {
     .rope = k_rope,
     .attention = k_attention,
     .attention_bwd = k_attention_bwd,
-    .swiglu = k_swiglu,
-    .swiglu_bwd = k_swiglu_bwd,
+    .glu = k_glu,
+    .glu_bwd = k_glu_bwd,
     .copy = k_copy,
     .last_rows = k_last_rows,
     .as_act = k_as_act,
@@ -198,6 +215,8 @@ static const mt_kernels cpu_kernels = {
     .embedding = k_embedding,
     .embedding_bwd = k_embedding_bwd,
     .cross_entropy = k_cross_entropy,
+    .softcap = k_softcap,
+    .add = k_add,
     .to_host = k_to_host,
 };
 
@@ -260,6 +279,7 @@ static void list_buffers(cpu_be *b, buf_list *l)
     add(l, &b->docs, M * sizeof(int32_t));
     if (d->window) add(l, &b->win_start, M * T * sizeof(int32_t));
     add(l, &b->inv_freq, (size_t)d->D / 2 * f);
+    if (b->req.cfg->arch == MT_ARCH_GEMMA3) add(l, &b->inv_freq_local, (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
     mt_work_buf wb[MT_WORK_MAX_BUFS];
     const int n = b->tpl->work(d, s->want_grad, wb);
@@ -338,7 +358,8 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         b->docs[mb] = mt_doc_layout(b->pos + off, b->doc_start + off, NULL, s->n_seq, s->seq_len);
         if (b->d.window) mt_window_starts(b->win_start + off, b->doc_start + off, s->n_seq, s->seq_len, b->d.window);
     }
-    mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg);
+    mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg, 0);
+    if (b->inv_freq_local) mt_rope_inv_freq_of(b->inv_freq_local, &b->m->cfg, 1);
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
 }
@@ -403,7 +424,8 @@ static mt_exec exec_of(cpu_be *b, int mb)
 static mt_layer_acts acts_of(cpu_be *b, int unit)
 {
     return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0,
-                           mt_config_layer_window(&b->m->cfg, unit - 1, b->d.seq_len)};
+                           mt_config_layer_window(&b->m->cfg, unit - 1, b->d.seq_len),
+                           mt_config_layer_local_rope(&b->m->cfg, unit - 1)};
 }
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)

@@ -239,7 +239,7 @@ typedef struct {
     const float *x, *w, *dy;
     const float *rstd_in;
     int T, C;
-    float eps;
+    float eps, woff;
     size_t nt;
 } norm_args;
 
@@ -252,19 +252,21 @@ static void rmsnorm_task(void *ctx, size_t task, int thread)
         const float *x = a->x + t * a->C; /* (C) */
         float *y = a->y + t * a->C;       /* (C) */
         const float r = row_rstd(x, a->C, a->eps);
-        for (int c = 0; c < a->C; c++) y[c] = a->w[c] * (x[c] * r); /* HF: weight * (x * rstd) */
+        /* HF: weight * (x * rstd); Gemma: (x * rstd) * (1 + weight), the same product with woff 1 */
+        for (int c = 0; c < a->C; c++) y[c] = (a->woff + a->w[c]) * (x[c] * r);
         if (a->rstd) a->rstd[t] = r;
     }
 }
 
-void mt_cpu_rmsnorm(mt_pool *p, float *y, float *rstd, const float *x, const float *w, int T, int C, float eps)
+void mt_cpu_rmsnorm(mt_pool *p, float *y, float *rstd, const float *x, const float *w, int T, int C, float eps,
+                    float woff)
 {
-    norm_args a = {.y = y, .rstd = rstd, .x = x, .w = w, .T = T, .C = C, .eps = eps};
+    norm_args a = {.y = y, .rstd = rstd, .x = x, .w = w, .T = T, .C = C, .eps = eps, .woff = woff};
     a.nt = n_tasks(p, (size_t)T * C, 1 << 14);
     mt_pool_run(p, a.nt, rmsnorm_task, &a);
 }
 
-/* With n = x * r and g = dy * w:  dx += r * (g - n * mean(g * n)), per row. */
+/* With n = x * r and g = dy * (woff + w):  dx += r * (g - n * mean(g * n)), per row. */
 static void rmsnorm_bwd_dx_task(void *ctx, size_t task, int thread)
 {
     const norm_args *a = ctx;
@@ -276,9 +278,9 @@ static void rmsnorm_bwd_dx_task(void *ctx, size_t task, int thread)
         float *dx = a->dx + t * C;                           /* (C) */
         const float r = a->rstd_in ? a->rstd_in[t] : row_rstd(x, C, a->eps);
         double gn = 0.0;
-        for (int c = 0; c < C; c++) gn += (double)(dy[c] * a->w[c]) * (double)(x[c] * r);
+        for (int c = 0; c < C; c++) gn += (double)(dy[c] * (a->woff + a->w[c])) * (double)(x[c] * r);
         const float m = (float)(gn / C);
-        for (int c = 0; c < C; c++) dx[c] += r * (dy[c] * a->w[c] - (x[c] * r) * m);
+        for (int c = 0; c < C; c++) dx[c] += r * (dy[c] * (a->woff + a->w[c]) - (x[c] * r) * m);
     }
 }
 
@@ -297,9 +299,10 @@ static void rmsnorm_bwd_dw_task(void *ctx, size_t task, int thread)
 }
 
 void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        const float *rstd, int T, int C, float eps)
+                        const float *rstd, int T, int C, float eps, float woff)
 {
-    norm_args a = {.dx = dx, .dw = dw, .x = x, .w = w, .dy = dy, .rstd_in = rstd, .T = T, .C = C, .eps = eps};
+    norm_args a = {.dx = dx, .dw = dw, .x = x, .w = w, .dy = dy, .rstd_in = rstd, .T = T, .C = C, .eps = eps,
+                   .woff = woff};
     if (dx) {
         a.nt = n_tasks(p, (size_t)T * C, 1 << 14);
         mt_pool_run(p, a.nt, rmsnorm_bwd_dx_task, &a);
@@ -355,7 +358,7 @@ typedef struct {
     const float *q, *k, *v, *dout, *out_in, *lse_in;
     const int32_t *doc_start; /* (B, S) or NULL: the first key each query may see */
     int B, S, H, Hkv, D, nqb;
-    float scale;
+    float scale, softcap;
     float *ws;        /* 64-byte aligned */
     size_t ws_stride; /* floats per thread */
 } att_args;
@@ -386,8 +389,13 @@ static void att_fwd_task(void *ctx, size_t task, int thread)
         float *s = sc + (size_t)r * nk;
         const int lo = st ? st[i0 + r] - k0 : 0; /* the row's keys: [lo, n) of the block's */
         const int n = i0 + r + 1 - k0;           /* causal */
-        const float m = vec_max(s + lo, n - lo) * a->scale; /* scale > 0 */
-        const double sum = vec_exp(s + lo, s + lo, a->scale, m, n - lo);
+        float mul = a->scale;
+        if (a->softcap > 0.0f) { /* Gemma 2: cap * tanh(scale * s / cap), in transformers' order */
+            for (int j = lo; j < n; j++) s[j] = tanhf(s[j] * a->scale / a->softcap) * a->softcap;
+            mul = 1.0f;
+        }
+        const float m = vec_max(s + lo, n - lo) * mul; /* mul > 0 */
+        const double sum = vec_exp(s + lo, s + lo, mul, m, n - lo);
         vec_scale(s + lo, (float)(1.0 / sum), n - lo);
         memset(s, 0, (size_t)lo * sizeof(float));
         memset(s + n, 0, (size_t)(nk - n) * sizeof(float));
@@ -397,11 +405,13 @@ static void att_fwd_task(void *ctx, size_t task, int thread)
 }
 
 void mt_cpu_attention_docs(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k,
-                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale)
+                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
+                           float softcap)
 {
     if (B <= 0 || S <= 0 || H <= 0) return;
     att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .doc_start = doc_start, .B = B, .S = S, .H = H,
-                  .Hkv = Hkv, .D = D, .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .ws = mt_cpu_ws_align(ws),
+                  .Hkv = Hkv, .D = D, .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .softcap = softcap,
+                  .ws = mt_cpu_ws_align(ws),
                   .ws_stride = ws_thread_bytes(S) / sizeof(float)};
     mt_pool_run(p, (size_t)B * H * a.nqb, att_fwd_task, &a);
 }
@@ -409,7 +419,7 @@ void mt_cpu_attention_docs(mt_pool *p, void *ws, float *out, float *lse, const f
 void mt_cpu_attention(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k, const float *v,
                       int B, int S, int H, int Hkv, int D, float scale)
 {
-    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
 }
 
 /* All of kv head g in batch b: dk and dv rows are owned by this task and
@@ -452,8 +462,18 @@ static void att_bwd_task(void *ctx, size_t task, int thread)
                 const int lo = st ? st[i0 + r] - k0 : 0, n = i0 + r + 1 - k0; /* the row's keys [lo, n) */
                 double di = 0.0;
                 for (int d = 0; d < D; d++) di += (double)dout[r * ldq + d] * out[r * ldq + d];
-                vec_exp(pr + lo, pr + lo, a->scale, lse[r], n - lo);
-                vec_dsoftmax(dsr + lo, pr + lo, (float)di, a->scale, n - lo);
+                if (a->softcap > 0.0f) {
+                    /* c = cap tanh(u / cap) of u = scale s: dS gets dc/du = 1 - tanh^2 */
+                    for (int j = lo; j < n; j++) {
+                        const float t = tanhf(pr[j] * a->scale / a->softcap);
+                        const float pj = expf(t * a->softcap - lse[r]);
+                        dsr[j] = pj * (dsr[j] - (float)di) * (1.0f - t * t) * a->scale;
+                        pr[j] = pj;
+                    }
+                } else {
+                    vec_exp(pr + lo, pr + lo, a->scale, lse[r], n - lo);
+                    vec_dsoftmax(dsr + lo, pr + lo, (float)di, a->scale, n - lo);
+                }
                 memset(pr, 0, (size_t)lo * sizeof(float));
                 memset(dsr, 0, (size_t)lo * sizeof(float));
                 memset(pr + n, 0, (size_t)(nk - n) * sizeof(float));
@@ -468,12 +488,13 @@ static void att_bwd_task(void *ctx, size_t task, int thread)
 
 void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float *dv, const float *dout,
                                const float *out, const float *lse, const float *q, const float *k, const float *v,
-                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale)
+                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
+                               float softcap)
 {
     if (B <= 0 || S <= 0 || H <= 0) return;
     att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .out_in = out, .lse_in = lse,
                   .doc_start = doc_start, .B = B, .S = S, .H = H, .Hkv = Hkv, .D = D,
-                  .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .ws = mt_cpu_ws_align(ws),
+                  .nqb = (S + ATT_BQ - 1) / ATT_BQ, .scale = scale, .softcap = softcap, .ws = mt_cpu_ws_align(ws),
                   .ws_stride = ws_thread_bytes(S) / sizeof(float)};
     mt_pool_run(p, (size_t)B * Hkv, att_bwd_task, &a);
 }
@@ -482,7 +503,7 @@ void mt_cpu_attention_bwd(mt_pool *p, void *ws, float *dq, float *dk, float *dv,
                           const float *lse, const float *q, const float *k, const float *v, int B, int S, int H,
                           int Hkv, int D, float scale)
 {
-    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale);
+    mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------- */
@@ -558,6 +579,63 @@ void mt_cpu_swiglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, 
     mt_pool_run(p, a.nt, swiglu_bwd_task, &a);
 }
 
+/* ---- GeGLU (gelu's tanh form) ------------------------------------------------------ */
+
+#define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K1 0.044715f
+
+typedef struct {
+    float *out, *dgate, *dup;
+    const float *gate, *up, *dout;
+    size_t n, nt;
+} geglu_args;
+
+/* out = 0.5 g (1 + tanh(k0 (g + k1 g^3))) * u, as torch's gelu(approximate="tanh") */
+static void geglu_task(void *ctx, size_t task, int thread)
+{
+    const geglu_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        const float g = a->gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+        a->out[i] = 0.5f * g * (1.0f + t) * a->up[i];
+    }
+}
+
+/* d gelu / dg = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2) */
+static void geglu_bwd_task(void *ctx, size_t task, int thread)
+{
+    const geglu_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        const float g = a->gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+        const float gelu = 0.5f * g * (1.0f + t);
+        const float dgelu = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
+        a->dgate[i] = a->dout[i] * a->up[i] * dgelu;
+        a->dup[i] = a->dout[i] * gelu;
+    }
+}
+
+void mt_cpu_geglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n)
+{
+    geglu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14)};
+    mt_pool_run(p, a.nt, geglu_task, &a);
+}
+
+void mt_cpu_geglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                      size_t n)
+{
+    geglu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
+                    .nt = n_tasks(p, n, 1 << 14)};
+    mt_pool_run(p, a.nt, geglu_bwd_task, &a);
+}
+
+void mt_cpu_softcap(float *x, size_t n, float cap)
+{
+    for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+}
+
 /* ---- embedding ------------------------------------------------------------------ */
 
 typedef struct {
@@ -565,6 +643,7 @@ typedef struct {
     const int32_t *tokens;
     const float *wte, *dout;
     int T, C;
+    float scale;
     size_t nt;
 } emb_args;
 
@@ -573,8 +652,11 @@ static void embedding_task(void *ctx, size_t task, int thread)
     const emb_args *a = ctx;
     size_t lo, hi;
     mt_split_range((size_t)a->T, a->nt, task, 1, &lo, &hi);
-    for (size_t t = lo; t < hi; t++)
-        memcpy(a->out + t * a->C, a->wte + (size_t)a->tokens[t] * a->C, (size_t)a->C * sizeof(float));
+    for (size_t t = lo; t < hi; t++) {
+        float *restrict dst = a->out + t * a->C;
+        const float *restrict src = a->wte + (size_t)a->tokens[t] * a->C;
+        for (int c = 0; c < a->C; c++) dst[c] = src[c] * a->scale; /* x 1 is exact */
+    }
 }
 
 /* One range of channels, all tokens in ascending t. */
@@ -586,21 +668,23 @@ static void embedding_bwd_task(void *ctx, size_t task, int thread)
     for (int t = 0; t < a->T; t++) {
         float *restrict dst = a->dwte + (size_t)a->tokens[t] * a->C;
         const float *restrict src = a->dout + (size_t)t * a->C;
-        for (size_t c = lo; c < hi; c++) dst[c] += src[c];
+        for (size_t c = lo; c < hi; c++) dst[c] += src[c] * a->scale;
     }
 }
 
-void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float *wte, int T, int C)
+void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float *wte, int T, int C, float scale)
 {
-    emb_args a = {.out = out, .tokens = tokens, .wte = wte, .T = T, .C = C, .nt = n_tasks(p, (size_t)T * C, 1 << 15)};
+    emb_args a = {.out = out, .tokens = tokens, .wte = wte, .T = T, .C = C, .scale = scale,
+                  .nt = n_tasks(p, (size_t)T * C, 1 << 15)};
     mt_pool_run(p, a.nt, embedding_task, &a);
 }
 
-void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V)
+void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                          float scale)
 {
     (void)V;
     if (C <= 0) return;
-    emb_args a = {.dwte = dwte, .tokens = tokens, .dout = dout, .T = T, .C = C,
+    emb_args a = {.dwte = dwte, .tokens = tokens, .dout = dout, .T = T, .C = C, .scale = scale,
                   .nt = n_tasks(p, (size_t)T * C, 1 << 15)};
     a.nt = a.nt < ((size_t)C + 15) / 16 ? a.nt : ((size_t)C + 15) / 16;
     mt_pool_run(p, a.nt, embedding_bwd_task, &a);
@@ -614,7 +698,7 @@ typedef struct {
     float *logits;
     const int32_t *targets;
     int n, V, ignore_index;
-    float dscale;
+    float dscale, softcap;
     double loss[CE_CHUNKS];
     int count[CE_CHUNKS];
 } ce_args;
@@ -633,7 +717,22 @@ static void ce_task(void *ctx, size_t task, int thread)
             memset(x, 0, (size_t)a->V * sizeof(float));
             continue;
         }
+        const float cap = a->softcap;
+        if (cap > 0.0f) /* Gemma 2: logits / cap, tanh, * cap, in transformers' order */
+            for (int i = 0; i < a->V; i++) x[i] = tanhf(x[i] / cap) * cap;
         const float m = vec_max(x, a->V), xt = x[tgt];
+        if (cap > 0.0f) {
+            /* the gradient through the cap: (softmax - onehot) * dscale * (1 - tanh^2) */
+            double sum = 0.0;
+            for (int i = 0; i < a->V; i++) sum += exp((double)x[i] - m);
+            loss += (double)m + log(sum) - (double)xt;
+            count++;
+            for (int i = 0; i < a->V; i++) {
+                const float t = x[i] / cap, pi = (float)(exp((double)x[i] - m) / sum);
+                x[i] = (pi - (i == tgt ? 1.0f : 0.0f)) * a->dscale * (1.0f - t * t);
+            }
+            continue;
+        }
         const double sum = vec_exp(x, x, 1.0f, m, a->V);
         loss += (double)m + log(sum) - (double)xt;
         count++;
@@ -645,9 +744,10 @@ static void ce_task(void *ctx, size_t task, int thread)
 }
 
 double mt_cpu_cross_entropy(mt_pool *p, float *logits, const int32_t *targets, int n, int V, float dscale,
-                            int ignore_index, int *count)
+                            float softcap, int ignore_index, int *count)
 {
-    ce_args a = {.logits = logits, .targets = targets, .n = n, .V = V, .ignore_index = ignore_index, .dscale = dscale};
+    ce_args a = {.logits = logits, .targets = targets, .n = n, .V = V, .ignore_index = ignore_index, .dscale = dscale,
+                 .softcap = softcap};
     mt_pool_run(p, CE_CHUNKS, ce_task, &a);
     double loss = 0.0;
     int c = 0;

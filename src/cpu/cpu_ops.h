@@ -83,16 +83,18 @@ void mt_cpu_matmul_bwd_isa(mt_pool *p, void *ws, mt_cpu_isa isa, float *dx, floa
 
 /* ---- RMSNorm ------------------------------------------------------------------ */
 
-/* y = x * rsqrt(mean(x^2) + eps) * w, as Hugging Face's LlamaRMSNorm in fp32
- * (the mean of squares accumulated in double).
+/* y = x * rsqrt(mean(x^2) + eps) * (woff + w), as Hugging Face's LlamaRMSNorm
+ * (woff 0) and GemmaRMSNorm (woff 1) in fp32 (the mean of squares accumulated
+ * in double).
  * y (T, C), rstd (T) = rsqrt(mean(x^2) + eps), saved if not NULL, x (T, C), w (C) */
-void mt_cpu_rmsnorm(mt_pool *p, float *y, float *rstd, const float *x, const float *w, int T, int C, float eps);
+void mt_cpu_rmsnorm(mt_pool *p, float *y, float *rstd, const float *x, const float *w, int T, int C, float eps,
+                    float woff);
 
 /* dx += d(loss)/dx, dw += d(loss)/dw (dx must not alias dy).
  * dx (T, C), dw (C), dy (T, C), x (T, C), w (C), rstd (T) from the forward or
  * NULL (recomputed). */
 void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        const float *rstd, int T, int C, float eps);
+                        const float *rstd, int T, int C, float eps, float woff);
 
 /* ---- rotary position embedding ---------------------------------------------- */
 
@@ -127,12 +129,16 @@ void mt_cpu_attention_bwd(mt_pool *p, void *ws, float *dq, float *dk, float *dv,
 /* Both with documents packed into each sequence: doc_start (B, S) gives, for
  * each token, the index in its sequence of its document's first token
  * (nondecreasing along the sequence, doc_start[i] <= i), and query i sees the
- * keys [doc_start[i], i]. NULL: one document per sequence, as above. */
+ * keys [doc_start[i], i]. NULL: one document per sequence, as above.
+ * softcap > 0: each score u = scale q.k becomes softcap * tanh(u / softcap)
+ * before the softmax (Gemma 2), and the backward goes through it; 0: none. */
 void mt_cpu_attention_docs(mt_pool *p, void *ws, float *out, float *lse, const float *q, const float *k,
-                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale);
+                           const float *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
+                           float softcap);
 void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float *dv, const float *dout,
                                const float *out, const float *lse, const float *q, const float *k, const float *v,
-                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale);
+                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
+                               float softcap);
 
 /* ---- elementwise, embedding, loss ------------------------------------------- */
 
@@ -142,20 +148,32 @@ void mt_cpu_swiglu(mt_pool *p, float *out, const float *gate, const float *up, s
 void mt_cpu_swiglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                        size_t n);
 
-/* out[t,:] = wte[tokens[t], :].  out (T, C), tokens (T) in [0, V), wte (V, C) */
-void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float *wte, int T, int C);
-/* dwte[tokens[t], :] += dout[t, :], summed in ascending t for every row.
+/* out = gelu_tanh(gate) * up, gelu's tanh form as torch's gelu(approximate="tanh")
+ * (Gemma's gelu_pytorch_tanh).  out, gate, up (n) */
+void mt_cpu_geglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n);
+/* dgate, dup (n): overwritten; dout, gate, up (n) */
+void mt_cpu_geglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                      size_t n);
+
+/* x = cap * tanh(x / cap) in place (serial; the logits of the last positions).  x (n) */
+void mt_cpu_softcap(float *x, size_t n, float cap);
+
+/* out[t,:] = wte[tokens[t], :] * scale.  out (T, C), tokens (T) in [0, V), wte (V, C) */
+void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float *wte, int T, int C, float scale);
+/* dwte[tokens[t], :] += dout[t, :] * scale, summed in ascending t for every row.
  * dwte (V, C), tokens (T), dout (T, C) */
-void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V);
+void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                          float scale);
 
 /* Cross-entropy on n rows of logits, in place: on return logits holds
  * dlogits = (softmax - onehot(target)) * dscale, zeros in the rows whose
- * target is ignore_index. Returns the sum over the other rows of
+ * target is ignore_index. softcap > 0: the logits are first capped,
+ * softcap * tanh(logit / softcap), and dlogits is through the cap. Returns the sum over the other rows of
  * logsumexp - logit[target], accumulated in double in row order; *count
  * (if not NULL) receives their number. Targets must be ignore_index or in
  * [0, V) (the caller validates). logits (n, V), targets (n) */
 double mt_cpu_cross_entropy(mt_pool *p, float *logits, const int32_t *targets, int n, int V, float dscale,
-                            int ignore_index, int *count);
+                            float softcap, int ignore_index, int *count);
 
 /* y = a + b (y may alias a or b).  y, a, b (n) */
 void mt_cpu_add(mt_pool *p, float *y, const float *a, const float *b, size_t n);

@@ -103,6 +103,14 @@ static inline int mt_config_layer_window(const mt_model_config *c, int l, int se
     return mt_config_layer_slides(c, l) && c->sliding_window < (uint32_t)seq_len ? (int)c->sliding_window : 0;
 }
 
+/* Whether layer l rotates by the sliding layers' own RoPE frequencies: Gemma 3's
+ * sliding layers, base rope_local_base_freq (rope_theta when 0), never scaled,
+ * whatever the window's length against the sequence. */
+static inline int mt_config_layer_local_rope(const mt_model_config *c, int l)
+{
+    return c->arch == MT_ARCH_GEMMA3 && mt_config_layer_slides(c, l);
+}
+
 /* cfg must have passed mt_config_import. Returns -1 when out of memory. */
 int mt_layout_build(mt_layout *lo, const mt_model_config *cfg);
 void mt_layout_free(mt_layout *lo);

@@ -25,13 +25,18 @@ void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp)
                 f = scaled;
             }
         }
+        if (rp->linear) f /= rp->factor;
         inv_freq[i] = f;
     }
 }
 
-void mt_rope_inv_freq_of(float *inv_freq, const mt_model_config *c)
+void mt_rope_inv_freq_of(float *inv_freq, const mt_model_config *c, int local)
 {
-    const mt_rope_params rp = {c->rope_theta, c->rope_scaling == MT_ROPE_SCALING_LLAMA3, c->rope_factor,
-                               c->rope_low_freq_factor, c->rope_high_freq_factor, (int)c->rope_original_max_position};
+    mt_rope_params rp = {c->rope_theta, c->rope_scaling == MT_ROPE_SCALING_LLAMA3, c->rope_factor,
+                         c->rope_low_freq_factor, c->rope_high_freq_factor, (int)c->rope_original_max_position,
+                         c->rope_scaling == MT_ROPE_SCALING_LINEAR};
+    if (local) { /* Gemma 3's sliding layers: their own base, never scaled */
+        rp = (mt_rope_params){.theta = c->rope_local_base_freq != 0.0f ? c->rope_local_base_freq : c->rope_theta};
+    }
     mt_rope_inv_freq(inv_freq, (int)c->head_dim, &rp);
 }

@@ -1,5 +1,6 @@
 /* Which template a family uses, and binding a unit's tensors. */
 #include "model/template.h"
+#include "core/bf16.h"
 
 #include <math.h>
 #include <string.h>
@@ -32,7 +33,20 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->F = (int)c->intermediate_size, d->V = (int)c->vocab_size;
     d->eps = c->rms_norm_eps;
     d->attn_scale = 1.0f / sqrtf((float)d->D);
+    /* Gemma: query_pre_attn_scalar ** -0.5, a Python float until it meets the scores */
+    if (c->query_pre_attn_scalar > 0.0f) d->attn_scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
     d->qk_norm = mt_config_qk_norm(c);
+    const int gemma = c->arch == MT_ARCH_GEMMA2 || c->arch == MT_ARCH_GEMMA3;
+    d->norm_offset = gemma ? 1.0f : 0.0f;
+    d->glu_act = gemma ? MT_GLU_GELU_TANH : MT_GLU_SILU;
+    /* transformers: torch.tensor(hidden_size ** 0.5, dtype=the activations' dtype) */
+    d->embed_scale = 1.0f;
+    if (gemma) {
+        d->embed_scale = (float)sqrt((double)c->hidden_size);
+        if (c->precision == MT_PRECISION_BF16) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));
+    }
+    d->attn_softcap = c->attn_logit_softcapping;
+    d->final_softcap = c->final_logit_softcapping;
     for (int l = 0; l < (int)c->num_hidden_layers && !d->window; l++) d->window = mt_config_layer_window(c, l, seq_len);
 }
 

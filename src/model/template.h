@@ -33,11 +33,12 @@
  * keeps the first failure and reports it when the step is synchronised, so
  * a template never checks results. */
 typedef struct mt_kernels {
-    /* y (T, C) act = x (T, C) act * rsqrt(mean(x^2) + eps) * w (C); rstd (T) f32 saved */
-    void (*rmsnorm)(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps);
+    /* y (T, C) act = x (T, C) act * rsqrt(mean(x^2) + eps) * (woff + w (C)) in fp32; rstd (T) f32 saved.
+     * woff: 0, or 1 for Gemma's norms, whose weights store the scale minus one */
+    void (*rmsnorm)(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps, float woff);
     /* dx (T, C) f32 += the input gradient, dw (C) f32 += the weight's, from dy (T, C) f32 */
     void (*rmsnorm_bwd)(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
-                        const float *rstd, int T, int C, float eps);
+                        const float *rstd, int T, int C, float eps, float woff);
     /* y[M, N] = x[M, K] W[N, K]^T (+ bias[N]) (+ y if accumulate); y act, or f32 if out_f32 */
     void (*linear)(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
                    int accumulate);
@@ -46,21 +47,24 @@ typedef struct mt_kernels {
                       int accumulate);
     /* dW[N, K] += dy[M, N]^T x[M, K] and, if db, db[N] += the column sums of dy; dW, db f32 */
     void (*linear_dw)(void *kc, float *dW, float *db, const void *dy, const void *x, int M, int K, int N);
-    /* RoPE in place on x (T, nh, D) act at the positions of the micro-batch; inverse: the backward */
-    void (*rope)(void *kc, void *x, int T, int nh, int D, int inverse);
+    /* RoPE in place on x (T, nh, D) act at the positions of the micro-batch; inverse: the backward.
+     * local: the sliding layers' frequencies (Gemma 3's rope_local_base_freq), else the model's */
+    void (*rope)(void *kc, void *x, int T, int nh, int D, int inverse, int local);
     /* Causal grouped-query attention over n_seq sequences of seq_len: out (T, H*D) act and the
      * log-sum-exp lse f32 of each query row; q (T, H*D), k, v (T, Hkv*D) act. Each query sees
      * the keys of its document (the micro-batch's positions); window > 0 (d->window, on the
-     * layers that slide): only the last window of them, itself included. */
+     * layers that slide): only the last window of them, itself included. softcap > 0: each score
+     * s = scale q.k becomes softcap * tanh(s / softcap) before the softmax (Gemma 2). */
     void (*attention)(void *kc, void *out, float *lse, const void *q, const void *k, const void *v, int n_seq,
-                      int seq_len, int H, int Hkv, int D, float scale, int window);
+                      int seq_len, int H, int Hkv, int D, float scale, int window, float softcap);
     /* Its backward from out and lse: dq, dk, dv act, overwritten */
     void (*attention_bwd)(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, int n_seq, int seq_len, int H, int Hkv, int D,
-                          float scale, int window);
-    /* out = silu(gate) * up, n elements act; and its backward */
-    void (*swiglu)(void *kc, void *out, const void *gate, const void *up, size_t n);
-    void (*swiglu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+                          float scale, int window, float softcap);
+    /* A gated MLP's middle: out = act(gate) * up, n elements act (mt_glu_act); and its backward */
+    void (*glu)(void *kc, void *out, const void *gate, const void *up, size_t n, int act);
+    void (*glu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
+                    int act);
     /* dst = src, n act elements */
     void (*copy)(void *kc, void *dst, const void *src, size_t n);
     /* rows[i] = src[(i + 1) * stride - 1] for i < n: the last row of each of n groups of stride rows of C act */
@@ -71,13 +75,22 @@ typedef struct mt_kernels {
     const float *(*as_f32)(void *kc, float *scratch, const void *src, size_t n);
     /* bytes of zeros at p */
     void (*zero)(void *kc, void *p, size_t bytes);
-    /* out[t, :] = wte[tokens[t], :]: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] (f32) */
-    void (*embedding)(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V);
-    void (*embedding_bwd)(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V);
+    /* out[t, :] = wte[tokens[t], :] * scale: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] * scale (f32).
+     * scale: 1, or Gemma's sqrt(C) (d->embed_scale) */
+    void (*embedding)(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V, float scale);
+    void (*embedding_bwd)(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
+                          float scale);
     /* Cross-entropy of n rows of logits (f32) against targets (MT_IGNORE_INDEX rows count nothing):
-     * adds the sum of -log p(target) to the step's loss; with dlogits, writes
-     * (softmax - onehot) * dscale there (act). logits may be overwritten. */
-    void (*cross_entropy)(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale);
+     * adds the sum of -log p(target) to the step's loss; with dlogits, writes the gradient of
+     * that sum times dscale there (act): (softmax - onehot) * dscale, times 1 - tanh^2 of the cap
+     * where softcap > 0 (the logits then being softcap * tanh(logit / softcap)). logits may be
+     * overwritten. */
+    void (*cross_entropy)(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,
+                          float softcap);
+    /* x = cap * tanh(x / cap) in place, n f32 (the head's logits of a soft-capped model) */
+    void (*softcap)(void *kc, float *x, size_t n, float cap);
+    /* dst = a + b, n act elements, rounded once; dst may be a or b */
+    void (*add)(void *kc, void *dst, const void *a, const void *b, size_t n);
     /* bytes from the f32 buffer src to host memory dst (the logits of mt_model_logits) */
     void (*to_host)(void *kc, float *dst, const float *src, size_t n);
 } mt_kernels;
@@ -91,9 +104,20 @@ typedef struct mt_dims {
     int FT;    /* MLP tokens per piece: T, or fewer to keep (FT, F) buffers small */
     int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
     float eps, attn_scale;
-    int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3) */
+    int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3, Gemma 3) */
     int window;  /* the sliding layers' window, 0 where none is shorter than seq_len */
+    float norm_offset;    /* every RMSNorm scales by norm_offset + w: 0, Gemma 1 */
+    float embed_scale;    /* the embedding's output factor: 1, Gemma bf16(sqrt(C)) in bf16 mode */
+    int glu_act;          /* mt_glu_act of the MLP */
+    float attn_softcap;   /* Gemma 2's attention score cap, 0 none */
+    float final_softcap;  /* Gemma 2's logit cap, 0 none */
 } mt_dims;
+
+/* The activation of a gated MLP: out = act(gate) * up. */
+typedef enum mt_glu_act {
+    MT_GLU_SILU = 0,      /* SwiGLU: silu(x) = x / (1 + exp(-x)) (Llama and the others) */
+    MT_GLU_GELU_TANH = 1, /* GeGLU: gelu's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma) */
+} mt_glu_act;
 
 /* The model's part of d (everything but es, FT and chunk, which the backend
  * sets) for micro-batches of n_seq sequences of seq_len. */
@@ -133,6 +157,7 @@ typedef struct mt_layer_acts {
     void *q, *k, *v; /* the attention's inputs after RoPE: (T, Q), (T, KV), (T, KV) act */
     int qkv_kept;    /* q, k and v do */
     int window;      /* this layer's sliding window (mt_config_layer_window): 0 none */
+    int rope_local;  /* this layer rotates by the sliding layers' frequencies (mt_config_layer_local_rope) */
 } mt_layer_acts;
 
 /* What a template call runs on. */
