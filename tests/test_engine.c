@@ -95,11 +95,9 @@ static double eval_loss(mt_model *m, const mt_batch *b)
  * q and k unit-RMS, so the attention logits (and the loss's curvature along
  * d) are larger than with small random q, k: it steps by eps 3e-3, whose
  * O(eps^2) error is 11x smaller, at ~3x the rounding noise (~3e-5). */
-static void gradient_check_windowed(mt_arch arch, int gqa, int tied, float eps, uint32_t window, uint32_t from_layer)
+static void gradient_check_config(const mt_model_config *cfg, float eps, int per_layer)
 {
-    const int bias = arch == MT_ARCH_QWEN2, qk_norm = arch == MT_ARCH_QWEN3;
-    mt_model_config c = cfg_of_arch(arch, gqa, bias, tied, MT_PRECISION_FP32);
-    c.sliding_window = window, c.max_window_layers = from_layer;
+    mt_model_config c = *cfg;
     mt_model *m = make(&c, 2);
     enum { B = 2, S = 9, M = 2, N = B * S * M };
     int32_t tok[N], tg[N];
@@ -139,8 +137,16 @@ static void gradient_check_windowed(mt_arch arch, int gqa, int tied, float eps, 
             free(w0);
         }
     }
-    cr_assert_eq(checked, (int)(1 + 2 * (9 + (bias ? 3 : 0) + (qk_norm ? 2 : 0)) + (tied ? 1 : 2)));
+    cr_assert_eq(checked, (int)(1 + 2 * per_layer + (c.tie_word_embeddings ? 1 : 2)));
     mt_model_destroy(m);
+}
+
+static void gradient_check_windowed(mt_arch arch, int gqa, int tied, float eps, uint32_t window, uint32_t from_layer)
+{
+    const int bias = arch == MT_ARCH_QWEN2, qk_norm = arch == MT_ARCH_QWEN3;
+    mt_model_config c = cfg_of_arch(arch, gqa, bias, tied, MT_PRECISION_FP32);
+    c.sliding_window = window, c.max_window_layers = from_layer;
+    gradient_check_config(&c, eps, 9 + (bias ? 3 : 0) + (qk_norm ? 2 : 0));
 }
 
 static void gradient_check(mt_arch arch, int gqa, int tied, float eps)
@@ -159,6 +165,71 @@ Test(engine, gradient_check_qwen3_gqa, .timeout = 120) { gradient_check(MT_ARCH_
  * 1e-3 both agree within the bound; eps 3e-3 as for Qwen3. */
 Test(engine, gradient_check_mistral_window, .timeout = 120) { gradient_check_windowed(MT_ARCH_MISTRAL, 1, 0, 3e-3f, 4, 0); }
 Test(engine, gradient_check_qwen2_window, .timeout = 120) { gradient_check_windowed(MT_ARCH_QWEN2, 1, 1, 3e-3f, 4, 1); }
+
+/* Gemma: (1 + w) norms (started at 0, so the scale is 1 and w's gradient is
+ * that of a Llama norm), post norms, GELU-tanh, the scaled embedding, tied.
+ * Gemma 2: attention scores capped at 1 (initializer 0.2 makes the raw
+ * scores O(1), so tanh bends them) and logits capped at 1.5, every other
+ * layer sliding over 4 of 9 positions. Gemma 3: per-head q/k norms, a
+ * query_pre_attn_scalar other than head_dim, layer 0 sliding with its own
+ * RoPE base, layer 1 full with linear RoPE scaling. eps 3e-3 as for the
+ * windows and Qwen3 (softmaxes over few keys, unit-RMS q and k). */
+static mt_model_config gemma_cfg(mt_arch arch)
+{
+    mt_model_config c = cfg_of_arch(arch, 1, 0, 1, MT_PRECISION_FP32);
+    c.sliding_window = 4, c.sliding_window_pattern = 2;
+    if (arch == MT_ARCH_GEMMA2) {
+        c.attn_logit_softcapping = 1.0f, c.final_logit_softcapping = 1.5f;
+    } else {
+        c.query_pre_attn_scalar = 16.0f, c.rope_local_base_freq = 100.0f;
+        c.rope_scaling = MT_ROPE_SCALING_LINEAR, c.rope_factor = 4.0f;
+    }
+    return c;
+}
+
+Test(engine, gradient_check_gemma2, .timeout = 120)
+{
+    const mt_model_config c = gemma_cfg(MT_ARCH_GEMMA2);
+    gradient_check_config(&c, 3e-3f, 11);
+}
+
+Test(engine, gradient_check_gemma3, .timeout = 120)
+{
+    const mt_model_config c = gemma_cfg(MT_ARCH_GEMMA3);
+    gradient_check_config(&c, 3e-3f, 13);
+}
+
+/* Each of Gemma's differences changes the loss: a wiring check that the
+ * template passes every one to the kernels (the gradient checks above and
+ * the transformers fixtures check what each computes). */
+Test(engine, gemma_settings_each_change_the_loss)
+{
+    enum { B = 2, S = 9, N = B * S };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3, 0);
+    mt_batch b = batch_of(tok, tg, B, S, 1);
+    static const char *const what[] = {"Gemma 2",   "no attention cap", "no logit cap", "no window",
+                                       "Gemma 3",   "scalar = head_dim", "local base = rope_theta",
+                                       "no linear scaling"};
+    double loss[8];
+    for (int i = 0; i < 8; i++) {
+        mt_model_config c = gemma_cfg(i < 4 ? MT_ARCH_GEMMA2 : MT_ARCH_GEMMA3);
+        if (i == 1) c.attn_logit_softcapping = 0.0f;
+        if (i == 2) c.final_logit_softcapping = 0.0f;
+        if (i == 3) c.sliding_window = 0, c.sliding_window_pattern = 0;
+        if (i == 5) c.query_pre_attn_scalar = 0.0f;
+        if (i == 6) c.rope_local_base_freq = 0.0f;
+        if (i == 7) c.rope_scaling = MT_ROPE_SCALING_NONE;
+        mt_model *m = make(&c, 2);
+        loss[i] = eval_loss(m, &b);
+        mt_model_destroy(m);
+    }
+    for (int i = 1; i < 8; i++) {
+        if (i == 4) continue;
+        const double ref = loss[i < 4 ? 0 : 4];
+        cr_expect(fabs(loss[i] - ref) > 1e-6, "%s: loss %.9g, the same as with it (%.9g)", what[i], loss[i], ref);
+    }
+}
 
 /* The window masks keys: the same model and batch with and without it give
  * other losses (a wiring check; the gradient checks above and the

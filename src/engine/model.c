@@ -24,8 +24,8 @@ typedef struct init_job {
     size_t task_tensor[MT_MAX_UNIT_TENSORS + 1]; /* first task of each tensor */
 } init_job;
 
-/* Matrices ~ N(0, initializer_range), norms 1, biases 0, as transformers'
- * _init_weights does for Llama-family models. */
+/* Matrices ~ N(0, initializer_range), norms 1 (Gemma's 0), biases 0, as
+ * transformers' _init_weights does. */
 static void init_task(void *ctx, size_t task, int thread)
 {
     (void)thread;
@@ -38,8 +38,9 @@ static void init_task(void *ctx, size_t task, int thread)
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit);
     const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
     const double std = j->cfg->initializer_range;
+    const float norm = mt_config_is_gemma(j->cfg) ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
     for (uint64_t i = lo; i < hi; i++) {
-        float x = is_norm ? 1.0f : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));
+        float x = is_norm ? norm : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));
         master[i] = x;
         if (w) w[t->offset + i] = mt_f32_to_bf16(x);
     }

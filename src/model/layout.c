@@ -52,7 +52,13 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_K_NORM, NAME("self_attn.k_norm.weight"), c->head_dim, 1, 0);
     }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
-    add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
+    if (mt_config_is_gemma(c)) { /* sandwich norms: post_attention_layernorm is the attention output's */
+        add_tensor(u, MT_T_POST_ATTN_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
+        add_tensor(u, MT_T_MLP_NORM, NAME("pre_feedforward_layernorm.weight"), C, 1, 0);
+        add_tensor(u, MT_T_POST_MLP_NORM, NAME("post_feedforward_layernorm.weight"), C, 1, 0);
+    } else {
+        add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
+    }
     add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
     add_tensor(u, MT_T_UP, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.up_proj.weight"), F, C, 1);
     if (fused) fuse(u, u->n_tensors - 2, 2);
@@ -134,6 +140,6 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
     const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
     uint64_t layer = 2 * C + q * C + 2 * kv * C + C * q + 3 * F * C + (c->attention_bias ? q + 2 * kv : 0) +
-                     (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0);
+                     (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0) + (mt_config_is_gemma(c) ? 2 * C : 0);
     return V * C + (uint64_t)c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }

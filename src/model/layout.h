@@ -24,6 +24,7 @@ typedef enum mt_tensor_role {
     MT_T_Q_NORM, MT_T_K_NORM, /* (D) RMSNorm scales of each head of q and k (Qwen3) */
     MT_T_O,
     MT_T_MLP_NORM, MT_T_GATE, MT_T_UP, MT_T_DOWN,
+    MT_T_POST_ATTN_NORM, MT_T_POST_MLP_NORM, /* (C) Gemma's norms of the attention's and the MLP's outputs */
     MT_T_FINAL_NORM, MT_T_LM_HEAD,
     MT_T_ROLE_COUNT
 } mt_tensor_role;
@@ -41,7 +42,7 @@ typedef struct mt_tensor_desc {
     uint32_t fused_rows, fused_row0;
 } mt_tensor_desc;
 
-#define MT_MAX_UNIT_TENSORS 15
+#define MT_MAX_UNIT_TENSORS 16
 
 typedef struct mt_unit_desc {
     mt_unit_kind kind;
@@ -66,12 +67,20 @@ typedef struct mt_layout {
     uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes;
 } mt_layout;
 
-/* Norm scales start at 1, biases at 0; neither takes weight decay. */
+/* Norm scales start at 1 (Gemma's, which store the scale minus one, at 0),
+ * biases at 0; neither takes weight decay. */
 static inline int mt_role_is_norm(mt_tensor_role r)
 {
-    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM;
+    return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM ||
+           r == MT_T_POST_ATTN_NORM || r == MT_T_POST_MLP_NORM;
 }
 static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS; }
+
+/* Whether a validated config is Gemma's: (1 + w) norms around attention and MLP, scaled embeddings, GeGLU. */
+static inline int mt_config_is_gemma(const mt_model_config *c)
+{
+    return c->arch == MT_ARCH_GEMMA2 || c->arch == MT_ARCH_GEMMA3;
+}
 
 /* Whether a validated config's layers normalize each head of q and k. */
 static inline int mt_config_qk_norm(const mt_model_config *c)

@@ -18,84 +18,7 @@
  * in the forward and never again. What the backend kept from the forward
  * (mt_layer_acts: q, k, v; the attention output; the residual after it) the
  * recompute skips; the forward writes those straight where they are kept. */
-#include "model/template.h"
-
-#include <stddef.h>
-
-/* The act buffer p advanced by i elements. */
-static void *at(const mt_dims *d, const void *p, size_t i) { return (char *)p + i * d->es; }
-
-#define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
-
-static int llama_work(const mt_dims *d, int want_grad, mt_work_buf *out)
-{
-    const uint64_t T = (uint64_t)d->T, C = (uint64_t)d->C, Q = (uint64_t)d->Q, KV = (uint64_t)d->KV;
-    const uint64_t FT = (uint64_t)d->FT * (uint64_t)d->F, chunk = (uint64_t)d->chunk * (uint64_t)d->V;
-    /* the logits buffer also takes head_logits' n_seq rows */
-    const uint64_t logits = (uint64_t)MT_MAX(d->chunk, d->n_seq) * (uint64_t)d->V;
-    int k = 0;
-    BUF(xn1, T * C, 0);
-    BUF(q, T * Q, 0);
-    BUF(k, T * KV, 0);
-    BUF(v, T * KV, 0);
-    BUF(att, T * Q, 0);
-    BUF(lse, T * (uint64_t)d->H, 1);
-    BUF(h, T * C, 0);
-    BUF(xn2, T * C, 0);
-    BUF(g, FT, 0);
-    BUF(u, FT, 0);
-    BUF(a, FT, 0);
-    BUF(rows, (uint64_t)d->n_seq * C, 0);
-    BUF(rstd1, T, 1);
-    BUF(rstd2, T, 1);
-    BUF(logits, logits, 1);
-    if (want_grad) {
-        BUF(dy_act, T * C, 0);
-        BUF(da, FT, 0);
-        BUF(dg, FT, 0);
-        BUF(du, FT, 0);
-        BUF(datt, T * Q, 0);
-        BUF(dq, T * Q, 0);
-        BUF(dk, T * KV, 0);
-        BUF(dv, T * KV, 0);
-        BUF(dxn, T * C, 1);
-        BUF(dlogits, chunk, 0);
-    }
-    if (d->qk_norm) {
-        BUF(qr, T * Q, 0);
-        BUF(kr, T * KV, 0);
-        BUF(rstdq, T * (uint64_t)d->H, 1);
-        BUF(rstdk, T * (uint64_t)d->Hkv, 1);
-        if (want_grad) {
-            BUF(dqr, T * Q, 1);
-            BUF(dkr, T * KV, 1);
-            BUF(dqk32, T * Q, 1);
-        }
-    }
-    return k;
-}
-
-static void embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
-{
-    x->k->embedding(x->kc, out, tokens, w[MT_T_EMBED], x->d->T, x->d->C, x->d->V, x->d->embed_scale);
-}
-
-static void embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy)
-{
-    x->k->embedding_bwd(x->kc, gwte, tokens, dy, x->d->T, x->d->C, x->d->V, x->d->embed_scale);
-}
-
-/* g, u and a = silu(g) * u for the n tokens from t0 of xn2: one MLP piece. */
-static void mlp_up(const mt_exec *x, void *const *w, int t0, int n)
-{
-    const mt_kernels *k = x->k;
-    const mt_dims *d = x->d;
-    const mt_work *b = x->w;
-    const void *xn = at(d, b->xn2, (size_t)t0 * d->C);
-    k->linear(x->kc, b->g, 0, xn, w[MT_T_GATE], NULL, n, d->C, d->F, 0);
-    k->linear(x->kc, b->u, 0, xn, w[MT_T_UP], NULL, n, d->C, d->F, 0);
-    k->glu(x->kc, b->a, b->g, b->u, (size_t)n * d->F, d->glu_act);
-}
+#include "model/blocks.h"
 
 static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
 {
@@ -104,26 +27,7 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
     const int recompute = out == NULL, T = d->T, C = d->C;
-    /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
-    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps, d->norm_offset);
-    /* with qk_norm the backward also reads q and k before their norms: never skipped */
-    if (!recompute || !a->qkv_kept || d->qk_norm) {
-        if (d->qk_norm) {
-            k->linear(kc, b->qr, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-            k->linear(kc, b->kr, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
-            k->rmsnorm(kc, a->q, b->rstdq, b->qr, w[MT_T_Q_NORM], T * d->H, d->D, d->eps, d->norm_offset);
-            k->rmsnorm(kc, a->k, b->rstdk, b->kr, w[MT_T_K_NORM], T * d->Hkv, d->D, d->eps, d->norm_offset);
-        } else {
-            k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-            k->linear(kc, a->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
-        }
-        k->linear(kc, a->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
-        k->rope(kc, a->q, T, d->H, d->D, 0, a->rope_local);
-        k->rope(kc, a->k, T, d->Hkv, d->D, 0, a->rope_local);
-    }
-    if (!recompute || !a->att_kept)
-        k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale,
-                     a->window, d->attn_softcap);
+    mt_block_attention(x, w, in, recompute, a);
     /* the residual adds inside the GEMMs: h = x + att Wo^T */
     if (!recompute || !a->h_kept) {
         k->copy(kc, a->h, in, (size_t)T * C);
@@ -134,24 +38,9 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     k->copy(kc, out, a->h, (size_t)T * C);
     for (int t0 = 0; t0 < T; t0 += d->FT) {
         const int n = MT_MIN(d->FT, T - t0);
-        mlp_up(x, w, t0, n);
-        k->linear(kc, at(d, out, (size_t)t0 * C), 0, b->a, w[MT_T_DOWN], NULL, n, d->F, C, 1);
+        mt_block_mlp_up(x, w, t0, n);
+        k->linear(kc, mt_at(d, out, (size_t)t0 * C), 0, b->a, w[MT_T_DOWN], NULL, n, d->F, C, 1);
     }
-}
-
-/* The backward of the RMSNorm of each head (rows of D) of q or k: dact (act)
- * holds the gradient after the norm; returns it before the norm, as act (in
- * dact or dx, which gets it in f32). */
-static const void *head_norm_backward(const mt_exec *x, void *dact, float *dx, float *gw, const void *xr,
-                                      const void *w, const float *rstd, int rows)
-{
-    const mt_kernels *k = x->k;
-    const mt_dims *d = x->d;
-    const size_t n = (size_t)rows * d->D;
-    const float *dy = k->as_f32(x->kc, x->w->dqk32, dact, n);
-    k->zero(x->kc, dx, n * sizeof(float));
-    k->rmsnorm_bwd(x->kc, dx, gw, dy, xr, w, rstd, rows, d->D, d->eps, d->norm_offset);
-    return k->as_act(x->kc, dact, dx, n);
 }
 
 static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
@@ -161,92 +50,26 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F;
+    const int T = d->T, C = d->C;
     /* out = h + a Wd^T, piece by piece: the MLP's forward again, then its backward */
     const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
     for (int t0 = 0; t0 < T; t0 += d->FT) {
         const int n = MT_MIN(d->FT, T - t0);
-        const void *dyp = at(d, dya, (size_t)t0 * C), *xn = at(d, b->xn2, (size_t)t0 * C);
-        float *dxn = b->dxn + (size_t)t0 * C;
-        mlp_up(x, w, t0, n);
-        k->linear_dx(kc, b->da, 0, dyp, w[MT_T_DOWN], n, F, C, 0);
-        k->linear_dw(kc, gw[MT_T_DOWN], NULL, dyp, b->a, n, F, C);
-        k->glu_bwd(kc, b->dg, b->du, b->da, b->g, b->u, (size_t)n * F, d->glu_act);
-        k->linear_dx(kc, dxn, 1, b->dg, w[MT_T_GATE], n, C, F, 0);
-        k->linear_dx(kc, dxn, 1, b->du, w[MT_T_UP], n, C, F, 1);
-        k->linear_dw(kc, gw[MT_T_GATE], NULL, b->dg, xn, n, C, F);
-        k->linear_dw(kc, gw[MT_T_UP], NULL, b->du, xn, n, C, F);
+        mt_block_mlp_up(x, w, t0, n);
+        mt_block_mlp_bwd(x, w, gw, mt_at(d, dya, (size_t)t0 * C), t0, n);
     }
     k->rmsnorm_bwd(kc, dy, gw[MT_T_MLP_NORM], b->dxn, a->h, w[MT_T_MLP_NORM], b->rstd2, T, C, d->eps, d->norm_offset);
     /* h = x + att Wo^T */
-    dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
-    k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
-    k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
-    k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
-                     d->Hkv, d->D, d->attn_scale, a->window, d->attn_softcap);
-    k->rope(kc, b->dq, T, d->H, d->D, 1, a->rope_local);
-    k->rope(kc, b->dk, T, d->Hkv, d->D, 1, a->rope_local);
-    const void *dq = b->dq, *dk = b->dk;
-    if (d->qk_norm) {
-        dq = head_norm_backward(x, b->dq, b->dqr, gw[MT_T_Q_NORM], b->qr, w[MT_T_Q_NORM], b->rstdq, T * d->H);
-        dk = head_norm_backward(x, b->dk, b->dkr, gw[MT_T_K_NORM], b->kr, w[MT_T_K_NORM], b->rstdk, T * d->Hkv);
-    }
-    k->linear_dx(kc, b->dxn, 1, dq, w[MT_T_Q], T, C, Q, 0);
-    k->linear_dx(kc, b->dxn, 1, dk, w[MT_T_K], T, C, KV, 1);
-    k->linear_dx(kc, b->dxn, 1, b->dv, w[MT_T_V], T, C, KV, 1);
-    k->linear_dw(kc, gw[MT_T_Q], gw[MT_T_Q_BIAS], dq, b->xn1, T, C, Q);
-    k->linear_dw(kc, gw[MT_T_K], gw[MT_T_K_BIAS], dk, b->xn1, T, C, KV);
-    k->linear_dw(kc, gw[MT_T_V], gw[MT_T_V_BIAS], b->dv, b->xn1, T, C, KV);
-    k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps, d->norm_offset);
-}
-
-static void head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,
-                 const int32_t *targets, float loss_scale, float *dy)
-{
-    const mt_kernels *k = x->k;
-    void *kc = x->kc;
-    const mt_dims *d = x->d;
-    const mt_work *b = x->w;
-    const int T = d->T, C = d->C, V = d->V;
-    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_FINAL_NORM], T, C, d->eps, d->norm_offset);
-    if (dy) k->zero(kc, b->dxn, (size_t)T * C * sizeof(float));
-    for (int t0 = 0; t0 < T; t0 += d->chunk) {
-        const int n = MT_MIN(d->chunk, T - t0);
-        const void *xc = at(d, b->xn1, (size_t)t0 * C);
-        k->linear(kc, b->logits, 1, xc, lm, NULL, n, C, V, 0);
-        k->cross_entropy(kc, dy ? b->dlogits : NULL, b->logits, targets + t0, n, V, loss_scale, d->final_softcap);
-        if (dy) {
-            k->linear_dx(kc, b->dxn + (size_t)t0 * C, 1, b->dlogits, lm, n, C, V, 0);
-            k->linear_dw(kc, glm, NULL, b->dlogits, xc, n, C, V);
-        }
-    }
-    if (dy) {
-        k->zero(kc, dy, (size_t)T * C * sizeof(float));
-        k->rmsnorm_bwd(kc, dy, gw[MT_T_FINAL_NORM], b->dxn, in, w[MT_T_FINAL_NORM], b->rstd1, T, C, d->eps, d->norm_offset);
-    }
-}
-
-static void head_logits(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out)
-{
-    const mt_kernels *k = x->k;
-    void *kc = x->kc;
-    const mt_dims *d = x->d;
-    const mt_work *b = x->w;
-    k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_FINAL_NORM], d->T, d->C, d->eps, d->norm_offset);
-    /* the last position of each sequence, gathered into one small GEMM */
-    k->last_rows(kc, b->rows, b->xn1, d->n_seq, d->seq_len, d->C);
-    k->linear(kc, b->logits, 1, b->rows, lm, NULL, d->n_seq, d->C, d->V, 0);
-    if (d->final_softcap > 0.0f) k->softcap(kc, b->logits, (size_t)d->n_seq * d->V, d->final_softcap);
-    k->to_host(kc, out, b->logits, (size_t)d->n_seq * d->V);
+    mt_block_attention_bwd(x, w, gw, in, k->as_act(kc, b->dy_act, dy, (size_t)T * C), dy, a);
 }
 
 const mt_template mt_template_llama = {
     .name = "llama",
-    .work = llama_work,
-    .embed_forward = embed_forward,
-    .embed_backward = embed_backward,
+    .work = mt_block_work,
+    .embed_forward = mt_block_embed_forward,
+    .embed_backward = mt_block_embed_backward,
     .layer_forward = layer_forward,
     .layer_backward = layer_backward,
-    .head = head,
-    .head_logits = head_logits,
+    .head = mt_block_head,
+    .head_logits = mt_block_head_logits,
 };

@@ -13,6 +13,8 @@ const mt_template *mt_template_for(const mt_model_config *cfg)
     case MT_ARCH_MISTRAL:
     case MT_ARCH_QWEN3:
     case MT_ARCH_PHI3: return &mt_template_llama;
+    case MT_ARCH_GEMMA2:
+    case MT_ARCH_GEMMA3: return &mt_template_gemma;
     default: return NULL;
     }
 }

@@ -134,6 +134,11 @@ typedef struct mt_work {
      * backward the f32 gradients of q and k before the norms, and an f32 scratch */
     void *qr, *kr;
     float *rstdq, *rstdk, *dqr, *dkr, *dqk32;
+    /* Gemma's post-norms: the attention's output projection ao (T, C) and an MLP piece's output
+     * mo (FT, C) before their norms, a scratch mn (FT, C) (act); their 1/rms rstd3 (T), rstd4
+     * (FT); in the backward the f32 gradients before the norms, dpost (T, C) */
+    void *ao, *mo, *mn;
+    float *rstd3, *rstd4, *dpost;
 } mt_work;
 
 /* One buffer of mt_work: where its pointer lives, its elements and type. */
@@ -217,6 +222,8 @@ mt_status mt_template_check(mt_err err, const mt_model_config *cfg);
 
 /* The template of Llama, Qwen2, Mistral, Qwen3 and Phi-3 (src/model/llama.c). */
 extern const mt_template mt_template_llama;
+/* The template of Gemma 2 and Gemma 3 (src/model/gemma.c). */
+extern const mt_template mt_template_gemma;
 
 /* Pointers to each tensor of a unit inside a block laid out like its tile,
  * of es-byte elements; roles the unit lacks are NULL. */
