@@ -88,7 +88,8 @@ double parity_rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 
 static const char *arch_name(uint32_t a)
 {
     static const char *const names[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
-                                        "Qwen3ForCausalLM", "Phi3ForCausalLM"};
+                                        "Qwen3ForCausalLM", "Phi3ForCausalLM",    "Gemma2ForCausalLM",
+                                        "Gemma3ForCausalLM"};
     return a < sizeof names / sizeof names[0] ? names[a] : "?";
 }
 
@@ -148,13 +149,34 @@ static mt_model_config load_config(const char *name, const char *model_dir, cons
                  model_dir, (double)c.rope_theta, (double)theta, (double)theta);
     c.rope_theta = theta;
     const cJSON *rs = parity_jget(jc, "rope_scaling");
-    const uint32_t want = cJSON_IsNull(rs) ? MT_ROPE_SCALING_NONE : MT_ROPE_SCALING_LLAMA3;
+    const cJSON *rtype = cJSON_IsNull(rs) ? NULL : parity_jget(rs, "rope_type");
+    const uint32_t want = !rtype ? MT_ROPE_SCALING_NONE
+                          : !strcmp(rtype->valuestring, "linear") ? MT_ROPE_SCALING_LINEAR
+                                                                  : MT_ROPE_SCALING_LLAMA3;
+    static const char *const scaling_names[] = {"none", "llama3", "linear"};
     cr_expect_eq(c.rope_scaling, want,
                  "%s/config.json: mt_config_load read rope scaling %s, transformers used %s (transformers 5 writes "
                  "it as \"rope_parameters\"); continuing with transformers' parameters",
-                 model_dir, c.rope_scaling ? "llama3" : "none", want ? "llama3" : "none");
+                 model_dir, scaling_names[c.rope_scaling % 3], scaling_names[want]);
     const uint32_t read_scaling = c.rope_scaling;
     c.rope_scaling = want;
+    if (want == MT_ROPE_SCALING_LINEAR) {
+        const float f = (float)parity_jnum(rs, "factor");
+        cr_expect(read_scaling != MT_ROPE_SCALING_LINEAR || c.rope_factor == f, "%s: linear factor %g, transformers %g",
+                  name, (double)c.rope_factor, (double)f);
+        c.rope_factor = f;
+    }
+    /* Gemma's settings, where the fixture has them (absent or null: none) */
+    static const char *const gemma_keys[] = {"query_pre_attn_scalar", "attn_logit_softcapping",
+                                             "final_logit_softcapping", "rope_local_base_freq"};
+    const float gemma_read[] = {c.query_pre_attn_scalar, c.attn_logit_softcapping, c.final_logit_softcapping,
+                                c.rope_local_base_freq};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(jc, gemma_keys[i]);
+        const float want_v = cJSON_IsNumber(v) ? (float)v->valuedouble : 0.0f;
+        cr_assert_eq(gemma_read[i], want_v, "%s: %s read as %g, transformers %g", name, gemma_keys[i],
+                     (double)gemma_read[i], (double)want_v);
+    }
     if (want == MT_ROPE_SCALING_LLAMA3) {
         const float f = (float)parity_jnum(rs, "factor"), lo = (float)parity_jnum(rs, "low_freq_factor");
         const float hi = (float)parity_jnum(rs, "high_freq_factor");
@@ -451,6 +473,15 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
     cr_expect(if_max <= tol->inv_freq_rel, "%s: inv_freq[%d] = %.9g, transformers %.9g (relative %.3g)", name, if_at,
               (double)inv[if_at], (double)want_if[if_at], if_max);
     free(want_if);
+    /* Gemma 3: the sliding layers' own frequencies */
+    if (cJSON_GetObjectItemCaseSensitive(f.json, "inv_freq_local")) {
+        want_if = parity_jfloats(f.json, "inv_freq_local", D / 2);
+        mt_rope_inv_freq_of(inv, &m->cfg, 1);
+        for (uint32_t i = 0; i < D / 2; i++)
+            cr_expect(parity_rel_diff(inv[i], want_if[i]) <= tol->inv_freq_rel,
+                      "%s: inv_freq_local[%u] = %.9g, transformers %.9g", name, i, (double)inv[i], (double)want_if[i]);
+        free(want_if);
+    }
     free(inv);
 
     /* step-0 logits of the first sequence at every position: position p is

@@ -16,6 +16,7 @@
 #include "core/bf16.h"
 #include "engine/model.h"
 #include "io/safetensors.h"
+#include "model/rope.h"
 
 /* ---- a temporary directory per test ------------------------------------------ */
 
@@ -256,6 +257,27 @@ static mt_model_config phi3(int precision)
     return c;
 }
 
+static mt_model_config gemma(mt_arch arch, int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = arch;
+    c.num_hidden_layers = 3;
+    c.head_dim = 16;
+    c.tie_word_embeddings = 1;
+    c.query_pre_attn_scalar = 24.0f;
+    c.sliding_window = 16, c.sliding_window_pattern = 3;
+    if (arch == MT_ARCH_GEMMA2) {
+        c.attn_logit_softcapping = 50.0f, c.final_logit_softcapping = 30.0f;
+    } else {
+        c.rope_theta = 1e6f, c.rope_local_base_freq = 10000.0f;
+        c.rope_scaling = MT_ROPE_SCALING_LINEAR, c.rope_factor = 8.0f;
+    }
+    return c;
+}
+
+Test(hf, round_trip_gemma2_bf16) { round_trip(gemma(MT_ARCH_GEMMA2, MT_PRECISION_BF16)); }
+Test(hf, round_trip_gemma3_fp32) { round_trip(gemma(MT_ARCH_GEMMA3, MT_PRECISION_FP32)); }
+
 Test(hf, round_trip_phi3_bf16) { round_trip(phi3(MT_PRECISION_BF16)); }
 Test(hf, round_trip_phi3_fp32) { round_trip(phi3(MT_PRECISION_FP32)); }
 
@@ -335,14 +357,19 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     cr_assert_eq(a->sliding_window, b->sliding_window);
     cr_assert_eq(a->sliding_window_pattern, b->sliding_window_pattern);
     cr_assert_eq(a->max_window_layers, b->max_window_layers);
+    cr_assert_eq(a->query_pre_attn_scalar, b->query_pre_attn_scalar);
+    cr_assert_eq(a->rope_local_base_freq, b->rope_local_base_freq);
+    cr_assert_eq(a->attn_logit_softcapping, b->attn_logit_softcapping);
+    cr_assert_eq(a->final_logit_softcapping, b->final_logit_softcapping);
 }
 
 Test(hf, config_round_trip)
 {
-    mt_model_config cases[7] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
+    mt_model_config cases[9] = {llama_gqa(MT_PRECISION_FP32), qwen_tied(MT_PRECISION_BF16),
                                 llama_gqa(MT_PRECISION_BF16), qwen3(MT_PRECISION_FP32),
                                 llama_gqa(MT_PRECISION_BF16), qwen_tied(MT_PRECISION_BF16),
-                                qwen3(MT_PRECISION_BF16)};
+                                qwen3(MT_PRECISION_BF16),     gemma(MT_ARCH_GEMMA2, MT_PRECISION_BF16),
+                                gemma(MT_ARCH_GEMMA3, MT_PRECISION_BF16)};
     /* sliding windows: Mistral's every layer, Qwen2's from a layer on, one in 2 full */
     cases[4].arch = MT_ARCH_MISTRAL, cases[4].sliding_window = 48;
     cases[5].sliding_window = 32, cases[5].max_window_layers = 1;
@@ -355,7 +382,8 @@ Test(hf, config_round_trip)
     cases[2].rope_theta = 500000.0f;
     cases[2].arch = MT_ARCH_MISTRAL;
     cases[2].head_dim = 16; /* != hidden / heads */
-    for (int k = 0; k < 7; k++) {
+    cases[8].attn_logit_softcapping = 20.0f; /* a Gemma 3 may cap too */
+    for (int k = 0; k < 9; k++) {
         mt_model *m = make(&cases[k]);
         char dir[512], name[32];
         snprintf(name, sizeof name, "cfg%d", k);
@@ -582,6 +610,85 @@ Test(hf, config_load_real_world_shapes)
     cr_assert_eq(c.rope_theta, 250000.0f);
     cr_assert_eq(params_of(&c), 14659507200ull);
 
+    /* Gemma 2 2B's config.json: soft-caps, every other layer sliding over 4096 (transformers 4 wrote
+     * no pattern), tied embeddings by default, hidden_act beside hidden_activation */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Gemma2ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"attn_logit_softcapping\":50.0,\"bos_token_id\":2,\"cache_implementation\":\"hybrid\","
+                  "\"eos_token_id\":1,\"final_logit_softcapping\":30.0,\"head_dim\":256,"
+                  "\"hidden_act\":\"gelu_pytorch_tanh\",\"hidden_activation\":\"gelu_pytorch_tanh\","
+                  "\"hidden_size\":2304,\"initializer_range\":0.02,\"intermediate_size\":9216,"
+                  "\"max_position_embeddings\":8192,\"model_type\":\"gemma2\",\"num_attention_heads\":8,"
+                  "\"num_hidden_layers\":26,\"num_key_value_heads\":4,\"pad_token_id\":0,"
+                  "\"query_pre_attn_scalar\":256,\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,"
+                  "\"sliding_window\":4096,\"torch_dtype\":\"float32\",\"transformers_version\":\"4.42.4\","
+                  "\"use_cache\":true,\"vocab_size\":256000}");
+    cr_assert_eq(c.arch, MT_ARCH_GEMMA2);
+    cr_assert_eq(c.tie_word_embeddings, 1);
+    cr_assert_eq(c.attn_logit_softcapping, 50.0f);
+    cr_assert_eq(c.final_logit_softcapping, 30.0f);
+    cr_assert_eq(c.query_pre_attn_scalar, 256.0f);
+    cr_assert_eq(c.rope_local_base_freq, 0.0f);
+    cr_assert_eq(c.sliding_window, 4096);
+    for (int l = 0; l < 26; l++) cr_assert_eq(mt_config_layer_slides(&c, l), l % 2 == 0, "layer %d", l);
+    cr_assert_eq(params_of(&c), 2614341888ull, "2.61 B, as the model card says");
+    /* ... and without the caps transformers' defaults, 50 and 30; null: none */
+    c = load_text(dir, "{\"architectures\":[\"Gemma2ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                       "\"intermediate_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                       "\"max_position_embeddings\":128,\"final_logit_softcapping\":null}");
+    cr_assert_eq(c.attn_logit_softcapping, 50.0f);
+    cr_assert_eq(c.final_logit_softcapping, 0.0f);
+
+    /* Gemma 3 1B's: q/k norms, 5 of 6 layers sliding over 512 with their own RoPE base, no caps */
+    c = load_text(dir,
+                  "{\"architectures\":[\"Gemma3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+                  "\"attn_logit_softcapping\":null,\"bos_token_id\":2,\"cache_implementation\":\"hybrid\","
+                  "\"eos_token_id\":1,\"final_logit_softcapping\":null,\"head_dim\":256,"
+                  "\"hidden_activation\":\"gelu_pytorch_tanh\",\"hidden_size\":1152,\"initializer_range\":0.02,"
+                  "\"intermediate_size\":6912,\"max_position_embeddings\":32768,\"model_type\":\"gemma3_text\","
+                  "\"num_attention_heads\":4,\"num_hidden_layers\":26,\"num_key_value_heads\":1,"
+                  "\"pad_token_id\":0,\"query_pre_attn_scalar\":256,\"rms_norm_eps\":1e-06,"
+                  "\"rope_local_base_freq\":10000,\"rope_scaling\":null,\"rope_theta\":1000000,"
+                  "\"sliding_window\":512,\"sliding_window_pattern\":6,\"torch_dtype\":\"bfloat16\","
+                  "\"transformers_version\":\"4.50.0.dev0\",\"use_cache\":true,\"vocab_size\":262144}");
+    cr_assert_eq(c.arch, MT_ARCH_GEMMA3);
+    cr_assert_eq(c.attn_logit_softcapping, 0.0f);
+    cr_assert_eq(c.final_logit_softcapping, 0.0f);
+    cr_assert_eq(c.rope_theta, 1e6f);
+    cr_assert_eq(c.rope_local_base_freq, 10000.0f);
+    cr_assert_eq(c.sliding_window, 512);
+    for (int l = 0; l < 26; l++) {
+        cr_assert_eq(mt_config_layer_slides(&c, l), (l + 1) % 6 != 0, "layer %d", l);
+        cr_assert_eq(mt_config_layer_local_rope(&c, l), (l + 1) % 6 != 0, "layer %d", l);
+    }
+    cr_assert_eq(params_of(&c), 999885952ull, "1 B: 26 layers of 26.8 M and a 302 M embedding");
+    /* Gemma 3 27B's RoPE: linear x8 on the full layers, as transformers 4 and 5 write it */
+    static const char *const g3_rope[] = {
+        "\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,"
+        "\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"}",
+        "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_theta\":1000000.0,\"rope_type\":\"linear\"},"
+        "\"sliding_attention\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"architectures\":[\"Gemma3ForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                 "\"intermediate_size\":64,\"num_hidden_layers\":12,\"num_attention_heads\":4,"
+                 "\"max_position_embeddings\":128,\"head_dim\":8,\"sliding_window\":16,%s}",
+                 g3_rope[i]);
+        c = load_text(dir, json);
+        cr_assert_eq(c.rope_scaling, MT_ROPE_SCALING_LINEAR, "form %d", i);
+        cr_assert_eq(c.rope_factor, 8.0f, "form %d", i);
+        cr_assert_eq(c.rope_theta, 1e6f, "form %d", i);
+        cr_assert_eq(c.rope_local_base_freq, 10000.0f, "form %d", i);
+        cr_assert_eq(c.sliding_window_pattern, 6, "transformers' default pattern, form %d", i);
+        float global[16], local[16];
+        mt_rope_inv_freq_of(global, &c, 0);
+        mt_rope_inv_freq_of(local, &c, 1);
+        cr_assert_eq(local[1], 1.0f / powf(10000.0f, 2.0f / 8.0f), "the local table is unscaled, base 10000");
+        cr_assert_eq(global[1], 1.0f / powf(1e6f, 2.0f / 8.0f) / 8.0f, "the global table is divided by 8");
+    }
+
     /* model_type alone is enough */
     c = load_text(dir,
                   "{\"model_type\":\"mistral\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":64,"
@@ -657,6 +764,18 @@ Test(hf, config_refusals)
     expect_config_refusal("{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"text_config\":{" BASE_FIELDS
                           "},\"vision_config\":{\"hidden_size\":1152}}",
                           MT_ERR_UNSUPPORTED, "vision_config: Gemma3ForConditionalGeneration has a vision encoder");
+    expect_config_refusal("{\"architectures\":[\"Gemma2ForCausalLM\"]," BASE_FIELDS ",\"hidden_activation\":\"gelu\"}",
+                          MT_ERR_UNSUPPORTED, "hidden_activation gelu is not supported");
+    expect_config_refusal("{\"architectures\":[\"Gemma3ForCausalLM\"]," BASE_FIELDS
+                          ",\"use_bidirectional_attention\":true}",
+                          MT_ERR_UNSUPPORTED, "use_bidirectional_attention true");
+    expect_config_refusal("{\"architectures\":[\"Gemma3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"default\"},"
+                          "\"sliding_attention\":{\"rope_type\":\"linear\",\"factor\":2.0}}}",
+                          MT_ERR_UNSUPPORTED, "scaled RoPE on the sliding layers");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\"}}}",
+                          MT_ERR_UNSUPPORTED, "Gemma 3's only");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
                           "Qwen3MoeForCausalLM is not supported (LlamaForCausalLM");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,

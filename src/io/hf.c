@@ -60,6 +60,8 @@ static const struct {
     {"MistralForCausalLM", "mistral", MT_ARCH_MISTRAL},
     {"Qwen3ForCausalLM", "qwen3", MT_ARCH_QWEN3},
     {"Phi3ForCausalLM", "phi3", MT_ARCH_PHI3},
+    {"Gemma2ForCausalLM", "gemma2", MT_ARCH_GEMMA2},
+    {"Gemma3ForCausalLM", "gemma3_text", MT_ARCH_GEMMA3},
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
 
@@ -103,6 +105,13 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
     }
     /* the layers that slide: from max_window_layers on, one in P attending fully */
     uint32_t P = 0, first = W ? MT_MIN(mwl, L) : L; /* first == L: no layer slides */
+    if (mt_config_is_gemma(c)) {
+        /* Gemma 2: every other layer (transformers 4 wrote no pattern); Gemma 3: sliding_window_pattern */
+        P = c->arch == MT_ARCH_GEMMA2 ? 2 : 6;
+        if (c->arch == MT_ARCH_GEMMA3 && (st = get_u32(err, j, "sliding_window_pattern", &P, 0, path))) return st;
+        if (P == 1) first = L; /* every layer attends fully */
+        if (P > L) P = 0;      /* no full layer among these: every layer slides */
+    }
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (lt && !cJSON_IsNull(lt)) {
         if (!cJSON_IsArray(lt)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list", path);
@@ -142,6 +151,77 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
         c->sliding_window = W;
         c->max_window_layers = first;
         c->sliding_window_pattern = P;
+    }
+    return MT_OK;
+}
+
+/* An optional number that may be null (0 here, "none"); def where absent. */
+static mt_status get_float_or_null(mt_err err, const cJSON *o, const char *key, float *out, float def,
+                                   const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = !v ? def : 0.0f;
+    return v && !cJSON_IsNull(v) ? get_float(err, o, key, out, 1, path) : MT_OK;
+}
+
+/* Gemma's own keys, with transformers' defaults where a key is absent. */
+static mt_status gemma_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+{
+    mt_status st;
+    const int g2 = c->arch == MT_ARCH_GEMMA2;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_activation");
+    if (!act || cJSON_IsNull(act)) act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0))
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_activation %s is not supported (Gemma's is gelu_pytorch_tanh)",
+                       path, cJSON_IsString(act) ? act->valuestring : "(not a name)");
+    c->query_pre_attn_scalar = 256.0f;
+    if ((st = get_float(err, j, "query_pre_attn_scalar", &c->query_pre_attn_scalar, 0, path)) ||
+        (st = get_float_or_null(err, j, "attn_logit_softcapping", &c->attn_logit_softcapping, g2 ? 50.0f : 0.0f,
+                                path)) ||
+        (st = get_float_or_null(err, j, "final_logit_softcapping", &c->final_logit_softcapping, g2 ? 30.0f : 0.0f,
+                                path)))
+        return st;
+    if (!g2) {
+        c->rope_local_base_freq = 10000.0f;
+        if ((st = get_float(err, j, "rope_local_base_freq", &c->rope_local_base_freq, 0, path))) return st;
+        uint32_t bidirectional = 0;
+        if ((st = get_bool(err, j, "use_bidirectional_attention", &bidirectional, path))) return st;
+        if (bidirectional)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: use_bidirectional_attention true (an encoder's attention) is not supported: only "
+                           "causal decoders train here",
+                           path);
+    }
+    return MT_OK;
+}
+
+/* One RoPE description (rope_scaling, or an entry of rope_parameters) into c's global fields. */
+static mt_status rope_type_from_json(mt_err err, mt_model_config *c, const cJSON *rs, const char *path)
+{
+    mt_status st;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!cJSON_IsString(t))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" has no \"rope_type\" (or \"type\")", path);
+    if (!strcmp(t->valuestring, "longrope"))
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: rope_scaling type longrope (Phi-3's 128k-context checkpoints) is not supported: it "
+                       "rescales each frequency by one of two factor lists, chosen by the sequence length, which "
+                       "this library does not implement (the 4k-context checkpoints have rope_scaling null)",
+                       path);
+    if (!strcmp(t->valuestring, "llama3")) {
+        c->rope_scaling = MT_ROPE_SCALING_LLAMA3;
+        if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path)) ||
+            (st = get_float(err, rs, "low_freq_factor", &c->rope_low_freq_factor, 1, path)) ||
+            (st = get_float(err, rs, "high_freq_factor", &c->rope_high_freq_factor, 1, path)) ||
+            (st = get_u32(err, rs, "original_max_position_embeddings", &c->rope_original_max_position, 1, path)))
+            return st;
+    } else if (!strcmp(t->valuestring, "linear")) {
+        c->rope_scaling = MT_ROPE_SCALING_LINEAR;
+        if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path))) return st;
+    } else if (strcmp(t->valuestring, "default") != 0) {
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: rope_scaling type %s is not supported (llama3 and linear are)",
+                       path, t->valuestring);
     }
     return MT_OK;
 }
@@ -204,7 +284,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         return st;
     c->rope_theta = 10000.0f;
     if ((st = get_float(err, j, "rope_theta", &c->rope_theta, 0, path))) return st;
-    c->tie_word_embeddings = 0;
+    c->tie_word_embeddings = mt_config_is_gemma(c) ? 1u : 0u; /* transformers' defaults */
     if ((st = get_bool(err, j, "tie_word_embeddings", &c->tie_word_embeddings, path))) return st;
 
     /* biases */
@@ -220,7 +300,9 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
 
     /* activation */
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
-    if (act && !cJSON_IsNull(act)) {
+    if (mt_config_is_gemma(c)) {
+        if ((st = gemma_from_json(err, c, j, path))) return st;
+    } else if (act && !cJSON_IsNull(act)) {
         if (!cJSON_IsString(act)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"hidden_act\" must be a string", path);
         if (strcmp(act->valuestring, "silu") != 0)
             return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu is)", path,
@@ -245,32 +327,34 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     if (rp && !cJSON_IsNull(rp)) {
         if (!cJSON_IsObject(rp))
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_parameters\" must be an object or null", path);
+        /* by layer type (Gemma 3 in transformers 5): the full layers' RoPE, and the sliding layers' base */
+        const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        const cJSON *local = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+        if (cJSON_IsObject(local)) {
+            if (c->arch != MT_ARCH_GEMMA3)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: rope_parameters.sliding_attention: a RoPE of the sliding layers of their own is "
+                               "Gemma 3's only",
+                               path);
+            mt_model_config lc = *c;
+            lc.rope_theta = c->rope_local_base_freq;
+            if ((st = get_float(err, local, "rope_theta", &lc.rope_theta, 0, path)) ||
+                (st = rope_type_from_json(err, &lc, local, path)))
+                return st;
+            if (lc.rope_scaling != MT_ROPE_SCALING_NONE)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: rope_parameters.sliding_attention: scaled RoPE on the sliding layers is not "
+                               "supported (Gemma 3's is the default rope)",
+                               path);
+            c->rope_local_base_freq = lc.rope_theta;
+        }
+        if (cJSON_IsObject(full)) rp = full;
         if ((st = get_float(err, rp, "rope_theta", &c->rope_theta, 0, path))) return st;
-        if (!rs || cJSON_IsNull(rs)) rs = rp; /* rope_type default | llama3 with the same four fields */
+        if (!rs || cJSON_IsNull(rs)) rs = rp; /* rope_type default | llama3 | linear with their fields */
     }
     if (rs && !cJSON_IsNull(rs)) {
         if (!cJSON_IsObject(rs)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        if (!cJSON_IsString(t))
-            return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" has no \"rope_type\" (or \"type\")", path);
-        if (!strcmp(t->valuestring, "longrope"))
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s: rope_scaling type longrope (Phi-3's 128k-context checkpoints) is not supported: it "
-                           "rescales each frequency by one of two factor lists, chosen by the sequence length, which "
-                           "this library does not implement (the 4k-context checkpoints have rope_scaling null)",
-                           path);
-        if (!strcmp(t->valuestring, "llama3")) {
-            c->rope_scaling = MT_ROPE_SCALING_LLAMA3;
-            if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path)) ||
-                (st = get_float(err, rs, "low_freq_factor", &c->rope_low_freq_factor, 1, path)) ||
-                (st = get_float(err, rs, "high_freq_factor", &c->rope_high_freq_factor, 1, path)) ||
-                (st = get_u32(err, rs, "original_max_position_embeddings", &c->rope_original_max_position, 1, path)))
-                return st;
-        } else if (strcmp(t->valuestring, "default") != 0) {
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s: rope_scaling type %s is not supported (only llama3 is)", path, t->valuestring);
-        }
+        if ((st = rope_type_from_json(err, c, rs, path))) return st;
     }
     return MT_OK;
 }
@@ -384,12 +468,32 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON_AddItemToObject(rs, "low_freq_factor", float_number(c->rope_low_freq_factor));
         cJSON_AddItemToObject(rs, "high_freq_factor", float_number(c->rope_high_freq_factor));
         cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_position);
+    } else if (c->rope_scaling == MT_ROPE_SCALING_LINEAR) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "linear");
+        cJSON_AddItemToObject(rs, "factor", float_number(c->rope_factor));
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
     if (c->arch != MT_ARCH_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
-    cJSON_AddBoolToObject(j, "mlp_bias", 0);
-    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    if (mt_config_is_gemma(c)) {
+        /* transformers' Gemma reads hidden_activation; the keys it defaults when absent, explicitly */
+        cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
+        cJSON_AddStringToObject(j, "hidden_act", "gelu_pytorch_tanh");
+        cJSON_AddItemToObject(j, "query_pre_attn_scalar", float_number(c->query_pre_attn_scalar));
+        const float caps[2] = {c->attn_logit_softcapping, c->final_logit_softcapping};
+        static const char *const cap_keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+        for (int i = 0; i < 2; i++)
+            cJSON_AddItemToObject(j, cap_keys[i], caps[i] > 0.0f ? float_number(caps[i]) : cJSON_CreateNull());
+        if (c->arch == MT_ARCH_GEMMA3) {
+            cJSON_AddItemToObject(j, "rope_local_base_freq",
+                                  float_number(c->rope_local_base_freq > 0.0f ? c->rope_local_base_freq : c->rope_theta));
+            cJSON_AddBoolToObject(j, "use_bidirectional_attention", 0);
+        }
+    } else {
+        cJSON_AddBoolToObject(j, "mlp_bias", 0);
+        cJSON_AddStringToObject(j, "hidden_act", "silu");
+    }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
     if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
         cJSON_AddBoolToObject(j, "use_sliding_window", c->sliding_window != 0);
