@@ -78,11 +78,16 @@ has "plan too big" "does not fit"
 expect "plan a window" 0 "$BIN" plan --model tests/fixtures/mistral_window/model --seq-len 40 --cpu
 has "plan a window" "bf16, Mistral"
 has "plan a window" "a sliding window of 16 keys from layer 0 on"
+expect "plan gemma 3" 0 "$BIN" plan --model tests/fixtures/gemma3_window/model --seq-len 40 --cpu
+has "plan gemma 3" "bf16, Gemma 3"
+has "plan gemma 3" "a sliding window of 16 keys from layer 0 on, one layer in 3 attending fully"
 expect "plan families" 0 "$BIN" plan --families
-for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM Phi3ForCausalLM; do
+for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM Phi3ForCausalLM Gemma2ForCausalLM \
+         Gemma3ForCausalLM; do
   has "plan families" "$a"
 done
 has "plan families" "Qwen3-8B             8.19 B     106.8    14.0     122.1    16.0"
+has "plan families" "gemma-2-9b           9.24 B     120.5    14.0     137.7    16.0"
 expect "plan families and more" 1 "$BIN" plan --families --cpu
 has "plan families and more" "--families takes no other option"
 expect "info" 0 "$BIN" info

@@ -282,7 +282,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         (st = get_u32(err, j, "max_position_embeddings", &c->max_position_embeddings, 1, path)) ||
         (st = get_float(err, j, "rms_norm_eps", &c->rms_norm_eps, 0, path)))
         return st;
-    c->rope_theta = 10000.0f;
+    c->rope_theta = c->arch == MT_ARCH_GEMMA3 ? 1e6f : 10000.0f; /* transformers' defaults */
     if ((st = get_float(err, j, "rope_theta", &c->rope_theta, 0, path))) return st;
     c->tie_word_embeddings = mt_config_is_gemma(c) ? 1u : 0u; /* transformers' defaults */
     if ((st = get_bool(err, j, "tie_word_embeddings", &c->tie_word_embeddings, path))) return st;
@@ -404,15 +404,24 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
 
 /* ---- writing ------------------------------------------------------------------ */
 
-/* The shortest decimal that reads back as the same float, as a JSON number. */
+/* The shortest decimal that reads back as the same float, as a JSON number
+ * that Python reads as a float: "30.0", not "30" (transformers 5 validates
+ * the types of config fields, and an int is no float there). */
 static cJSON *float_number(float f)
 {
-    char s[32];
+    char s[40];
     for (int prec = 6; prec <= 9; prec++) {
-        snprintf(s, sizeof s, "%.*g", prec, (double)f);
+        snprintf(s, sizeof s - 2, "%.*g", prec, (double)f);
         if (strtof(s, NULL) == f) break;
     }
-    return cJSON_CreateNumber(strtod(s, NULL));
+    if (!strpbrk(s, ".e")) strcat(s, ".0");
+    return cJSON_CreateRaw(s);
+}
+
+/* A number that transformers types as an int where it is one (query_pre_attn_scalar). */
+static cJSON *int_or_float_number(float f)
+{
+    return f == floorf(f) && fabsf(f) < 1e9f ? cJSON_CreateNumber((double)f) : float_number(f);
 }
 
 /* The special token ids of the folder a model came from: the library does not use them, but
@@ -480,7 +489,7 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         /* transformers' Gemma reads hidden_activation; the keys it defaults when absent, explicitly */
         cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
         cJSON_AddStringToObject(j, "hidden_act", "gelu_pytorch_tanh");
-        cJSON_AddItemToObject(j, "query_pre_attn_scalar", float_number(c->query_pre_attn_scalar));
+        cJSON_AddItemToObject(j, "query_pre_attn_scalar", int_or_float_number(c->query_pre_attn_scalar));
         const float caps[2] = {c->attn_logit_softcapping, c->final_logit_softcapping};
         static const char *const cap_keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
         for (int i = 0; i < 2; i++)

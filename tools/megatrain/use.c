@@ -353,6 +353,10 @@ static const family FAMILIES[] = {
      128, 0, 0, 0},
     {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
      0, 0, 0},
+    {"Gemma 2", "Gemma2ForCausalLM", "sandwich norms, caps", "gemma-2-9b", MT_ARCH_GEMMA2, 256000, 3584, 14336, 42,
+     16, 8, 256, 4096, 0, 1},
+    {"Gemma 3", "Gemma3ForCausalLM", "q/k norms, local RoPE", "gemma-3-1b", MT_ARCH_GEMMA3, 262144, 1152, 6912, 26,
+     4, 1, 256, 512, 0, 1},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
