@@ -131,12 +131,12 @@ typedef struct {
 static int f_rmsnorm(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_rmsnorm(NULL, c->dt, c->y, c->rstd, c->xdt, c->x, c->w, T, C, 1e-5f, &c->tune);
+    return mt_cu_rmsnorm(NULL, c->dt, c->y, c->rstd, c->xdt, c->x, c->w, T, C, 1e-5f, 0.0f, &c->tune);
 }
 static int f_rmsnorm_bwd(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_rmsnorm_bwd(NULL, c->dx, c->dw, c->dy, c->xdt, c->x, c->dt, c->w, c->rstd, T, C, 1e-5f, c->scratch,
+    return mt_cu_rmsnorm_bwd(NULL, c->dx, c->dw, c->dy, c->xdt, c->x, c->dt, c->w, c->rstd, T, C, 1e-5f, 0.0f, c->scratch,
                              &c->tune);
 }
 static int f_rope(void *p)
@@ -177,17 +177,17 @@ static int f_scale(void *p)
 static int f_embed(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_embedding(NULL, c->dt, c->y, c->tok, c->dt, c->w, T, C, V);
+    return mt_cu_embedding(NULL, c->dt, c->y, c->tok, c->dt, c->w, T, C, V, 1.0f);
 }
 static int f_embed_bwd(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_embedding_bwd(NULL, c->dw, c->tok, c->dy, T, C, V, c->scratch);
+    return mt_cu_embedding_bwd(NULL, c->dw, c->tok, c->dy, T, C, V, 1.0f, c->scratch);
 }
 static int f_ce(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_cross_entropy(NULL, c->x, c->tok, CE_ROWS, V, 1.0f / 16384, -100, c->dt, c->y, c->loss, NULL,
+    return mt_cu_cross_entropy(NULL, c->x, c->tok, CE_ROWS, V, 1.0f / 16384, 0.0f, -100, c->dt, c->y, c->loss, NULL,
                                c->scratch, &c->tune);
 }
 static int f_sumsq(void *p)
@@ -391,11 +391,11 @@ static void smoke(void)
             void *x = sbuf(dt, n, 0), *y = sbuf(dt, n, 0), *w = sbuf(dt, Cn, 0), *r = sbuf(MT_CU_F32, Tn, 0);
             void *dy = sbuf(MT_CU_F32, n, 0), *dx = sbuf(MT_CU_F32, n, 0), *dw = sbuf(MT_CU_F32, Cn, 0);
             void *scr = dalloc(mt_cu_rmsnorm_bwd_scratch_bytes(Tn, Cn, NULL));
-            chk(mt_cu_rmsnorm(NULL, dt, y, r, dt, x, w, Tn, Cn, 1e-5f, NULL), "rmsnorm");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, scr, NULL), "rmsnorm_bwd");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, NULL, Tn, Cn, 1e-5f, scr, NULL),
+            chk(mt_cu_rmsnorm(NULL, dt, y, r, dt, x, w, Tn, Cn, 1e-5f, 0.0f, NULL), "rmsnorm");
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, 0.0f, scr, NULL), "rmsnorm_bwd");
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, dw, dy, dt, x, dt, w, NULL, Tn, Cn, 1e-5f, 0.0f, scr, NULL),
                 "rmsnorm_bwd no rstd");
-            chk(mt_cu_rmsnorm_bwd(NULL, dx, NULL, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, NULL, NULL),
+            chk(mt_cu_rmsnorm_bwd(NULL, dx, NULL, dy, dt, x, dt, w, r, Tn, Cn, 1e-5f, 0.0f, NULL, NULL),
                 "rmsnorm_bwd dx only");
             void *bscr = dalloc(mt_cu_bias_grad_scratch_bytes(Tn, Cn));
             chk(mt_cu_bias_grad(NULL, dw, dt, x, Tn, Cn, bscr), "bias_grad");
@@ -441,8 +441,8 @@ static void smoke(void)
             void *dwte = sbuf(MT_CU_F32, (size_t)Vn * Cn, 0), *dout = sbuf(MT_CU_F32, (size_t)Tn * Cn, 0);
             void *escr = dalloc(mt_cu_embedding_bwd_scratch_bytes(Tn));
             h2d(dt_, tok, sizeof tok);
-            chk(mt_cu_embedding(NULL, dt, out, dt_, dt, wte, Tn, Cn, Vn), "embedding");
-            chk(mt_cu_embedding_bwd(NULL, dwte, dt_, dout, Tn, Cn, Vn, escr), "embedding_bwd");
+            chk(mt_cu_embedding(NULL, dt, out, dt_, dt, wte, Tn, Cn, Vn, 1.0f), "embedding");
+            chk(mt_cu_embedding_bwd(NULL, dwte, dt_, dout, Tn, Cn, Vn, 1.0f, escr), "embedding_bwd");
             mt_device_free(dt_), sfree(wte, dt, 0), sfree(out, dt, 0), sfree(dwte, MT_CU_F32, 0);
             sfree(dout, MT_CU_F32, 0), mt_device_free(escr);
         }
@@ -458,12 +458,12 @@ static void smoke(void)
                 void *dl = sbuf(dt, (size_t)nr * Vn, 0), *ls = dalloc(sizeof(double)), *cnt = dalloc(sizeof(int));
                 void *cscr = dalloc(mt_cu_cross_entropy_scratch_bytes(nr));
                 h2d(dtg, tg, sizeof tg);
-                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, dl, ls, cnt, cscr, &tu),
+                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, 0.0f, -100, dt, dl, ls, cnt, cscr, &tu),
                     "cross_entropy");
-                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, NULL, ls, NULL, cscr, &tu),
+                chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, 0.0f, -100, dt, NULL, ls, NULL, cscr, &tu),
                     "ce loss only");
                 if (dt == MT_CU_F32)
-                    chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, -100, dt, lg, ls, cnt, cscr, &tu),
+                    chk(mt_cu_cross_entropy(NULL, lg, dtg, nr, Vn, 0.1f, 0.0f, -100, dt, lg, ls, cnt, cscr, &tu),
                         "ce in place");
                 mt_device_free(dtg), sfree(lg, MT_CU_F32, 0), sfree(dl, dt, 0), mt_device_free(ls), mt_device_free(cnt);
                 mt_device_free(cscr);

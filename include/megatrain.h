@@ -241,11 +241,12 @@ typedef enum mt_recompute {
 typedef enum mt_attention {
     MT_ATTENTION_AUTO = 0,    /* bf16: cuDNN's fused attention (loaded at run time) where it is installed, serves
                                  the shape and its workspace fits the GPU budget; the library's kernels elsewhere,
-                                 and for fp32, documents packed into sequences and any shape cuDNN refuses */
+                                 and for fp32, documents packed into sequences, sliding-window layers, soft-capped
+                                 attention scores (Gemma 2) and any shape cuDNN refuses */
     MT_ATTENTION_KERNELS = 1, /* the library's own kernels, always */
     MT_ATTENTION_CUDNN = 2,   /* cuDNN where the kernels would be chosen by AUTO only for a lack of room or for
-                                 documents; a model or shape it cannot serve at all (fp32, cuDNN absent, refused)
-                                 is an error */
+                                 documents; a model or shape it cannot serve at all (fp32, soft-capped scores,
+                                 cuDNN absent, refused) is an error */
     MT_ATTENTION_MAX_ENUM = 0x7FFFFFFF
 } mt_attention;
 

@@ -277,24 +277,61 @@ Test(cpu_ops, rmsnorm_forward)
     free(x); free(w); free(y); free(rstd);
 }
 
+/* Gemma's norm: y = x r (1 + w), against double */
+Test(cpu_ops, rmsnorm_forward_offset)
+{
+    seed(60);
+    const int T = 17, C = 77;
+    const float eps = 1e-6f;
+    float *x = rand_vec(T * C, 2), *w = rand_vec(C, 1), *y = rand_vec(T * C, 1), *rstd = rand_vec(T, 1);
+    mt_cpu_rmsnorm(NULL, y, rstd, x, w, T, C, eps, 1.0f);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[t * C + c] * x[t * C + c];
+        const double r = 1.0 / sqrt(ss / C + eps);
+        cr_expect(fabs(rstd[t] - r) <= 1e-6 * r, "rstd[%d] %.8g ref %.8g", t, rstd[t], r);
+        for (int c = 0; c < C; c++) {
+            const double ref = (double)x[t * C + c] * r * (1.0 + (double)w[c]);
+            cr_expect(fabs(y[t * C + c] - ref) <= 1e-6 * (1 + fabs(ref)), "y[%d,%d] %.8g ref %.8g", t, c, y[t * C + c],
+                      ref);
+        }
+    }
+    free(x); free(w); free(y); free(rstd);
+}
+
 typedef struct {
     float *x, *w, *y, *R;
     int T, C;
-    float eps;
+    float eps, woff;
 } norm_ctx;
 
 static double norm_loss(void *c)
 {
     norm_ctx *n = c;
-    mt_cpu_rmsnorm(NULL, n->y, NULL, n->x, n->w, n->T, n->C, n->eps, 0.0f);
+    mt_cpu_rmsnorm(NULL, n->y, NULL, n->x, n->w, n->T, n->C, n->eps, n->woff);
     return dot_d(n->y, n->R, (size_t)n->T * n->C);
+}
+
+/* woff 1: dx through dy (1 + w); dw as without the offset */
+Test(cpu_ops, rmsnorm_backward_offset_fd)
+{
+    seed(61);
+    const int T = 6, C = 37;
+    norm_ctx n = {rand_vec(T * C, 1), rand_vec(C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), T, C, 1e-6f, 1.0f};
+    float *dx = rand_vec(T * C, 1), *dw = rand_vec(C, 1), *dx0 = copy_vec(dx, T * C), *dw0 = copy_vec(dw, C);
+    mt_cpu_rmsnorm_bwd(NULL, dx, dw, n.R, n.x, n.w, NULL, T, C, n.eps, n.woff);
+    for (int i = 0; i < T * C; i++) dx[i] -= dx0[i];
+    for (int i = 0; i < C; i++) dw[i] -= dw0[i];
+    fd_check("dx", norm_loss, &n, n.x, dx, T * C);
+    fd_check("dw", norm_loss, &n, n.w, dw, C);
+    free(n.x); free(n.w); free(n.y); free(n.R); free(dx); free(dw); free(dx0); free(dw0);
 }
 
 Test(cpu_ops, rmsnorm_backward_fd)
 {
     seed(7);
     const int T = 6, C = 37;
-    norm_ctx n = {rand_vec(T * C, 1), rand_vec(C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), T, C, 1e-5f};
+    norm_ctx n = {rand_vec(T * C, 1), rand_vec(C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), T, C, 1e-5f, 0.0f};
     float *rstd = rand_vec(T, 1);
     mt_cpu_rmsnorm(NULL, n.y, rstd, n.x, n.w, T, C, n.eps, 0.0f);
     float *dx0 = rand_vec(T * C, 1), *dw0 = rand_vec(C, 1);
@@ -516,6 +553,119 @@ Test(cpu_ops, attention_backward_fd)
     check_attention_bwd(1, 100, 2, 1, 6); /* MQA, several query blocks */
 }
 
+/* Soft-capped scores (Gemma 2): the naive reference in double with c = cap tanh(u / cap),
+ * u = scale q.k, before the softmax; lse of the c. */
+static void attention_cap_ref(double *out, double *lse, const float *q, const float *k, const float *v, int B, int S,
+                              int H, int Hkv, int D, float scale, float cap)
+{
+    double *s = malloc((size_t)S * sizeof(double));
+    cr_assert(s);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int g = h / (H / Hkv);
+            for (int i = 0; i < S; i++) {
+                const float *qi = q + ((size_t)(b * S + i) * H + h) * D;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *kj = k + ((size_t)(b * S + j) * Hkv + g) * D;
+                    double u = 0;
+                    for (int d = 0; d < D; d++) u += (double)qi[d] * kj[d];
+                    s[j] = cap * tanh(u * scale / cap);
+                    m = fmax(m, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - m);
+                lse[((size_t)b * H + h) * S + i] = m + log(sum);
+                double *o = out + ((size_t)(b * S + i) * H + h) * D;
+                for (int d = 0; d < D; d++) o[d] = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *vj = v + ((size_t)(b * S + j) * Hkv + g) * D;
+                    const double pj = exp(s[j] - m) / sum;
+                    for (int d = 0; d < D; d++) o[d] += pj * vj[d];
+                }
+            }
+        }
+    free(s);
+}
+
+/* q, k in [-4, 4): scores u up to ~D 16 scale, far past the caps used, so the tanh saturates */
+static void check_attention_cap_fwd(int B, int S, int H, int Hkv, int D, float cap)
+{
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *q = rand_vec(nq, 4), *k = rand_vec(nkv, 4), *v = rand_vec(nkv, 1);
+    float *out = rand_vec(nq, 1), *lse = rand_vec(nl, 1);
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    void *ws = ws_alloc(2, S);
+    mt_pool *p = mt_pool_create(2, NULL);
+    cr_assert(ro && rl && p);
+    mt_cpu_attention_docs(p, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, cap);
+    attention_cap_ref(ro, rl, q, k, v, B, S, H, Hkv, D, scale, cap);
+    /* as without the cap (outputs convex combinations of values in [-1, 1]); tanhf adds ~1 ulp of |c| <= cap */
+    for (size_t i = 0; i < nq; i++)
+        cr_expect(fabs(out[i] - ro[i]) <= 2e-6, "S %d cap %g out[%zu] %.8g ref %.8g", S, cap, i, out[i], ro[i]);
+    for (size_t i = 0; i < nl; i++)
+        cr_expect(fabs(lse[i] - rl[i]) <= 2e-6 * fmax(1, fabs(rl[i])), "S %d cap %g lse[%zu] %.8g ref %.8g", S, cap, i,
+                  lse[i], rl[i]);
+    /* the cap holds: lse <= cap + log(keys) */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++)
+                cr_expect(lse[((size_t)b * H + h) * S + i] <= cap + log(i + 1.0) + 1e-5, "lse above the cap");
+    mt_pool_destroy(p);
+    free(q); free(k); free(v); free(out); free(lse); free(ro); free(rl); free(ws);
+}
+
+Test(cpu_ops, attention_softcap_forward)
+{
+    seed(62);
+    check_attention_cap_fwd(2, 7, 4, 2, 8, 2.0f);     /* GQA */
+    check_attention_cap_fwd(2, 33, 2, 2, 16, 5.0f);   /* MHA */
+    check_attention_cap_fwd(1, 100, 4, 1, 12, 50.0f); /* MQA, several query blocks; Gemma 2's cap */
+    check_attention_cap_fwd(1, 1, 2, 2, 4, 2.0f);
+}
+
+typedef struct {
+    att_ctx a;
+    float cap;
+} att_cap_ctx;
+
+static double att_cap_loss(void *c)
+{
+    att_cap_ctx *x = c;
+    att_ctx *a = &x->a;
+    mt_cpu_attention_docs(NULL, a->ws, a->out, a->lse, a->q, a->k, a->v, NULL, a->B, a->S, a->H, a->Hkv, a->D,
+                          a->scale, x->cap);
+    return dot_d(a->out, a->R, (size_t)a->B * a->S * a->H * a->D);
+}
+
+static void check_attention_cap_bwd(int B, int S, int H, int Hkv, int D, float cap)
+{
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D;
+    att_cap_ctx x = {{rand_vec(nq, 2), rand_vec(nkv, 2), rand_vec(nkv, 1), rand_vec(nq, 1),
+                      rand_vec((size_t)B * H * S, 1), rand_vec(nq, 1), B, S, H, Hkv, D, 1.0f / sqrtf((float)D),
+                      ws_alloc(1, S)},
+                     cap};
+    att_ctx *a = &x.a;
+    float *dq = rand_vec(nq, 1), *dk = rand_vec(nkv, 1), *dv = rand_vec(nkv, 1); /* overwritten */
+    att_cap_loss(&x);
+    mt_cpu_attention_bwd_docs(NULL, a->ws, dq, dk, dv, a->R, a->out, a->lse, a->q, a->k, a->v, NULL, B, S, H, Hkv, D,
+                              a->scale, cap);
+    fd_check("dq", att_cap_loss, &x, a->q, dq, nq);
+    fd_check("dk", att_cap_loss, &x, a->k, dk, nkv);
+    fd_check("dv", att_cap_loss, &x, a->v, dv, nkv);
+    free(a->q); free(a->k); free(a->v); free(a->out); free(a->lse); free(a->R); free(a->ws);
+    free(dq); free(dk); free(dv);
+}
+
+Test(cpu_ops, attention_softcap_backward_fd)
+{
+    seed(63);
+    check_attention_cap_bwd(2, 7, 4, 2, 8, 0.5f);    /* GQA, a cap the scores (|u| up to ~2.8) saturate */
+    check_attention_cap_bwd(1, 33, 4, 2, 8, 1.0f);   /* GQA */
+    check_attention_cap_bwd(1, 33, 3, 3, 4, 50.0f);  /* MHA, Gemma 2's cap */
+    check_attention_cap_bwd(1, 100, 2, 1, 6, 1.0f);  /* MQA, several query blocks */
+}
+
 /* ---- SwiGLU ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -547,19 +697,90 @@ Test(cpu_ops, swiglu)
     free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
 }
 
+/* ---- GeGLU ----------------------------------------------------------------------------- */
+
+static double geglu_loss(void *c)
+{
+    swiglu_ctx *s = c;
+    mt_cpu_geglu(NULL, s->out, s->gate, s->up, s->n);
+    return dot_d(s->out, s->R, s->n);
+}
+
+/* gelu's tanh form against double: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u */
+Test(cpu_ops, geglu)
+{
+    seed(64);
+    const size_t n = 300;
+    swiglu_ctx s = {rand_vec(n, 6), rand_vec(n, 2), rand_vec(n, 1), rand_vec(n, 1), n};
+    s.gate[0] = -6.0f, s.gate[1] = 0.0f, s.gate[2] = 6.0f; /* both tails and the middle */
+    geglu_loss(&s);
+    for (size_t i = 0; i < n; i++) {
+        const double g = s.gate[i], t = tanh(0.7978845608028654 * (g + 0.044715 * g * g * g));
+        const double ref = 0.5 * g * (1 + t) * s.up[i];
+        /* fp32: tanhf within an ulp or two; 1 + t cancels near g << 0, an absolute error of ~u |g u| */
+        cr_expect(fabs(s.out[i] - ref) <= 1e-6 * (1 + fabs(ref)), "out[%zu] %.8g ref %.8g (g %g)", i, s.out[i], ref, g);
+    }
+    float *dgate = rand_vec(n, 1), *dup = rand_vec(n, 1);
+    mt_cpu_geglu_bwd(NULL, dgate, dup, s.R, s.gate, s.up, n);
+    /* the analytic derivative in double too: d gelu / dg = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2) */
+    for (size_t i = 0; i < n; i++) {
+        const double g = s.gate[i], t = tanh(0.7978845608028654 * (g + 0.044715 * g * g * g));
+        const double dg = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * g * g);
+        const double ref = (double)s.R[i] * s.up[i] * dg;
+        cr_expect(fabs(dgate[i] - ref) <= 1e-6 * (1 + fabs(ref)), "dgate[%zu] %.8g ref %.8g", i, dgate[i], ref);
+    }
+    fd_check("dgate", geglu_loss, &s, s.gate, dgate, n);
+    fd_check("dup", geglu_loss, &s, s.up, dup, n);
+    free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
+}
+
+Test(cpu_ops, softcap)
+{
+    seed(65);
+    const size_t n = 1000;
+    float *x = rand_vec(n, 200), *x0 = copy_vec(x, n);
+    mt_cpu_softcap(x, n, 30.0f);
+    for (size_t i = 0; i < n; i++) {
+        const double ref = 30.0 * tanh(x0[i] / 30.0);
+        cr_expect(fabs(x[i] - ref) <= 4e-7 * 30.0, "x[%zu] %.8g ref %.8g", i, x[i], ref);
+        cr_expect(fabsf(x[i]) <= 30.0f, "x[%zu] = %g past the cap", i, x[i]);
+    }
+    free(x); free(x0);
+}
+
 /* ---- embedding ------------------------------------------------------------------------ */
 
 typedef struct {
     float *wte, *out, *R;
     int32_t *tokens;
     int T, C;
+    float scale;
 } emb_ctx;
 
 static double emb_loss(void *c)
 {
     emb_ctx *e = c;
-    mt_cpu_embedding(NULL, e->out, e->tokens, e->wte, e->T, e->C, 1.0f);
+    mt_cpu_embedding(NULL, e->out, e->tokens, e->wte, e->T, e->C, e->scale);
     return dot_d(e->out, e->R, (size_t)e->T * e->C);
+}
+
+/* Gemma: out = wte[tok] * sqrt(C), one fp32 product; dwte += dout * the same */
+Test(cpu_ops, embedding_scaled)
+{
+    seed(66);
+    const int T = 12, C = 10, V = 7;
+    int32_t tokens[12] = {3, 1, 3, 3, 0, 6, 1, 2, 3, 5, 0, 3};
+    emb_ctx e = {rand_vec(V * C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), tokens, T, C, sqrtf((float)C)};
+    emb_loss(&e);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++)
+            cr_expect(e.out[t * C + c] == e.wte[tokens[t] * C + c] * e.scale, "out[%d,%d]", t, c);
+    float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
+    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, e.scale);
+    for (int i = 0; i < V * C; i++) dwte[i] -= d0[i];
+    for (int c = 0; c < C; c++) cr_expect(dwte[4 * C + c] == 0.0f, "unused row changed");
+    fd_check("dwte", emb_loss, &e, e.wte, dwte, V * C);
+    free(e.wte); free(e.out); free(e.R); free(d0); free(dwte);
 }
 
 Test(cpu_ops, embedding)
@@ -567,7 +788,7 @@ Test(cpu_ops, embedding)
     seed(13);
     const int T = 12, C = 10, V = 7;
     int32_t tokens[12] = {3, 1, 3, 3, 0, 6, 1, 2, 3, 5, 0, 3}; /* repeats; token 4 unused */
-    emb_ctx e = {rand_vec(V * C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), tokens, T, C};
+    emb_ctx e = {rand_vec(V * C, 1), rand_vec(T * C, 1), rand_vec(T * C, 1), tokens, T, C, 1.0f};
     emb_loss(&e);
     for (int t = 0; t < T; t++) cr_expect(memcmp(e.out + t * C, e.wte + tokens[t] * C, C * sizeof(float)) == 0);
     float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
@@ -584,14 +805,55 @@ typedef struct {
     float *logits, *work;
     int32_t *targets;
     int n, V;
-    float dscale;
+    float dscale, softcap;
 } ce_ctx;
 
 static double ce_loss(void *c) /* L = dscale * sum of losses: its gradient is dlogits */
 {
     ce_ctx *e = c;
     memcpy(e->work, e->logits, (size_t)e->n * e->V * sizeof(float));
-    return e->dscale * mt_cpu_cross_entropy(NULL, e->work, e->targets, e->n, e->V, e->dscale, 0.0f, -100, NULL);
+    return e->dscale * mt_cpu_cross_entropy(NULL, e->work, e->targets, e->n, e->V, e->dscale, e->softcap, -100, NULL);
+}
+
+/* Gemma 2's final soft-cap: the loss of c = cap tanh(x / cap) against double,
+ * dlogits = (softmax(c) - onehot) dscale (1 - tanh^2) against double and
+ * finite differences. Logits up to 3 caps: the tanh saturates. */
+static void check_ce_softcap(float cap, uint64_t sd)
+{
+    seed(sd);
+    const int n = 9, V = 37;
+    int32_t targets[9] = {0, 36, -100, 5, 5, -100, 17, 2, 30};
+    ce_ctx e = {rand_vec(n * V, 3 * cap), rand_vec(n * V, 1), targets, n, V, 0.25f, cap};
+    float *g = copy_vec(e.logits, n * V);
+    int count = -1;
+    const double loss = mt_cpu_cross_entropy(NULL, g, targets, n, V, e.dscale, cap, -100, &count);
+    cr_expect(count == 7, "count %d", count);
+    double ref = 0;
+    for (int r = 0; r < n; r++) {
+        const float *x = e.logits + r * V;
+        double c[37], m = -INFINITY, sum = 0;
+        for (int j = 0; j < V; j++) c[j] = cap * tanh(x[j] / cap), m = fmax(m, c[j]);
+        for (int j = 0; j < V; j++) sum += exp(c[j] - m);
+        if (targets[r] == -100) {
+            for (int j = 0; j < V; j++) cr_expect(g[r * V + j] == 0.0f, "ignored row %d not zero", r);
+            continue;
+        }
+        ref += m + log(sum) - c[targets[r]];
+        for (int j = 0; j < V; j++) {
+            const double t = tanh(x[j] / cap), d = (exp(c[j] - m) / sum - (j == targets[r])) * e.dscale * (1 - t * t);
+            cr_expect(fabs(g[r * V + j] - d) <= 1e-7, "cap %g dlogits[%d,%d] %.8g ref %.8g", cap, r, j, g[r * V + j], d);
+        }
+    }
+    /* each capped logit within ~1 ulp of cap: the loss within a few 1e-7 cap per row */
+    cr_expect(fabs(loss - ref) <= 1e-6 * fabs(ref) + 1e-6 * cap * count, "cap %g loss %.10g ref %.10g", cap, loss, ref);
+    fd_check("dlogits", ce_loss, &e, e.logits, g, n * V);
+    free(e.logits); free(e.work); free(g);
+}
+
+Test(cpu_ops, cross_entropy_softcap)
+{
+    check_ce_softcap(30.0f, 67); /* Gemma 2's */
+    check_ce_softcap(2.0f, 68);
 }
 
 Test(cpu_ops, cross_entropy)
@@ -599,7 +861,7 @@ Test(cpu_ops, cross_entropy)
     seed(14);
     const int n = 9, V = 37;
     int32_t targets[9] = {0, 36, -100, 5, 5, -100, 17, 2, 30};
-    ce_ctx e = {rand_vec(n * V, 4), rand_vec(n * V, 1), targets, n, V, 0.25f};
+    ce_ctx e = {rand_vec(n * V, 4), rand_vec(n * V, 1), targets, n, V, 0.25f, 0.0f};
     float *g = copy_vec(e.logits, n * V);
     int count = -1;
     const double loss = mt_cpu_cross_entropy(NULL, g, targets, n, V, e.dscale, 0.0f, -100, &count);

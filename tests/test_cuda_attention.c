@@ -177,7 +177,9 @@ typedef struct {
  * sliding window of 37 keys (mt_window_starts), which the kernels take as they take document starts */
 enum { WINDOWED = 2, WINDOW = 37 };
 
-static void check(shape sh, int dtype, uint64_t s, int docs)
+/* softcap > 0: Gemma 2's soft-capped scores, through mt_cuattn_*_softcap against
+ * mt_cpu_attention_docs(..., softcap); 0: the plain calls. */
+static void check_cap(shape sh, int dtype, uint64_t s, int docs, float softcap)
 {
     need_gpu();
     const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D, bf = dtype == MT_CUATTN_BF16;
@@ -185,7 +187,8 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
     const size_t elem = bf ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)D);
     const double tol = bf ? 2e-2 : 1e-4, tol_norm = bf ? 1e-2 : 1e-4, tol_lse = 1e-4;
-    fprintf(stderr, "%s B=%d S=%d H=%d Hkv=%d D=%d\n", bf ? "bf16" : "fp32", B, S, H, Hkv, D);
+    fprintf(stderr, "%s B=%d S=%d H=%d Hkv=%d D=%d docs %d softcap %g\n", bf ? "bf16" : "fp32", B, S, H, Hkv, D, docs,
+            softcap);
 
     seed(s);
     float *q = randn(nq, bf), *k = randn(nkv, bf), *v = randn(nkv, bf), *dout = randn(nq, bf);
@@ -201,11 +204,11 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
             st[(size_t)b * S + i] = first;
         }
     if (docs == WINDOWED) mt_window_starts(st, st, B, S, WINDOW); /* in place: each entry reads only itself */
-    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
+    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, softcap);
     float *out_in = malloc(nq * 4); /* the forward output both backwards get */
     cr_assert(out_in);
     for (size_t i = 0; i < nq; i++) out_in[i] = bf ? mt_bf16_to_f32(mt_f32_to_bf16(out[i])) : out[i];
-    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, st, B, S, H, Hkv, D, scale, 0.0f);
+    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out_in, lse, q, k, v, st, B, S, H, Hkv, D, scale, softcap);
 
     void *gq = upload(q, nq, dtype), *gk = upload(k, nkv, dtype), *gv = upload(v, nkv, dtype);
     void *gout = alloc_poisoned(nq, elem), *glse = alloc_poisoned(nl, 4);
@@ -214,7 +217,9 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
         gst = dev_alloc((size_t)B * S * 4);
         cr_assert_eq(mt_device_copy_h2d(gst, st, (size_t)B * S * 4, why, sizeof why), 0, "%s", why);
     }
-    int rc = mt_cuattn_forward_docs(NULL, dtype, gout, glse, gq, gk, gv, gst, B, S, H, Hkv, D, scale);
+    int rc = softcap > 0.0f
+                 ? mt_cuattn_forward_softcap(NULL, dtype, gout, glse, gq, gk, gv, gst, B, S, H, Hkv, D, scale, softcap)
+                 : mt_cuattn_forward_docs(NULL, dtype, gout, glse, gq, gk, gv, gst, B, S, H, Hkv, D, scale);
     cr_assert_eq(rc, 0, "forward: %s", mt_cuattn_strerror(rc));
     dev_sync();
     float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
@@ -225,8 +230,10 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
     void *gdq = alloc_poisoned(nq, elem), *gdk = alloc_poisoned(nkv, elem), *gdv = alloc_poisoned(nkv, elem);
     const size_t wsb = mt_cuattn_workspace_bytes(B, S, H, Hkv, D);
     void *gws = dev_alloc(wsb);
-    rc = mt_cuattn_backward_docs(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, gst, B, S, H, Hkv, D,
-                                 scale, gws, wsb);
+    rc = softcap > 0.0f ? mt_cuattn_backward_softcap(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv,
+                                                     gst, B, S, H, Hkv, D, scale, softcap, gws, wsb)
+                        : mt_cuattn_backward_docs(NULL, dtype, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, gst,
+                                                  B, S, H, Hkv, D, scale, gws, wsb);
     cr_assert_eq(rc, 0, "backward: %s", mt_cuattn_strerror(rc));
     dev_sync();
     float *r_dq = download(gdq, nq, dtype), *r_dk = download(gdk, nkv, dtype), *r_dv = download(gdv, nkv, dtype);
@@ -242,6 +249,7 @@ static void check(shape sh, int dtype, uint64_t s, int docs)
     free(st);
 }
 
+static void check(shape sh, int dtype, uint64_t s, int docs) { check_cap(sh, dtype, s, docs, 0.0f); }
 static void check_shape(shape sh, int dtype, uint64_t s) { check(sh, dtype, s, 0); }
 
 static const shape GQA_SMALL = {2, 77, 4, 2, 64}, MHA_128 = {1, 256, 8, 8, 128}, MQA_LONG = {1, 1000, 4, 1, 64},
@@ -296,6 +304,111 @@ Test(cuda_attention, fp32_docs_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 25, 1)
 Test(cuda_attention, bf16_window_s300_d64) { check(DOCS_LONG, MT_CUATTN_BF16, 26, WINDOWED); }
 Test(cuda_attention, bf16_window_s260_d128) { check(DOCS_128, MT_CUATTN_BF16, 27, WINDOWED); }
 Test(cuda_attention, fp32_window_s190_d96) { check(DOCS_96, MT_CUATTN_FP32, 28, WINDOWED); }
+
+/* Soft-capped scores (Gemma 2): c = cap tanh(scale q.k / cap) before the
+ * softmax, at the head sizes of the kernels' tiles 64, 128 and 256 (Gemma 2's
+ * own), in both dtypes, alone, over packed documents and under a sliding
+ * window. Cap 50 is Gemma 2's attn_logit_softcapping (on these N(0, 1)
+ * scores it changes little); cap 1.5 saturates the tanh, so that a missing or
+ * misplaced cap (or 1 - t^2 in the backward) is off by O(1). The same
+ * tolerances: the tanh adds a few fp32 ulp on each side. */
+static const shape CAP_64 = {2, 150, 4, 2, 64}, CAP_128 = {1, 200, 8, 4, 128}, CAP_256 = {1, 150, 4, 2, 256};
+Test(cuda_attention, bf16_softcap_d64)
+{
+    check_cap(CAP_64, MT_CUATTN_BF16, 41, 0, 1.5f);
+    check_cap(CAP_64, MT_CUATTN_BF16, 42, 1, 50.0f);
+    check_cap(CAP_64, MT_CUATTN_BF16, 43, WINDOWED, 1.5f);
+}
+Test(cuda_attention, bf16_softcap_d128)
+{
+    check_cap(CAP_128, MT_CUATTN_BF16, 44, 0, 50.0f);
+    check_cap(CAP_128, MT_CUATTN_BF16, 45, WINDOWED, 1.5f);
+}
+Test(cuda_attention, bf16_softcap_d256)
+{
+    check_cap(CAP_256, MT_CUATTN_BF16, 46, 0, 1.5f);
+    check_cap(CAP_256, MT_CUATTN_BF16, 47, 1, 1.5f);
+    check_cap(CAP_256, MT_CUATTN_BF16, 48, WINDOWED, 50.0f);
+}
+Test(cuda_attention, fp32_softcap_d64)
+{
+    check_cap(CAP_64, MT_CUATTN_FP32, 51, 0, 1.5f);
+    check_cap(CAP_64, MT_CUATTN_FP32, 52, WINDOWED, 1.5f);
+}
+Test(cuda_attention, fp32_softcap_d128)
+{
+    check_cap(CAP_128, MT_CUATTN_FP32, 53, 0, 1.5f);
+    check_cap(CAP_128, MT_CUATTN_FP32, 54, 1, 50.0f);
+}
+Test(cuda_attention, fp32_softcap_d256)
+{
+    check_cap(CAP_256, MT_CUATTN_FP32, 55, 0, 50.0f);
+    check_cap(CAP_256, MT_CUATTN_FP32, 56, WINDOWED, 1.5f);
+}
+
+/* softcap 0 runs the kernels compiled without the cap: the same bits as the
+ * plain calls, forward and backward, with and without window starts. */
+Test(cuda_attention, softcap_zero_is_the_plain_path)
+{
+    need_gpu();
+    const shape sh = {2, 300, 4, 2, 128};
+    const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
+                 nl = (size_t)sh.B * sh.H * sh.S;
+    const float scale = 1.0f / sqrtf((float)sh.D);
+    int32_t *st = malloc((size_t)sh.B * sh.S * sizeof *st);
+    cr_assert(st);
+    for (int b = 0; b < sh.B; b++)
+        for (int i = 0; i < sh.S; i++) st[(size_t)b * sh.S + i] = 0;
+    mt_window_starts(st, st, sh.B, sh.S, WINDOW);
+    void *gst = dev_alloc((size_t)sh.B * sh.S * 4);
+    cr_assert_eq(mt_device_copy_h2d(gst, st, (size_t)sh.B * sh.S * 4, why, sizeof why), 0, "%s", why);
+    for (int dtype = 0; dtype < 2; dtype++)
+        for (int win = 0; win < 2; win++) {
+            const size_t elem = dtype == MT_CUATTN_BF16 ? 2 : 4;
+            const int32_t *docs = win ? gst : NULL;
+            void *t[4]; /* q, k, v, dout */
+            const size_t n[4] = {nq, nkv, nkv, nq};
+            for (int i = 0; i < 4; i++) {
+                t[i] = dev_alloc(n[i] * elem);
+                cr_assert_eq(mt_cuattn_fill_random(NULL, dtype, t[i], n[i], 300 + (uint64_t)i, 1.0f), 0);
+            }
+            const size_t wsb = mt_cuattn_workspace_bytes(sh.B, sh.S, sh.H, sh.Hkv, sh.D);
+            void *ws = dev_alloc(wsb);
+            unsigned char *h[2][5];
+            const size_t bytes[5] = {nq * elem, nl * 4, nq * elem, nkv * elem, nkv * elem};
+            for (int run = 0; run < 2; run++) { /* 0: the plain calls, 1: softcap 0 */
+                void *g[5]; /* out, lse, dq, dk, dv */
+                for (int i = 0; i < 5; i++) g[i] = alloc_poisoned(bytes[i], 1);
+                int rc = run ? mt_cuattn_forward_softcap(NULL, dtype, g[0], g[1], t[0], t[1], t[2], docs, sh.B, sh.S,
+                                                         sh.H, sh.Hkv, sh.D, scale, 0.0f)
+                             : mt_cuattn_forward_docs(NULL, dtype, g[0], g[1], t[0], t[1], t[2], docs, sh.B, sh.S,
+                                                      sh.H, sh.Hkv, sh.D, scale);
+                cr_assert_eq(rc, 0, "forward: %s", mt_cuattn_strerror(rc));
+                rc = run ? mt_cuattn_backward_softcap(NULL, dtype, g[2], g[3], g[4], t[3], g[0], g[1], t[0], t[1], t[2],
+                                                      docs, sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale, 0.0f, ws, wsb)
+                         : mt_cuattn_backward_docs(NULL, dtype, g[2], g[3], g[4], t[3], g[0], g[1], t[0], t[1], t[2],
+                                                   docs, sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale, ws, wsb);
+                cr_assert_eq(rc, 0, "backward: %s", mt_cuattn_strerror(rc));
+                dev_sync();
+                for (int i = 0; i < 5; i++) {
+                    h[run][i] = malloc(bytes[i]);
+                    cr_assert(h[run][i]);
+                    cr_assert_eq(mt_device_copy_d2h(h[run][i], g[i], bytes[i], why, sizeof why), 0, "%s", why);
+                    mt_device_free(g[i]);
+                }
+            }
+            const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+            for (int i = 0; i < 5; i++) {
+                cr_expect(memcmp(h[0][i], h[1][i], bytes[i]) == 0, "%s window %d: %s differs with softcap 0",
+                          dtype ? "fp32" : "bf16", win, names[i]);
+                free(h[0][i]), free(h[1][i]);
+            }
+            for (int i = 0; i < 4; i++) mt_device_free(t[i]);
+            mt_device_free(ws);
+        }
+    mt_device_free(gst);
+    free(st);
+}
 
 /* Two forwards and two backwards on the same inputs give the same bits. */
 Test(cuda_attention, deterministic)
@@ -377,6 +490,14 @@ Test(cuda_attention, argument_checks)
     cr_expect_geq(wsb, (size_t)1 * 8 * 4 * sizeof(float));
     cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, p, wsb - 1),
                  MT_CUATTN_EWORKSPACE);
+    /* the soft-cap: 0 or a finite positive value */
+    cr_expect_eq(mt_cuattn_forward_softcap(NULL, 0, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, sc, -1.0f), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward_softcap(NULL, 0, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, sc, NAN), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward_softcap(NULL, 0, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, sc, INFINITY),
+                 MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_forward_softcap(NULL, 0, p, l, p, p, p, NULL, 0, 8, 4, 2, 64, sc, 50.0f), MT_CUATTN_OK);
+    cr_expect_eq(mt_cuattn_backward_softcap(NULL, 0, p, p, p, p, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, sc, -2.0f, p, wsb),
+                 MT_CUATTN_EINVAL);
     cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, NULL, wsb),
                  MT_CUATTN_EWORKSPACE);
     cr_expect_eq(mt_cuattn_backward(NULL, 0, p, p, odd, p, p, l, p, p, p, 1, 8, 4, 2, 64, sc, p, wsb),

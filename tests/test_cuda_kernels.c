@@ -169,15 +169,19 @@ static const mt_cu_dtype norm_dts[][2] = {{MT_CU_F32, MT_CU_F32}, {MT_CU_BF16, M
  * positive) and rstd within 32u + the 2 roundings of the fp32 mode. */
 static int bf16_mode(mt_cu_dtype xdt, mt_cu_dtype dt) { return xdt == MT_CU_BF16 || dt == MT_CU_BF16; }
 
-static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, const mt_cu_tuning *tu)
+/* woff 1: Gemma's norms, whose weights (near 0, either sign) store the scale minus one. */
+static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, const mt_cu_tuning *tu, float woff)
 {
     const float eps = 1e-5f;
     const size_t n = (size_t)T * C;
-    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, 0.5f, 1.5f, 0);
+    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, woff - 0.5f, woff + 0.5f, 0);
+    if (woff != 0.0f) /* stored as w - 1: the weights of a scale near 1 */
+        for (int c = 0; c < C; c++) w.ref[c] -= woff; /* exact for these values, in both dtypes */
+    t_upload(&w);
     tensor y = t_rand(dt, n, 0.0f, 0.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
     float *yref = xmalloc(n * sizeof(float)), *rref = xmalloc((size_t)T * sizeof(float));
-    mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps, 0.0f);
-    cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps, tu) == 0);
+    mt_cpu_rmsnorm(NULL, yref, rref, x.ref, w.ref, T, C, eps, woff);
+    cr_assert(mt_cu_rmsnorm(NULL, dt, y.dev, r.dev, xdt, x.dev, w.dev, T, C, eps, woff, tu) == 0);
     float *yg = t_fetch(&y), *rg = t_fetch(&r);
     /* rstd, fp32 mode: the mean of squares is summed in double on both sides
      * (in another order: a relative difference near 1e-16), then rounded and
@@ -187,12 +191,13 @@ static void check_rmsnorm_fwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, con
     for (int t = 0; t < T; t++)
         cr_assert(fabs(rg[t] - rref[t]) <= rtol * rref[t], "%dx%d x %s y %s: rstd[%d] %.9g vs %.9g", T, C, dtn(xdt),
                   dtn(dt), t, rg[t], rref[t]);
-    /* y = w (x r): the same two products, so y's relative error is r's plus
-     * two roundings: 8u (fp32 mode), 48u plus bf16's rounding (bf16 mode). */
+    /* y = (woff + w) (x r): the same sum and two products, so y's relative
+     * error is r's plus two roundings: 8u (fp32 mode), 48u plus bf16's
+     * rounding (bf16 mode). */
     for (size_t i = 0; i < n; i++) {
         const double tol = out_tol(dt, yref[i], (bf16_mode(xdt, dt) ? 48 : 8) * U24 * fabs(yref[i]));
-        cr_assert(fabs(yg[i] - yref[i]) <= tol, "%dx%d x %s y %s: y[%zu] = %.9g, ref %.9g", T, C, dtn(xdt), dtn(dt),
-                  i, yg[i], yref[i]);
+        cr_assert(fabs(yg[i] - yref[i]) <= tol, "%dx%d x %s y %s woff %g: y[%zu] = %.9g, ref %.9g", T, C, dtn(xdt),
+                  dtn(dt), woff, i, yg[i], yref[i]);
     }
     free(yref), free(rref), free(yg), free(rg);
     t_free(&x), t_free(&w), t_free(&y), t_free(&r);
@@ -210,35 +215,50 @@ Test(cuda_kernels, rmsnorm_forward)
         for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
             for (size_t di = 0; di < 3; di++)
                 check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1],
-                                  emins[ei] ? &tu : NULL);
+                                  emins[ei] ? &tu : NULL, 0.0f);
     }
+}
+
+/* Gemma's (1 + w) against mt_cpu_rmsnorm(..., 1.0f), every shape and dtype pair */
+Test(cuda_kernels, rmsnorm_forward_offset)
+{
+    NEED_GPU();
+    seed(21);
+    for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
+        for (size_t di = 0; di < 3; di++)
+            check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1], NULL, 1.0f);
 }
 
 /* One backward case: dx and dw accumulate onto random values. with_rstd 0
  * recomputes rstd on both sides. */
-static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd, const mt_cu_tuning *tu)
+static void check_rmsnorm_bwd_off(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd,
+                                  const mt_cu_tuning *tu, float woff)
 {
     const float eps = 1e-6f;
     const size_t n = (size_t)T * C;
-    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, 0.5f, 1.5f, 0);
+    tensor x = t_rand(xdt, n, -2.0f, 2.0f, 0), w = t_rand(dt, (size_t)C, woff - 0.5f, woff + 0.5f, 0);
+    if (woff != 0.0f) { /* as in the forward: the stored weights are the scale minus woff */
+        for (int c = 0; c < C; c++) w.ref[c] -= woff;
+        t_upload(&w);
+    }
     tensor dy = t_rand(MT_CU_F32, n, -1.0f, 1.0f, 0), dx = t_rand(MT_CU_F32, n, -1.0f, 1.0f, 0);
     tensor dw = t_rand(MT_CU_F32, (size_t)C, -1.0f, 1.0f, 0), r = t_rand(MT_CU_F32, (size_t)T, 0.0f, 0.0f, 0);
     float *dx0 = xmalloc(n * sizeof(float)), *dw0 = xmalloc((size_t)C * sizeof(float));
     memcpy(dx0, dx.ref, n * sizeof(float));
     memcpy(dw0, dw.ref, (size_t)C * sizeof(float));
     float *y = xmalloc(n * sizeof(float));
-    mt_cpu_rmsnorm(NULL, y, r.ref, x.ref, w.ref, T, C, eps, 0.0f);
+    mt_cpu_rmsnorm(NULL, y, r.ref, x.ref, w.ref, T, C, eps, woff);
     t_upload(&r); /* the CPU's rstd, so that the backward is tested alone */
-    mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps, 0.0f);
+    mt_cpu_rmsnorm_bwd(NULL, dx.ref, dw.ref, dy.ref, x.ref, w.ref, with_rstd ? r.ref : NULL, T, C, eps, woff);
 
     void *scratch = dev_scratch(mt_cu_rmsnorm_bwd_scratch_bytes(T, C, tu));
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
-                                eps, scratch, tu) == 0);
+                                eps, woff, scratch, tu) == 0);
     float *dxg = t_fetch(&dx), *dwg = t_fetch(&dw);
     double *mag = calloc((size_t)C, sizeof(double));
     cr_assert(mag);
     for (int t = 0; t < T; t++) {
-        /* dx += r (g - n m), g = dy w, n = x r, m = mean(g n).
+        /* dx += r (g - n m), g = dy (woff + w), n = x r, m = mean(g n).
          * fp32 mode: m in double on both sides (another order), equal or
          * 1 ulp apart, every other step the same rounding: within 16u of the
          * magnitudes involved.
@@ -249,17 +269,18 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
         const float rr = r.ref[t];
         double gn = 0.0, gn_abs = 0.0;
         for (int c = 0; c < C; c++) {
-            const double term = (double)(dy.ref[t * C + c] * w.ref[c]) * (double)(x.ref[t * C + c] * rr);
+            const double term = (double)(dy.ref[t * C + c] * (woff + w.ref[c])) * (double)(x.ref[t * C + c] * rr);
             gn += term, gn_abs += fabs(term);
         }
         const double m = gn / C, m_tol = bf16_mode(xdt, dt) ? 64 * U24 * gn_abs / C : 0.0;
         const double k = bf16_mode(xdt, dt) && !with_rstd ? 96 : 16;
         for (int c = 0; c < C; c++) {
             const size_t i = (size_t)t * C + c;
-            const double g = dy.ref[i] * w.ref[c], nn = x.ref[i] * rr;
+            const double g = dy.ref[i] * (woff + w.ref[c]), nn = x.ref[i] * rr;
             const double scale = fabs(dx0[i]) + fabs(rr) * (fabs(g) + fabs(nn * m));
-            cr_assert(fabs(dxg[i] - dx.ref[i]) <= k * U24 * scale + fabs(rr * nn) * m_tol, "%dx%d x %s w %s rstd %d: dx[%d,%d] = %.9g, ref %.9g",
-                      T, C, dtn(xdt), dtn(dt), with_rstd, t, c, dxg[i], dx.ref[i]);
+            cr_assert(fabs(dxg[i] - dx.ref[i]) <= k * U24 * scale + fabs(rr * nn) * m_tol,
+                      "%dx%d x %s w %s rstd %d woff %g: dx[%d,%d] = %.9g, ref %.9g", T, C, dtn(xdt), dtn(dt), with_rstd,
+                      woff, t, c, dxg[i], dx.ref[i]);
             mag[c] += fabs((double)dy.ref[i] * nn);
         }
     }
@@ -276,13 +297,31 @@ static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int
     H2D(dx.dev, dx0, n * sizeof(float));
     H2D(dw.dev, dw0, (size_t)C * sizeof(float));
     cr_assert(mt_cu_rmsnorm_bwd(NULL, dx.dev, dw.dev, dy.dev, xdt, x.dev, dt, w.dev, with_rstd ? r.dev : NULL, T, C,
-                                eps, scratch, tu) == 0);
+                                eps, woff, scratch, tu) == 0);
     float *dxg2 = t_fetch(&dx), *dwg2 = t_fetch(&dw);
     cr_assert(memcmp(dxg, dxg2, n * sizeof(float)) == 0, "%dx%d: dx differs between two runs", T, C);
     cr_assert(memcmp(dwg, dwg2, (size_t)C * sizeof(float)) == 0, "%dx%d: dw differs between two runs", T, C);
     free(dx0), free(dw0), free(y), free(dxg), free(dwg), free(dxg2), free(dwg2), free(mag);
     mt_device_free(scratch);
     t_free(&x), t_free(&w), t_free(&dy), t_free(&dx), t_free(&dw), t_free(&r);
+}
+
+static void check_rmsnorm_bwd(int T, int C, mt_cu_dtype xdt, mt_cu_dtype dt, int with_rstd, const mt_cu_tuning *tu)
+{
+    check_rmsnorm_bwd_off(T, C, xdt, dt, with_rstd, tu, 0.0f);
+}
+
+/* Gemma's (1 + w): dx through dy (1 + w), dw as without the offset */
+Test(cuda_kernels, rmsnorm_backward_offset)
+{
+    NEED_GPU();
+    seed(22);
+    for (size_t si = 0; si < sizeof norm_shapes / sizeof *norm_shapes; si++)
+        for (size_t di = 0; di < 3; di++)
+            check_rmsnorm_bwd_off(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1], 1, NULL,
+                                  1.0f);
+    check_rmsnorm_bwd_off(4099, 96, MT_CU_BF16, MT_CU_BF16, 0, NULL, 1.0f);
+    check_rmsnorm_bwd_off(37, 256, MT_CU_F32, MT_CU_F32, 0, NULL, 1.0f); /* Gemma 3's q/k norms: rows of D 256 */
 }
 
 Test(cuda_kernels, rmsnorm_backward)
@@ -457,9 +496,63 @@ Test(cuda_kernels, swiglu)
     }
 }
 
+/* ---- GeGLU ------------------------------------------------------------------------ */
+
+static void check_geglu(size_t n, mt_cu_dtype dt, size_t off)
+{
+    tensor g = t_rand(dt, n, -8.0f, 8.0f, off), u = t_rand(dt, n, -2.0f, 2.0f, off), d = t_rand(dt, n, -1.0f, 1.0f, off);
+    tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
+    mt_cpu_geglu(NULL, out.ref, g.ref, u.ref, n);
+    mt_cpu_geglu_bwd(NULL, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
+    cr_assert(mt_cu_geglu(NULL, dt, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_geglu_bwd(NULL, dt, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
+    /* The argument of tanh is the same fp32 expression on both sides (no
+     * fused multiply-adds on either), so t differs only by the two tanhf
+     * (CUDA's <= 2 ulp, glibc's <= 1): within 4u |t| <= 4u absolute. Where
+     * t is near -1 (g << 0), 1 + t cancels, so the error is absolute:
+     * gelu = 0.5 g (1 + t) within 2u |g| + 3 roundings (8u |gelu|);
+     * out = gelu u within 2u |g u| + 16u |out|.
+     * gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2): 1 - t^2
+     * within 8u, so gelu' within 2u + 4u |g| (1 + 0.14 g^2) + 16u |gelu'|;
+     * dgate = d u gelu' within |d u| that + 16u |dgate|; dup = d gelu
+     * within 2u |d g| + 16u |dup|. */
+    for (size_t i = 0; i < n; i++) {
+        const double gi = g.ref[i], ui = u.ref[i], di = d.ref[i];
+        const double dgelu_tol = (2 + 4 * fabs(gi) * (1 + 0.14 * gi * gi)) * U24;
+        cr_assert(fabs(og[i] - out.ref[i]) <= out_tol(dt, out.ref[i], 16 * U24 * fabs(out.ref[i]) + 2 * U24 * fabs(gi * ui)),
+                  "n %zu %s off %zu: out[%zu] = %.9g, ref %.9g (g %.9g)", n, dtn(dt), off, i, og[i], out.ref[i], gi);
+        cr_assert(fabs(dgg[i] - dg.ref[i]) <=
+                      out_tol(dt, dg.ref[i], 16 * U24 * fabs(dg.ref[i]) + fabs(di * ui) * dgelu_tol),
+                  "n %zu %s off %zu: dgate[%zu] = %.9g, ref %.9g (g %.9g)", n, dtn(dt), off, i, dgg[i], dg.ref[i], gi);
+        cr_assert(fabs(dug[i] - du.ref[i]) <= out_tol(dt, du.ref[i], 16 * U24 * fabs(du.ref[i]) + 2 * U24 * fabs(di * gi)),
+                  "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g (g %.9g)", n, dtn(dt), off, i, dug[i], du.ref[i], gi);
+    }
+    /* in place: dgate over dout, dup over up (as the backend runs it) */
+    cr_assert(mt_cu_geglu_bwd(NULL, dt, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *dgi = t_fetch(&d), *dui = t_fetch(&u);
+    cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
+    cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");
+    free(og), free(dgg), free(dug), free(dgi), free(dui);
+    t_free(&g), t_free(&u), t_free(&d), t_free(&out), t_free(&dg), t_free(&du);
+}
+
+Test(cuda_kernels, geglu)
+{
+    NEED_GPU();
+    seed(26);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_geglu((size_t)37 * 2304 + 5, dt, 0); /* vectors and a tail */
+        check_geglu((size_t)37 * 96, dt, 1);       /* misaligned: scalar */
+        check_geglu(7, dt, 0);                     /* the tail alone */
+    }
+}
+
 /* ---- embedding ------------------------------------------------------------------ */
 
-static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt)
+/* scale: 1, or Gemma's sqrt(C) (rounded to bf16, as the model's bf16 mode uses it). */
+static void check_embedding_scaled(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt, float scale)
 {
     int32_t *tok = xmalloc((size_t)T * sizeof(int32_t));
     for (int t = 0; t < T; t++) { /* half from a few ids: long runs of repeats */
@@ -469,33 +562,56 @@ static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt
     tok[0] = V - 1;
     tensor wte = t_rand(wdt, (size_t)V * C, -1.0f, 1.0f, 0), out = t_rand(dt, (size_t)T * C, 0, 0, 0);
     void *dtok = dev_upload(tok, (size_t)T * sizeof(int32_t));
-    cr_assert(mt_cu_embedding(NULL, dt, out.dev, dtok, wdt, wte.dev, T, C, V) == 0);
+    cr_assert(mt_cu_embedding(NULL, dt, out.dev, dtok, wdt, wte.dev, T, C, V, scale) == 0);
     float *og = t_fetch(&out);
-    /* a copy, converted: exact (bf16 -> fp32 exactly, fp32 -> bf16 rounded alike) */
+    /* a copy times scale, converted: exact (bf16 -> fp32 exactly, one fp32
+     * product as the CPU's, fp32 -> bf16 rounded alike; x 1 is exact) */
+    float *cpu = xmalloc((size_t)T * C * sizeof(float));
+    mt_cpu_embedding(NULL, cpu, tok, wte.ref, T, C, scale);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
-            float want = wte.ref[(size_t)tok[t] * C + c];
+            float want = wte.ref[(size_t)tok[t] * C + c] * scale;
+            cr_assert(want == cpu[(size_t)t * C + c], "the CPU's embedding: one fp32 product");
             if (dt == MT_CU_BF16) want = mt_bf16_to_f32(mt_f32_to_bf16(want));
-            cr_assert(og[(size_t)t * C + c] == want, "T %d C %d V %d out %s wte %s: out[%d,%d]", T, C, V, dtn(dt),
-                      dtn(wdt), t, c);
+            cr_assert(og[(size_t)t * C + c] == want, "T %d C %d V %d out %s wte %s scale %g: out[%d,%d]", T, C, V,
+                      dtn(dt), dtn(wdt), scale, t, c);
         }
-    free(og);
+    free(og), free(cpu);
 
-    /* backward: for every row the same float additions in the same order as
-     * the CPU: bit-identical */
+    /* backward: for every row the same float products (dout * scale, rounded)
+     * and additions in the same order as the CPU (built without fused
+     * multiply-adds): bit-identical */
     tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1.0f, 1.0f, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
     float *dwte0 = xmalloc((size_t)V * C * sizeof(float));
     memcpy(dwte0, dwte.ref, (size_t)V * C * sizeof(float));
-    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V, 1.0f);
+    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V, scale);
     void *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
-    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scratch) == 0);
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scale, scratch) == 0);
     float *g = t_fetch(&dwte);
     for (size_t i = 0; i < (size_t)V * C; i++)
-        cr_assert(memcmp(&g[i], &dwte.ref[i], sizeof(float)) == 0, "T %d C %d V %d: dwte[%zu] = %.9g, CPU %.9g", T, C,
-                  V, i, g[i], dwte.ref[i]);
+        cr_assert(memcmp(&g[i], &dwte.ref[i], sizeof(float)) == 0, "T %d C %d V %d scale %g: dwte[%zu] = %.9g, CPU %.9g",
+                  T, C, V, scale, i, g[i], dwte.ref[i]);
     free(g), free(dwte0), free(tok);
     mt_device_free(scratch), mt_device_free(dtok);
     t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
+}
+
+static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt)
+{
+    check_embedding_scaled(T, C, V, dt, wdt, 1.0f);
+}
+
+/* Gemma: out = wte[tok] * bf16(sqrt(C)), dwte += dout * the same */
+Test(cuda_kernels, embedding_scaled)
+{
+    NEED_GPU();
+    seed(23);
+    const mt_cu_dtype pairs[][2] = {{MT_CU_F32, MT_CU_F32}, {MT_CU_BF16, MT_CU_BF16}, {MT_CU_F32, MT_CU_BF16}};
+    for (int p = 0; p < 3; p++) {
+        check_embedding_scaled(300, 2304, 1000, pairs[p][0], pairs[p][1], mt_bf16_to_f32(mt_f32_to_bf16(sqrtf(2304))));
+        check_embedding_scaled(300, 96, 32000, pairs[p][0], pairs[p][1], mt_bf16_to_f32(mt_f32_to_bf16(sqrtf(96))));
+        check_embedding_scaled(257, 98, 1000, pairs[p][0], pairs[p][1], sqrtf(98)); /* scalar path, fp32 scale */
+    }
 }
 
 Test(cuda_kernels, embedding)
@@ -520,8 +636,8 @@ Test(cuda_kernels, embedding_tokens_out_of_range)
     tensor wte = t_rand(MT_CU_F32, (size_t)V * C, -1, 1, 0), out = t_rand(MT_CU_F32, (size_t)T * C, 5, 6, 0);
     tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1, 1, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
     void *dtok = dev_upload(tok, sizeof tok), *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
-    cr_assert(mt_cu_embedding(NULL, MT_CU_F32, out.dev, dtok, MT_CU_F32, wte.dev, T, C, V) == 0);
-    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scratch) == 0);
+    cr_assert(mt_cu_embedding(NULL, MT_CU_F32, out.dev, dtok, MT_CU_F32, wte.dev, T, C, V, 1.0f) == 0);
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, 1.0f, scratch) == 0);
     float *o = t_fetch(&out), *g = t_fetch(&dwte);
     for (int c = 0; c < C; c++) {
         cr_assert(o[C + c] == 0.0f && o[2 * C + c] == 0.0f, "a token out of range gives a zero row");
@@ -540,7 +656,8 @@ Test(cuda_kernels, embedding_tokens_out_of_range)
 
 enum { CE_SEPARATE, CE_IN_PLACE, CE_LOSS_ONLY };
 
-static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning *tu)
+/* softcap > 0: Gemma 2's final_logit_softcapping, c = cap tanh(x / cap) before the loss. */
+static void check_ce_cap(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning *tu, float softcap)
 {
     const float dscale = 1.0f / 29.0f;
     const int ignore = -100;
@@ -556,7 +673,16 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     float *ref = xmalloc((size_t)n * V * sizeof(float));
     memcpy(ref, lg.ref, (size_t)n * V * sizeof(float));
     int count_ref = 0;
-    const double loss_ref = mt_cpu_cross_entropy(NULL, ref, tg, n, V, dscale, 0.0f, ignore, &count_ref);
+    /* with a cap: each row's largest capped logit, for the tolerances below */
+    double *cmax = xmalloc((size_t)n * sizeof(double));
+    for (int r = 0; r < n; r++) {
+        cmax[r] = 0.0;
+        for (int v = 0; v < V; v++) {
+            const double x = fabs(lg.ref[(size_t)r * V + v]);
+            cmax[r] = fmax(cmax[r], softcap > 0.0f ? softcap * tanh(x / softcap) : 0.0);
+        }
+    }
+    const double loss_ref = mt_cpu_cross_entropy(NULL, ref, tg, n, V, dscale, softcap, ignore, &count_ref);
 
     void *dtg = dev_upload(tg, (size_t)n * sizeof(int32_t));
     const double loss0 = 1.5; /* the sums accumulate */
@@ -572,7 +698,8 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
         dl.base = dl.dev = dev_scratch((size_t)n * V * mt_cu_dtype_size(dt));
         dst = dl.dev;
     }
-    cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, dcount, scratch, tu) == 0);
+    cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, softcap, ignore, dt, dst, dloss, dcount, scratch,
+                                  tu) == 0);
     double loss;
     int count;
     D2H(&loss, dloss, sizeof loss);
@@ -581,9 +708,16 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     /* each row's loss M + log S - x[target]: M and x[target] exact; S a sum
      * of exps each within 4 ulp (8u) of the CPU's, so log S within about 8u
      * (absolute); 16u per row, plus the double sums' own rounding. */
-    const double ltol = 16 * U24 * count_ref + 1e-12 * fabs(loss_ref);
-    cr_assert(fabs((loss - loss0) - loss_ref) <= ltol, "n %d V %d %s: loss %.12g, ref %.12g", n, V, dtn(dt),
-              loss - loss0, loss_ref);
+    double ltol = 16 * U24 * count_ref + 1e-12 * fabs(loss_ref);
+    /* the cap: tanhf within 2 ulp on each side (CUDA's and glibc's), the
+     * division and product rounded alike: each capped logit c within 8u |c|
+     * of the CPU's, which moves M, x[target] and every exp's argument by at
+     * most 8u max|c|: 32u max|c| per row */
+    if (softcap > 0.0f)
+        for (int r = 0; r < n; r++)
+            if (tg[r] != ignore) ltol += 32 * U24 * cmax[r];
+    cr_assert(fabs((loss - loss0) - loss_ref) <= ltol, "n %d V %d %s cap %g: loss %.12g, ref %.12g", n, V, dtn(dt),
+              softcap, loss - loss0, loss_ref);
     float *g = NULL;
     if (mode != CE_LOSS_ONLY) {
         g = t_fetch(&dl);
@@ -594,9 +728,17 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
             for (int v = 0; v < V; v++) {
                 const size_t i = (size_t)r * V + v;
                 const double mag = fabs(ref[i]) + (v == tg[r] ? dscale : 0.0);
-                cr_assert(fabs(g[i] - ref[i]) <= out_tol(dt, ref[i], 16 * U24 * mag),
-                          "n %d V %d %s mode %d: dlogits[%d,%d] = %.9g, ref %.9g (target %d)", n, V, dtn(dt), mode, r,
-                          v, g[i], ref[i], tg[r]);
+                double tol = 16 * U24 * mag;
+                if (softcap > 0.0f) {
+                    /* the cap moves p's exponent by 16u max|c| + 8u|c| (above): 24u max|c| relative;
+                     * t = c / cap within 8u |t|, so 1 - t^2 within 16u t^2 (absolute), relative
+                     * 16u t^2 / (1 - t^2) of the gradient; and the CPU's p in double, one more rounding */
+                    const double t = tanh((double)lg.ref[i] / softcap);
+                    tol = (24 + 24 * cmax[r]) * U24 * mag + 16 * U24 * mag * t * t / fmax(1.0 - t * t, 1e-30);
+                }
+                cr_assert(fabs(g[i] - ref[i]) <= out_tol(dt, ref[i], tol),
+                          "n %d V %d %s mode %d cap %g: dlogits[%d,%d] = %.9g, ref %.9g (target %d)", n, V, dtn(dt),
+                          mode, softcap, r, v, g[i], ref[i], tg[r]);
                 if (tg[r] == ignore) cr_assert(g[i] == 0.0f);
             }
     }
@@ -604,7 +746,8 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
     if (mode != CE_IN_PLACE) {
         const double zero = 0.0;
         H2D(dloss, &zero, sizeof zero);
-        cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, ignore, dt, dst, dloss, NULL, scratch, tu) == 0);
+        cr_assert(mt_cu_cross_entropy(NULL, lg.dev, dtg, n, V, dscale, softcap, ignore, dt, dst, dloss, NULL, scratch,
+                                      tu) == 0);
         double loss2;
         D2H(&loss2, dloss, sizeof loss2);
         cr_assert(loss0 + loss2 == loss, "n %d V %d: the loss differs between runs", n, V);
@@ -614,10 +757,62 @@ static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning 
             free(g2);
         }
     }
-    free(g), free(tg), free(ref);
+    free(g), free(tg), free(ref), free(cmax);
     if (mode == CE_SEPARATE) mt_device_free(dl.base);
     mt_device_free(dtg), mt_device_free(dloss), mt_device_free(dcount), mt_device_free(scratch);
     t_free(&lg);
+}
+
+static void check_ce(int n, int V, mt_cu_dtype dt, int mode, const mt_cu_tuning *tu)
+{
+    check_ce_cap(n, V, dt, mode, tu, 0.0f);
+}
+
+/* Gemma 2's logit soft-cap (30), and a tighter one (5) whose tanh saturates
+ * on the confident rows' logit of 30; the cluster variant has no cap, so
+ * asking for it runs the row kernel (the last case). */
+Test(cuda_kernels, cross_entropy_softcap)
+{
+    NEED_GPU();
+    seed(24);
+    const int Vs[] = {1000, 32000, 1001};
+    const float caps[] = {30.0f, 5.0f};
+    for (int ci = 0; ci < 2; ci++)
+        for (int vi = 0; vi < 3; vi++) {
+            check_ce_cap(37, Vs[vi], MT_CU_F32, CE_SEPARATE, NULL, caps[ci]);
+            check_ce_cap(37, Vs[vi], MT_CU_F32, CE_IN_PLACE, NULL, caps[ci]);
+            check_ce_cap(37, Vs[vi], MT_CU_BF16, CE_SEPARATE, NULL, caps[ci]);
+            check_ce_cap(37, Vs[vi], MT_CU_F32, CE_LOSS_ONLY, NULL, caps[ci]);
+        }
+    mt_cu_tuning tu;
+    mt_cu_tuning_default(&tu);
+    cr_assert(mt_cu_tuning_set(&tu, MT_CU_TUNE_CE_CLUSTER, 1) == 0);
+    check_ce_cap(5, 256000, MT_CU_BF16, CE_SEPARATE, &tu, 30.0f); /* Gemma's vocabulary */
+}
+
+/* ---- soft-cap of the returned logits -------------------------------------------------- */
+
+static void check_softcap(size_t n, size_t off, float cap)
+{
+    tensor x = t_rand(MT_CU_F32, n, -4.0f * cap, 4.0f * cap, off);
+    cr_assert(mt_cu_softcap(NULL, x.dev, n, cap) == 0);
+    mt_cpu_softcap(x.ref, n, cap);
+    float *g = t_fetch(&x);
+    /* tanhf within 2 ulp on each side, the division and product rounded alike: 8u relative */
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(g[i] - x.ref[i]) <= 8 * U24 * fabs(x.ref[i]) + 1e-30, "n %zu off %zu cap %g: x[%zu] = %.9g, ref %.9g",
+                  n, off, cap, i, g[i], x.ref[i]);
+    free(g);
+    t_free(&x);
+}
+
+Test(cuda_kernels, softcap)
+{
+    NEED_GPU();
+    seed(25);
+    check_softcap(100003, 0, 30.0f); /* vectors and a tail */
+    check_softcap(100003, 1, 50.0f); /* misaligned: scalar */
+    check_softcap(3, 0, 30.0f);
 }
 
 Test(cuda_kernels, cross_entropy)
@@ -792,30 +987,34 @@ Test(cuda_kernels, bad_arguments)
 {
     NEED_GPU();
     char scratch_dummy;
-    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 40000, 1e-5f, NULL) == -1,
+    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 40000, 1e-5f, 0.0f, NULL) == -1,
               "rows longer than 32768");
-    cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f, NULL) == -1,
+    cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f, 0.0f, NULL) == -1,
               "unknown dtype");
     cr_expect(mt_cu_rope(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 7, 0) == -1, "odd head dim");
     cr_expect(mt_cu_rmsnorm_bwd(NULL, NULL, (float *)&scratch_dummy, NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, NULL, 4,
-                                64, 1e-5f, NULL, NULL) == -1,
+                                64, 1e-5f, 0.0f, NULL, NULL) == -1,
               "dw without scratch");
     float *lg = dev_alloc(64 * sizeof(float));
-    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy,
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, 0.0f, -100, MT_CU_BF16, lg, NULL, NULL, &scratch_dummy,
                                   NULL) == -1,
               "bf16 gradients cannot overwrite fp32 logits");
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -1.0f, -100, MT_CU_F32, NULL, NULL, NULL, &scratch_dummy,
+                                  NULL) == -1,
+              "a negative soft-cap");
+    cr_expect(mt_cu_softcap(NULL, lg, 64, 0.0f) == -1, "a soft-cap of 0");
     /* a tuning filled by hand with values mt_cu_tuning_set refuses: nothing is launched */
     mt_cu_tuning bad;
     mt_cu_tuning_default(&bad);
     bad.rms_fwd_emin = 3;
-    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, lg, NULL, MT_CU_F32, lg, lg, 1, 64, 1e-5f, &bad) == -1, "bad emin");
+    cr_expect(mt_cu_rmsnorm(NULL, MT_CU_F32, lg, NULL, MT_CU_F32, lg, lg, 1, 64, 1e-5f, 0.0f, &bad) == -1, "bad emin");
     mt_cu_tuning_default(&bad);
     bad.rms_bwd_chunks = 0;
-    cr_expect(mt_cu_rmsnorm_bwd(NULL, lg, NULL, lg, MT_CU_F32, lg, MT_CU_F32, lg, NULL, 1, 64, 1e-5f, NULL, &bad) == -1,
+    cr_expect(mt_cu_rmsnorm_bwd(NULL, lg, NULL, lg, MT_CU_F32, lg, MT_CU_F32, lg, NULL, 1, 64, 1e-5f, 0.0f, NULL, &bad) == -1,
               "no row chunks");
     mt_cu_tuning_default(&bad);
     bad.ce_threads = 2048;
-    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, -100, MT_CU_F32, NULL, NULL, NULL, &scratch_dummy,
+    cr_expect(mt_cu_cross_entropy(NULL, lg, NULL, 1, 64, 1.0f, 0.0f, -100, MT_CU_F32, NULL, NULL, NULL, &scratch_dummy,
                                   &bad) == -1,
               "too many threads");
     mt_device_free(lg);

@@ -118,6 +118,7 @@ struct cu_be {
     int *docs;      // (n_micro) on the host: the micro-batch packs documents
     int mb;         // the micro-batch the kernels run on
     float *inv_freq;// (D/2)
+    float *inv_freq_local; // (D/2) the sliding layers' (Gemma 3's rope_local_base_freq), or NULL
     void *attn_ws;  // the attention's workspace: the kernels' backward, cuDNN's forward and backward
     size_t attn_ws_bytes;
     mt_cudnn_attn *cudnn; // cuDNN's fused attention (bf16, policy not KERNELS, loadable), or NULL
@@ -289,26 +290,18 @@ static void gemm(cu_be *b, const char *what, int ta, int tb, int M, int N, int K
     }
 }
 
-// What the CUDA backend cannot run yet: the step fails naming it.
-static void not_yet(cu_be *b, const char *what)
-{
-    if (!b->failed) snprintf(b->why, sizeof b->why, "%s: not implemented in the CUDA backend", what), b->failed = 1;
-}
-
 static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void *w, int T, int C, float eps,
                       float woff)
 {
     cu_be *b = B(kc);
-    if (woff != 0.0f) return not_yet(b, "RMSNorm with a weight offset");
-    OK(b, mt_cu_rmsnorm(b->comp, b->dt, y, rstd, b->dt, x, w, T, C, eps, NULL), "rmsnorm");
+    OK(b, mt_cu_rmsnorm(b->comp, b->dt, y, rstd, b->dt, x, w, T, C, eps, woff, NULL), "rmsnorm");
 }
 
 static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
                           const float *rstd, int T, int C, float eps, float woff)
 {
     cu_be *b = B(kc);
-    if (woff != 0.0f) return not_yet(b, "RMSNorm with a weight offset");
-    OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, dw, dy, b->dt, x, b->dt, w, rstd, T, C, eps, b->red_scratch, NULL),
+    OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, dw, dy, b->dt, x, b->dt, w, rstd, T, C, eps, woff, b->red_scratch, NULL),
        "rmsnorm backward");
 }
 
@@ -337,8 +330,11 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cu_be *b = B(kc);
-    if (local) return not_yet(b, "RoPE with local frequencies");
-    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->d.T, b->inv_freq, T, nh, D, inverse),
+    // local: the sliding layers' table, there only for Gemma 3 (the template asks for it on no other model)
+    const float *inv_freq = local && b->inv_freq_local ? b->inv_freq_local : b->inv_freq;
+    if (local && !b->inv_freq_local && !b->failed)
+        snprintf(b->why, sizeof b->why, "rope: local frequencies asked of a model without them"), b->failed = 1;
+    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->d.T, inv_freq, T, nh, D, inverse),
        inverse ? "rope backward" : "rope");
 }
 
@@ -367,17 +363,16 @@ static void k_attention(void *kc, void *out, float *lse, const void *q, const vo
                         int seq_len, int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cu_be *b = B(kc);
-    if (softcap != 0.0f) return not_yet(b, "soft-capped attention");
     const int32_t *docs = key_starts(b, window);
-    if (b->cudnn_fwd && !docs) {
+    if (b->cudnn_fwd && !docs && softcap == 0.0f) { // cuDNN has no soft-cap (attn_candidates keeps it off)
         char why[256];
         const int rc = mt_cudnn_attn_forward(b->cudnn, b->comp, out, lse, q, k, v, n_seq, seq_len, H, Hkv, D, scale,
                                              b->attn_ws, b->attn_ws_bytes, why, sizeof why);
         if (rc == 0) return;
         cudnn_failed(b, 0, rc, why);
     }
-    const int rc = mt_cuattn_forward_docs(b->comp, attn_type(b), out, lse, q, k, v, docs, n_seq, seq_len, H, Hkv, D,
-                                          scale);
+    const int rc = mt_cuattn_forward_softcap(b->comp, attn_type(b), out, lse, q, k, v, docs, n_seq, seq_len, H, Hkv,
+                                             D, scale, softcap);
     if (rc && !b->failed) snprintf(b->why, sizeof b->why, "attention: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
@@ -386,17 +381,16 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
                             int H, int Hkv, int D, float scale, int window, float softcap)
 {
     cu_be *b = B(kc);
-    if (softcap != 0.0f) return not_yet(b, "soft-capped attention");
     const int32_t *docs = key_starts(b, window);
-    if (b->cudnn_bwd && !docs) {
+    if (b->cudnn_bwd && !docs && softcap == 0.0f) {
         char why[256];
         const int rc = mt_cudnn_attn_backward(b->cudnn, b->comp, dq, dk, dv, dout, out, lse, q, k, v, n_seq, seq_len,
                                               H, Hkv, D, scale, b->attn_ws, b->attn_ws_bytes, why, sizeof why);
         if (rc == 0) return;
         cudnn_failed(b, 1, rc, why);
     }
-    const int rc = mt_cuattn_backward_docs(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, docs, n_seq,
-                                           seq_len, H, Hkv, D, scale, b->attn_ws, b->attn_ws_bytes);
+    const int rc = mt_cuattn_backward_softcap(b->comp, attn_type(b), dq, dk, dv, dout, out, lse, q, k, v, docs, n_seq,
+                                              seq_len, H, Hkv, D, scale, softcap, b->attn_ws, b->attn_ws_bytes);
     if (rc && !b->failed)
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
@@ -404,16 +398,16 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);
-    if (act != MT_GLU_SILU) return not_yet(b, "GeGLU");
-    OK(b, mt_cu_swiglu(b->comp, b->dt, out, gate, up, n), "swiglu");
+    if (act == MT_GLU_GELU_TANH) OK(b, mt_cu_geglu(b->comp, b->dt, out, gate, up, n), "geglu");
+    else OK(b, mt_cu_swiglu(b->comp, b->dt, out, gate, up, n), "swiglu");
 }
 
 static void k_glu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
                       int act)
 {
     cu_be *b = B(kc);
-    if (act != MT_GLU_SILU) return not_yet(b, "GeGLU");
-    OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "swiglu backward");
+    if (act == MT_GLU_GELU_TANH) OK(b, mt_cu_geglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "geglu backward");
+    else OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "swiglu backward");
 }
 
 static void k_copy(void *kc, void *dst, const void *src, size_t n)
@@ -455,32 +449,29 @@ static void k_zero(void *kc, void *p, size_t bytes)
 static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V, float scale)
 {
     cu_be *b = B(kc);
-    if (scale != 1.0f) return not_yet(b, "a scaled embedding");
-    OK(b, mt_cu_embedding(b->comp, b->dt, out, tokens, b->dt, wte, T, C, V), "embedding");
+    OK(b, mt_cu_embedding(b->comp, b->dt, out, tokens, b->dt, wte, T, C, V, scale), "embedding");
 }
 
 static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
                             float scale)
 {
     cu_be *b = B(kc);
-    if (scale != 1.0f) return not_yet(b, "a scaled embedding");
-    OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, b->red_scratch), "embedding backward");
+    OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, scale, b->red_scratch), "embedding backward");
 }
 
 static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,
                             float softcap)
 {
     cu_be *b = B(kc);
-    if (softcap != 0.0f) return not_yet(b, "soft-capped logits");
-    OK(b, mt_cu_cross_entropy(b->comp, logits, targets, n, V, dscale, MT_IGNORE_INDEX, b->dt, dlogits, b->d_loss, NULL,
-                              b->red_scratch, NULL),
+    OK(b, mt_cu_cross_entropy(b->comp, logits, targets, n, V, dscale, softcap, MT_IGNORE_INDEX, b->dt, dlogits,
+                              b->d_loss, NULL, b->red_scratch, NULL),
        "cross-entropy");
 }
 
 static void k_softcap(void *kc, float *x, size_t n, float cap)
 {
-    (void)x, (void)n, (void)cap;
-    not_yet(B(kc), "soft-capped logits");
+    cu_be *b = B(kc);
+    OK(b, mt_cu_softcap(b->comp, x, n, cap), "logit soft-cap");
 }
 
 static void k_add(void *kc, void *dst, const void *a, const void *c, size_t n)
@@ -646,6 +637,7 @@ static void layout_buffers(cu_be *b, carver *c)
     b->doc_start = (int32_t *)carve(c, M * T * 4);
     b->win_start = d->window ? (int32_t *)carve(c, M * T * 4) : NULL;
     b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
+    b->inv_freq_local = b->req.cfg->arch == MT_ARCH_GEMMA3 ? (float *)carve(c, (size_t)d->D / 2 * 4) : NULL;
     // the template's working buffers
     mt_work_buf wb[MT_WORK_MAX_BUFS];
     const int n = b->tpl->work(d, s->want_grad, wb);
@@ -719,6 +711,8 @@ static void attn_candidates(cu_be *b, int *cf, int *cb, char *no, size_t len)
     if (b->req.pol->attention == MT_ATTENTION_KERNELS) return;
     snprintf(no, len, "it has no fp32 attention (this model trains in fp32)");
     if (b->dt != MT_CU_BF16) return;
+    snprintf(no, len, "it has no soft-capped attention (this model caps its attention scores)");
+    if (d->attn_softcap != 0.0f) return; // every layer of such a model caps: all on the kernels
     snprintf(no, len, "%s", b->cudnn_why[0] ? b->cudnn_why : "cuDNN 9 cannot be loaded");
     if (!b->cudnn_version) return;
     char why[200];
@@ -1029,9 +1023,13 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     mt_rope_inv_freq_of(inv, b->req.cfg, 0);
     cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
-    cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
+    cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8), e4 = cudaSuccess;
+    if (b->inv_freq_local) { // Gemma 3's sliding layers (the synchronous copy above is done with inv)
+        mt_rope_inv_freq_of(inv, b->req.cfg, 1);
+        e4 = cudaMemcpy(b->inv_freq_local, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
+    }
     free(inv);
-    if (e1 || e2 || e3) {
+    if (e1 || e2 || e3 || e4) {
         cudaGetLastError();
         free_device(b);
         return mt_fail(err, MT_ERR_DEVICE, "cannot initialise the CUDA backend's buffers");

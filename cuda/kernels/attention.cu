@@ -87,6 +87,12 @@ __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
+// Soft-capped scores (Gemma 2): the raw score s = q.k becomes c = cap tanh(u / cap) with u = s scale,
+// the CPU's order (tanhf(s * scale / cap) * cap); every kernel with CAP then takes c in place of u
+// (so the softmax's own scale is 1) and, in the backward, multiplies dS by dc/du = 1 - t^2. Without
+// CAP (a template flag) the kernels compile as if the cap did not exist.
+__device__ __forceinline__ float cap_tanh(float s, float scale, float cap) { return tanhf(__fdiv_rn(__fmul_rn(s, scale), cap)); }
+
 // A tile of ROWS rows x D bf16 from global rows row0.. (row stride ld
 // elements) into shared memory (row stride D + 8), rows >= S and columns >=
 // dh (the head's own size, a multiple of 8 up to the tile's D) zero-filled.
@@ -249,11 +255,11 @@ __device__ __forceinline__ int queries_seeing(const int32_t *st, int S, int kend
     return lo;
 }
 
-template <int D, bool PAD, bool DOCS>
+template <int D, bool PAD, bool DOCS, bool CAP>
 __global__ void __launch_bounds__(FWD_THREADS, 2)
     fwd_bf16_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
                     const bf16 *__restrict__ k, const bf16 *__restrict__ v, const int32_t *__restrict__ doc_start, int S,
-                    int H, int Hkv, int dh_arg, float scale)
+                    int H, int Hkv, int dh_arg, float scale, float cap)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = fwd_bm<D>(), BN = FWD_BN, MT = fwd_mt<D>(), LD = D + 8;
@@ -270,7 +276,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     const bf16 *kg = k + ((size_t)b * S * Hkv + g) * dh; // (S, D), row stride ldkv
     const bf16 *vg = v + ((size_t)b * S * Hkv + g) * dh;
     const int nkb = (min(S, m0 + BM) - 1) / BN + 1; // key blocks this query block sees
-    const float sl2 = scale * LOG2E;
+    const float mul = CAP ? 1.f : scale; // scores held in raw units, or capped ones (already scaled)
+    const float sl2 = mul * LOG2E;
     // documents: the rows' first keys, nondecreasing, so no row of the block sees a key before st[m0]
     // (a template flag: without documents the kernel compiles as if they did not exist)
     const int32_t *st = DOCS ? doc_start + (size_t)b * S : nullptr;
@@ -320,6 +327,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
             mma_abt_m<D, MT, BN / 8>(s, sQw, sK + buf * BN * LD, lane);
+            if constexpr (CAP) { // before the mask: masked scores become -inf, not -cap
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[mt][j][e] = cap_tanh(s[mt][j][e], scale, cap) * cap;
+            }
 
             // the causal diagonal (or the end of the keys), or a document's start, crosses the warp's rows
             if (n0 + BN - 1 > wrow0 || n0 < wlast) {
@@ -383,7 +398,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
                     if (j * 8 < dh)
                         *reinterpret_cast<uint32_t *>(op + j * 8) =
                             pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
-                if ((lane & 3) == 0) lse[((size_t)b * H + h) * S + row] = mrow[mt][r] * scale + logf(l);
+                if ((lane & 3) == 0) lse[((size_t)b * H + h) * S + row] = mrow[mt][r] * mul + logf(l);
             }
         }
 }
@@ -407,12 +422,12 @@ constexpr int BWD_B = 64, BWD_THREADS = 128; // query rows and key rows per tile
 template <int D> constexpr int bwd_dq_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2; }
 template <int D> constexpr int bwd_dkdv_smem_bytes() { return (2 * BWD_B + 4 * BWD_B) * (D + 8) * 2 + 6 * BWD_B * 4; }
 
-template <int D, bool PAD, bool DOCS>
+template <int D, bool PAD, bool DOCS, bool CAP>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dq_bf16_kernel(bf16 *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                        const bf16 *__restrict__ v, const bf16 *__restrict__ dout, const float *__restrict__ lse,
                        const float *__restrict__ Di, const int32_t *__restrict__ doc_start, int S, int H, int Hkv,
-                       int dh_arg, float scale)
+                       int dh_arg, float scale, float cap)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
@@ -483,9 +498,16 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, key = n0 + j * 8 + c0 + (e & 1);
-                float p = ex2(fmaf(s[j][e], sl2, -lse2[r]));
-                if (diag && (key > r0 + r * 8 || key < rs[r])) p = 0.f;
-                dp[j][e] = p * (dp[j][e] - di[r]); // dS
+                if constexpr (CAP) { // P = exp(c - lse), dS = P (dP - D_i) (1 - t^2)
+                    const float t = cap_tanh(s[j][e], scale, cap);
+                    float p = ex2(fmaf(t * cap, LOG2E, -lse2[r]));
+                    if (diag && (key > r0 + r * 8 || key < rs[r])) p = 0.f;
+                    dp[j][e] = p * (dp[j][e] - di[r]) * (1.f - t * t);
+                } else {
+                    float p = ex2(fmaf(s[j][e], sl2, -lse2[r]));
+                    if (diag && (key > r0 + r * 8 || key < rs[r])) p = 0.f;
+                    dp[j][e] = p * (dp[j][e] - di[r]); // dS
+                }
             }
         mma_pv<D, BN / 16>(acc, dp, cK, lane);
         __syncthreads();
@@ -505,12 +527,13 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     }
 }
 
-template <int D, bool PAD, bool DOCS>
+template <int D, bool PAD, bool DOCS, bool CAP>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_dkdv_bf16_kernel(bf16 *__restrict__ dk, bf16 *__restrict__ dv, const bf16 *__restrict__ q,
                          const bf16 *__restrict__ k, const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
                          const float *__restrict__ lse, const float *__restrict__ Di,
-                         const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale)
+                         const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale,
+                         float cap)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int BM = BWD_B, BN = BWD_B, LD = D + 8;
@@ -599,12 +622,20 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         for (int j = 0; j < BM / 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.f;
         mma_abt<D, BM / 8>(pt, sKw, cQ, lane);
         const bool diag = wkey0 + 15 > qm0;
+        float dct[CAP ? BM / 8 : 1][4]; // CAP: dc/du = 1 - t^2 of each score, for dS
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int qi = j * 8 + c0 + (e & 1), key = k0 + (e >> 1) * 8;
-                float p = ex2(fmaf(pt[j][e], sl2, -cL[qi]));
+                float p;
+                if constexpr (CAP) {
+                    const float t = cap_tanh(pt[j][e], scale, cap);
+                    dct[j][e] = 1.f - t * t;
+                    p = ex2(fmaf(t * cap, LOG2E, -cL[qi]));
+                } else {
+                    p = ex2(fmaf(pt[j][e], sl2, -cL[qi]));
+                }
                 if ((diag && key > qm0 + qi) || (st && key < cSt[qi])) p = 0.f;
                 pt[j][e] = p;
             }
@@ -617,7 +648,10 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[j][e] = pt[j][e] * (dp[j][e] - cD[j * 8 + c0 + (e & 1)]);
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (CAP) dp[j][e] = pt[j][e] * (dp[j][e] - cD[j * 8 + c0 + (e & 1)]) * dct[j][e];
+                else dp[j][e] = pt[j][e] * (dp[j][e] - cD[j * 8 + c0 + (e & 1)]);
+            }
         mma_pv<D, BM / 16>(dka, dp, cQ, lane);
 
         if (it + 1 < total) { // buf ^ 1 was last read in iteration it - 1, before its closing barrier
@@ -711,12 +745,14 @@ template <int D> __device__ __forceinline__ float f_dot(const float *a, const fl
     return acc;
 }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool CAP>
 __global__ void __launch_bounds__(F_THREADS)
     fwd_f32_kernel(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q,
                    const float *__restrict__ k, const float *__restrict__ v, const int32_t *__restrict__ doc_start, int S,
-                   int H, int Hkv, int dh_arg, float scale)
+                   int H, int Hkv, int dh_arg, float scale_arg, float cap)
 {
+    // CAP: the capped scores are already scaled, so the softmax's scale is 1
+    const float scale = CAP ? 1.f : scale_arg;
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -754,7 +790,8 @@ __global__ void __launch_bounds__(F_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int j = c + 16 * u, key = k0 + j;
-            const float s = f_dot<D>(sQ + row * LDP, sK + j * LDP);
+            float s = f_dot<D>(sQ + row * LDP, sK + j * LDP);
+            if constexpr (CAP) s = cap_tanh(s, scale_arg, cap) * cap;
             sP[row * LDS + j] = key <= qi && key < S && key >= first ? s : -INFINITY;
         }
         __syncthreads();
@@ -803,12 +840,12 @@ __global__ void __launch_bounds__(F_THREADS)
     }
 }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool CAP>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dq_f32_kernel(float *__restrict__ dq, const float *__restrict__ q, const float *__restrict__ k,
                       const float *__restrict__ v, const float *__restrict__ dout, const float *__restrict__ lse,
                       const float *__restrict__ Di, const int32_t *__restrict__ doc_start, int S, int H, int Hkv,
-                       int dh_arg, float scale)
+                       int dh_arg, float scale, float cap)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
@@ -849,8 +886,14 @@ __global__ void __launch_bounds__(F_THREADS)
             const int j = c + 16 * u, key = k0 + j;
             const float s = f_dot<D>(sQ + row * LDP, sK + j * LDP);
             const float dp = f_dot<D>(sO + row * LDP, sV + j * LDP);
-            const float p = key <= qi && key < S && key >= first ? expf(s * scale - lrow) : 0.f;
-            sS[row * LDS + j] = p * (dp - drow);
+            if constexpr (CAP) { // P = exp(c - lse), dS = P (dP - D_i) (1 - t^2)
+                const float t = cap_tanh(s, scale, cap);
+                const float p = key <= qi && key < S && key >= first ? expf(t * cap - lrow) : 0.f;
+                sS[row * LDS + j] = p * (dp - drow) * (1.f - t * t);
+            } else {
+                const float p = key <= qi && key < S && key >= first ? expf(s * scale - lrow) : 0.f;
+                sS[row * LDS + j] = p * (dp - drow);
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -869,12 +912,13 @@ __global__ void __launch_bounds__(F_THREADS)
     }
 }
 
-template <int D, bool PAD>
+template <int D, bool PAD, bool CAP>
 __global__ void __launch_bounds__(F_THREADS)
     bwd_dkdv_f32_kernel(float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ q,
                         const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ dout,
                         const float *__restrict__ lse, const float *__restrict__ Di,
-                        const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale)
+                        const int32_t *__restrict__ doc_start, int S, int H, int Hkv, int dh_arg, float scale,
+                        float cap)
 {
     const int dh = PAD ? dh_arg : D; // the head's own size: the tile's D unless padded
     constexpr int LDP = D + 1, LDS = F_C + 1;
@@ -921,9 +965,16 @@ __global__ void __launch_bounds__(F_THREADS)
                 const int j = c + 16 * u, qi = q0 + j;
                 const float s = f_dot<D>(sK + row * LDP, sQ + j * LDP);
                 const float dp = f_dot<D>(sV + row * LDP, sO + j * LDP);
-                const float p = qi < S && key <= qi && key >= sSt[j] ? expf(s * scale - sL[j]) : 0.f;
-                sP[row * LDS + j] = p;
-                sS[row * LDS + j] = p * (dp - sD[j]);
+                if constexpr (CAP) { // as in the dq pass
+                    const float t = cap_tanh(s, scale, cap);
+                    const float p = qi < S && key <= qi && key >= sSt[j] ? expf(t * cap - sL[j]) : 0.f;
+                    sP[row * LDS + j] = p;
+                    sS[row * LDS + j] = p * (dp - sD[j]) * (1.f - t * t);
+                } else {
+                    const float p = qi < S && key <= qi && key >= sSt[j] ? expf(s * scale - sL[j]) : 0.f;
+                    sP[row * LDS + j] = p;
+                    sS[row * LDS + j] = p * (dp - sD[j]);
+                }
             }
             __syncthreads();
 #pragma unroll
@@ -1006,81 +1057,115 @@ int launched()
     return cudaGetLastError() == cudaSuccess ? MT_CUATTN_OK : MT_CUATTN_ELAUNCH;
 }
 
-template <int D, bool PAD>
-int fwd_bf16(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
-             const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale)
+// Each launcher runs the kernels with the cap (CAP) when cap > 0, else the
+// ones compiled without it: the path of uncapped attention is unchanged.
+
+template <int D, bool PAD, bool DOCS, bool CAP>
+int fwd_bf16_run(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
+                 const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale, float cap)
 {
     constexpr int smem = fwd_smem_bytes<D>();
     const dim3 grid(B * H, (S + fwd_bm<D>() - 1) / fwd_bm<D>());
-    if (doc) {
-        if (int e = set_smem(fwd_bf16_kernel<D, PAD, true>, smem)) return e;
-        fwd_bf16_kernel<D, PAD, true><<<grid, FWD_THREADS, smem, st>>>(
-            (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, doc, S, H, Hkv, dh, scale);
-    } else {
-        if (int e = set_smem(fwd_bf16_kernel<D, PAD, false>, smem)) return e;
-        fwd_bf16_kernel<D, PAD, false><<<grid, FWD_THREADS, smem, st>>>(
-            (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, doc, S, H, Hkv, dh, scale);
-    }
+    if (int e = set_smem(fwd_bf16_kernel<D, PAD, DOCS, CAP>, smem)) return e;
+    fwd_bf16_kernel<D, PAD, DOCS, CAP><<<grid, FWD_THREADS, smem, st>>>(
+        (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, doc, S, H, Hkv, dh, scale, cap);
+    return launched();
+}
+
+template <int D, bool PAD>
+int fwd_bf16(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
+             const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale, float cap)
+{
+    if (cap > 0.f)
+        return doc ? fwd_bf16_run<D, PAD, true, true>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap)
+                   : fwd_bf16_run<D, PAD, false, true>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap);
+    return doc ? fwd_bf16_run<D, PAD, true, false>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap)
+               : fwd_bf16_run<D, PAD, false, false>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap);
+}
+
+template <int D, bool PAD, bool CAP>
+int fwd_f32_run(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
+                const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale, float cap)
+{
+    constexpr int smem = f_fwd_smem_bytes<D>();
+    if (int e = set_smem(fwd_f32_kernel<D, PAD, CAP>, smem)) return e;
+    const dim3 grid(B * H, (S + F_R - 1) / F_R);
+    fwd_f32_kernel<D, PAD, CAP><<<grid, F_THREADS, smem, st>>>((float *)out, lse, (const float *)q, (const float *)k,
+                                                               (const float *)v, doc, S, H, Hkv, dh, scale, cap);
     return launched();
 }
 
 template <int D, bool PAD>
 int fwd_f32(cudaStream_t st, void *out, float *lse, const void *q, const void *k, const void *v,
-            const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale)
+            const int32_t *doc, int B, int S, int H, int Hkv, int dh, float scale, float cap)
 {
-    constexpr int smem = f_fwd_smem_bytes<D>();
-    if (int e = set_smem(fwd_f32_kernel<D, PAD>, smem)) return e;
-    const dim3 grid(B * H, (S + F_R - 1) / F_R);
-    fwd_f32_kernel<D, PAD><<<grid, F_THREADS, smem, st>>>((float *)out, lse, (const float *)q, (const float *)k,
-                                                      (const float *)v, doc, S, H, Hkv, dh, scale);
-    return launched();
+    return cap > 0.f ? fwd_f32_run<D, PAD, true>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap)
+                     : fwd_f32_run<D, PAD, false>(st, out, lse, q, k, v, doc, B, S, H, Hkv, dh, scale, cap);
 }
 
-template <int D, bool PAD, bool DOCS>
+template <int D, bool PAD, bool DOCS, bool CAP>
 int bwd_bf16_run(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
                  const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
-                 float scale)
+                 float scale, float cap)
 {
     constexpr int smem_dq = bwd_dq_smem_bytes<D>(), smem_kv = bwd_dkdv_smem_bytes<D>();
-    if (int e = set_smem(bwd_dq_bf16_kernel<D, PAD, DOCS>, smem_dq)) return e;
-    if (int e = set_smem(bwd_dkdv_bf16_kernel<D, PAD, DOCS>, smem_kv)) return e;
+    if (int e = set_smem(bwd_dq_bf16_kernel<D, PAD, DOCS, CAP>, smem_dq)) return e;
+    if (int e = set_smem(bwd_dkdv_bf16_kernel<D, PAD, DOCS, CAP>, smem_kv)) return e;
     const int nb = (S + BWD_B - 1) / BWD_B;
-    bwd_dq_bf16_kernel<D, PAD, DOCS><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
+    bwd_dq_bf16_kernel<D, PAD, DOCS, CAP><<<dim3(B * H, nb), BWD_THREADS, smem_dq, st>>>(
         (bf16 *)dq, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, doc, S, H, Hkv, dh,
-        scale);
+        scale, cap);
     if (int e = launched()) return e;
-    bwd_dkdv_bf16_kernel<D, PAD, DOCS><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
+    bwd_dkdv_bf16_kernel<D, PAD, DOCS, CAP><<<dim3(B * Hkv, nb), BWD_THREADS, smem_kv, st>>>(
         (bf16 *)dk, (bf16 *)dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, Di, doc, S,
-        H, Hkv, dh, scale);
+        H, Hkv, dh, scale, cap);
     return launched();
 }
 
 template <int D, bool PAD>
 int bwd_bf16(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
              const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
-             float scale)
+             float scale, float cap)
 {
-    return doc ? bwd_bf16_run<D, PAD, true>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale)
-               : bwd_bf16_run<D, PAD, false>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale);
+    if (cap > 0.f)
+        return doc ? bwd_bf16_run<D, PAD, true, true>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh,
+                                                      scale, cap)
+                   : bwd_bf16_run<D, PAD, false, true>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh,
+                                                       scale, cap);
+    return doc ? bwd_bf16_run<D, PAD, true, false>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale,
+                                                   cap)
+               : bwd_bf16_run<D, PAD, false, false>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh,
+                                                    scale, cap);
+}
+
+template <int D, bool PAD, bool CAP>
+int bwd_f32_run(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
+                const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
+                float scale, float cap)
+{
+    constexpr int smem = f_bwd_smem_bytes<D>();
+    if (int e = set_smem(bwd_dq_f32_kernel<D, PAD, CAP>, smem)) return e;
+    if (int e = set_smem(bwd_dkdv_f32_kernel<D, PAD, CAP>, smem)) return e;
+    const int nb = (S + F_R - 1) / F_R;
+    bwd_dq_f32_kernel<D, PAD, CAP><<<dim3(B * H, nb), F_THREADS, smem, st>>>(
+        (float *)dq, (const float *)q, (const float *)k, (const float *)v, (const float *)dout, lse, Di, doc, S, H, Hkv,
+        dh, scale, cap);
+    if (int e = launched()) return e;
+    bwd_dkdv_f32_kernel<D, PAD, CAP><<<dim3(B * Hkv, nb), F_THREADS, smem, st>>>(
+        (float *)dk, (float *)dv, (const float *)q, (const float *)k, (const float *)v, (const float *)dout, lse, Di,
+        doc, S, H, Hkv, dh, scale, cap);
+    return launched();
 }
 
 template <int D, bool PAD>
 int bwd_f32(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout, const float *lse, const float *Di,
             const void *q, const void *k, const void *v, const int32_t *doc, int B, int S, int H, int Hkv, int dh,
-             float scale)
+            float scale, float cap)
 {
-    constexpr int smem = f_bwd_smem_bytes<D>();
-    if (int e = set_smem(bwd_dq_f32_kernel<D, PAD>, smem)) return e;
-    if (int e = set_smem(bwd_dkdv_f32_kernel<D, PAD>, smem)) return e;
-    const int nb = (S + F_R - 1) / F_R;
-    bwd_dq_f32_kernel<D, PAD><<<dim3(B * H, nb), F_THREADS, smem, st>>>((float *)dq, (const float *)q, (const float *)k,
-                                                                    (const float *)v, (const float *)dout, lse, Di, doc,
-                                                                    S, H, Hkv, dh, scale);
-    if (int e = launched()) return e;
-    bwd_dkdv_f32_kernel<D, PAD><<<dim3(B * Hkv, nb), F_THREADS, smem, st>>>(
-        (float *)dk, (float *)dv, (const float *)q, (const float *)k, (const float *)v, (const float *)dout, lse, Di,
-        doc, S, H, Hkv, dh, scale);
-    return launched();
+    return cap > 0.f ? bwd_f32_run<D, PAD, true>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale,
+                                                 cap)
+                     : bwd_f32_run<D, PAD, false>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc, B, S, H, Hkv, dh, scale,
+                                                  cap);
 }
 
 } // namespace
@@ -1114,20 +1199,28 @@ extern "C" const char *mt_cuattn_strerror(int code)
     }
 }
 
-extern "C" int mt_cuattn_forward_docs(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
-                                      const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
-                                      float scale)
+extern "C" int mt_cuattn_forward_softcap(void *stream, int dtype, void *out, float *lse, const void *q,
+                                         const void *k, const void *v, const int32_t *doc_start, int B, int S, int H,
+                                         int Hkv, int D, float scale, float softcap)
 {
     if (int e = check_shape(dtype, B, S, H, Hkv, D, scale)) return e;
+    if (!(softcap >= 0.f) || isinf(softcap)) return MT_CUATTN_EINVAL;
     if (!out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
     if (misaligned(out, 16) || misaligned(q, 16) || misaligned(k, 16) || misaligned(v, 16) || misaligned(lse, 4))
         return MT_CUATTN_EALIGN;
     if (B == 0 || S == 0) return MT_CUATTN_OK;
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == MT_CUATTN_BF16) {
-        BY_TILE(fwd_bf16, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+        BY_TILE(fwd_bf16, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
     }
-    BY_TILE(fwd_f32, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+    BY_TILE(fwd_f32, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
+}
+
+extern "C" int mt_cuattn_forward_docs(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
+                                      const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                      float scale)
+{
+    return mt_cuattn_forward_softcap(stream, dtype, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, 0.f);
 }
 
 extern "C" int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
@@ -1144,12 +1237,13 @@ extern "C" size_t mt_cuattn_workspace_bytes(int B, int S, int H, int Hkv, int D)
     return ((size_t)B * H * S * sizeof(float) + 255) / 256 * 256;
 }
 
-extern "C" int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
-                                       const void *out, const float *lse, const void *q, const void *k,
-                                       const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
-                                       float scale, void *workspace, size_t workspace_bytes)
+extern "C" int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                                          const void *out, const float *lse, const void *q, const void *k,
+                                          const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                          float scale, float softcap, void *workspace, size_t workspace_bytes)
 {
     if (int e = check_shape(dtype, B, S, H, Hkv, D, scale)) return e;
+    if (!(softcap >= 0.f) || isinf(softcap)) return MT_CUATTN_EINVAL;
     if (!dq || !dk || !dv || !dout || !out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
     if (misaligned(dq, 16) || misaligned(dk, 16) || misaligned(dv, 16) || misaligned(dout, 16) ||
         misaligned(out, 16) || misaligned(q, 16) || misaligned(k, 16) || misaligned(v, 16) || misaligned(lse, 4))
@@ -1164,11 +1258,20 @@ extern "C" int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *
     if (dtype == MT_CUATTN_BF16) {
         bwd_di_kernel<bf16><<<di_blocks, 256, 0, st>>>(Di, (const bf16 *)dout, (const bf16 *)out, S, H, D, rows);
         if (int e = launched()) return e;
-        BY_TILE(bwd_bf16, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+        BY_TILE(bwd_bf16, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
     }
     bwd_di_kernel<float><<<di_blocks, 256, 0, st>>>(Di, (const float *)dout, (const float *)out, S, H, D, rows);
     if (int e = launched()) return e;
-    BY_TILE(bwd_f32, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale);
+    BY_TILE(bwd_f32, st, dq, dk, dv, dout, lse, Di, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
+}
+
+extern "C" int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                                       const void *out, const float *lse, const void *q, const void *k,
+                                       const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                       float scale, void *workspace, size_t workspace_bytes)
+{
+    return mt_cuattn_backward_softcap(stream, dtype, dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, S, H, Hkv, D,
+                                      scale, 0.f, workspace, workspace_bytes);
 }
 
 extern "C" int mt_cuattn_backward(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,

@@ -98,6 +98,21 @@ int mt_cuattn_backward_docs(void *stream, int dtype, void *dq, void *dk, void *d
                             int B, int S, int H, int Hkv, int D, float scale, void *workspace,
                             size_t workspace_bytes);
 
+/* Both with soft-capped scores (Gemma 2's attn_logit_softcapping), documents
+ * as above: softcap > 0 replaces each score u = scale q.k by
+ * c = softcap * tanh(u / softcap) (computed as tanhf(s * scale / softcap) *
+ * softcap, as mt_cpu_attention_docs) before the softmax; lse is then the
+ * log-sum-exp of the c, and the backward multiplies dS by 1 - tanh^2. The
+ * backward must get the forward's softcap. softcap 0: exactly the calls
+ * above (the kernels without the cap); < 0, NaN or inf: MT_CUATTN_EINVAL. */
+int mt_cuattn_forward_softcap(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
+                              const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                              float scale, float softcap);
+int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                               const void *out, const float *lse, const void *q, const void *k, const void *v,
+                               const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
+                               float softcap, void *workspace, size_t workspace_bytes);
+
 /* ---- for tests and benchmarks ----------------------------------------------------
  * Device memory, copies and synchronisation are the device layer's
  * (src/device/device.h). */

@@ -220,7 +220,7 @@ template <typename TX, typename TW> using stat_t = std::conditional_t<is_bf16<TX
 template <typename TX, typename TW, int VEC, int E>
 __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_fwd_k(TW *__restrict__ y, float *__restrict__ rstd,
                                                              const TX *__restrict__ x, const TW *__restrict__ w, int C,
-                                                             float eps)
+                                                             float eps, float woff)
 {
     using A = stat_t<TX, TW>;
     __shared__ double sh[32];
@@ -249,21 +249,22 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_fwd_k(TW *__restrict__ y,
             float wv[VEC], o[VEC];
             load<VEC>(w + (size_t)j * VEC, wv);
 #pragma unroll
-            for (int k = 0; k < VEC; k++) o[k] = __fmul_rn(wv[k], __fmul_rn(v[e][k], r)); // HF: w * (x * rstd)
+            for (int k = 0; k < VEC; k++) // HF: w * (x * rstd); Gemma: (1 + w), woff 1 (0 + w is w)
+                o[k] = __fmul_rn(__fadd_rn(woff, wv[k]), __fmul_rn(v[e][k], r));
             store<VEC>(yr + (size_t)j * VEC, o);
         }
     }
 }
 
 // Rows [blockIdx.x * R, + R) of the backward: dx += r (g - n m) per row with
-// n = x r, g = dy w, m = mean(g n); the dw contributions dy n of the chunk's
+// n = x r, g = dy (woff + w), m = mean(g n); the dw contributions dy n of the chunk's
 // rows summed in ascending t into part[blockIdx.x, :]. PF: dx is loaded with
 // x and dy, so that its latency overlaps the row's reductions.
 template <typename TX, typename TW, int VEC, int E, bool PF>
 __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_bwd_k(float *__restrict__ dx, float *__restrict__ part,
                                                              const float *__restrict__ dy, const TX *__restrict__ x,
                                                              const TW *__restrict__ w, const float *__restrict__ rstd,
-                                                             int T, int C, int R, float eps)
+                                                             int T, int C, int R, float eps, float woff)
 {
     using A = stat_t<TX, TW>;
     __shared__ double sh[32];
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_bwd_k(float *__restrict__
                 load<VEC>(w + (size_t)j * VEC, wv);
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
-                    gn += (A)__fmul_rn(dv[e][k], wv[k]) * (A)__fmul_rn(xv[e][k], r);
+                    gn += (A)__fmul_rn(dv[e][k], __fadd_rn(woff, wv[k])) * (A)__fmul_rn(xv[e][k], r);
             }
         }
         const float m = (float)(block_sum((double)gn, sh) / C);
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_bwd_k(float *__restrict__
                     }
 #pragma unroll
                     for (int k = 0; k < VEC; k++) {
-                        const float g = __fmul_rn(dv[e][k], wv[k]), n = __fmul_rn(xv[e][k], r);
+                        const float g = __fmul_rn(dv[e][k], __fadd_rn(woff, wv[k])), n = __fmul_rn(xv[e][k], r);
                         o[k] = __fadd_rn(o[k], __fmul_rn(r, __fsub_rn(g, __fmul_rn(n, m))));
                     }
                     store<VEC>(dxr + (size_t)j * VEC, o);
@@ -526,11 +527,75 @@ template <typename T> struct swiglu_bwd_f {
     }
 };
 
+// GeGLU, gelu's tanh form, in the CPU's order of operations (mt_cpu_geglu):
+// t = tanh(k0 (g + k1 g g g)), gelu = 0.5 g (1 + t). tanhf in both dtypes
+// (no fast tanh: its error is near bf16's half ulp).
+constexpr float GELU_K0 = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float GELU_K1 = 0.044715f;
+
+__device__ __forceinline__ float gelu_t(float g)
+{
+    return tanhf(__fmul_rn(GELU_K0, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K1, g), g), g))));
+}
+
+template <typename T> struct geglu_f {
+    T *out;
+    const T *gate, *up;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        float g[W], u[W];
+        load<W>(gate + i, g);
+        load<W>(up + i, u);
+#pragma unroll
+        for (int k = 0; k < W; k++) // 0.5 g (1 + t) u
+            g[k] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g[k]), __fadd_rn(1.0f, gelu_t(g[k]))), u[k]);
+        store<W>(out + i, g);
+    }
+};
+
+template <typename T> struct geglu_bwd_f {
+    T *dgate, *dup;
+    const T *dout, *gate, *up;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        float g[W], u[W], d[W], dg[W], du[W];
+        load<W>(gate + i, g);
+        load<W>(up + i, u);
+        load<W>(dout + i, d);
+#pragma unroll
+        for (int k = 0; k < W; k++) { // gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2)
+            const float t = gelu_t(g[k]);
+            const float gelu = __fmul_rn(__fmul_rn(0.5f, g[k]), __fadd_rn(1.0f, t));
+            const float b = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, g[k]), __fsub_rn(1.0f, __fmul_rn(t, t))), GELU_K0),
+                                      __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K1, g[k]), g[k])));
+            const float dgelu = __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)), b);
+            dg[k] = __fmul_rn(__fmul_rn(d[k], u[k]), dgelu);
+            du[k] = __fmul_rn(d[k], gelu);
+        }
+        store<W>(dgate + i, dg);
+        store<W>(dup + i, du);
+    }
+};
+
+// The soft-cap of the returned logits: x = tanh(x / cap) cap (mt_cpu_softcap).
+struct softcap_f {
+    float *x;
+    float cap;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        float v[W];
+        load<W>(x + i, v);
+#pragma unroll
+        for (int k = 0; k < W; k++) v[k] = __fmul_rn(tanhf(__fdiv_rn(v[k], cap)), cap);
+        store<W>(x + i, v);
+    }
+};
+
 // ---- embedding -----------------------------------------------------------------------------------
 
 template <typename TO, typename TW, int VEC>
 __global__ void embedding_k(TO *__restrict__ out, const int32_t *__restrict__ tok, const TW *__restrict__ wte, int C,
-                            int V)
+                            int V, float scale)
 {
     const size_t t = blockIdx.x;
     const int id = tok[t], nv = C / VEC;
@@ -539,6 +604,8 @@ __global__ void embedding_k(TO *__restrict__ out, const int32_t *__restrict__ to
         float v[VEC];
         if (ok) {
             load<VEC>(wte + (size_t)id * C + (size_t)j * VEC, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v[k] = __fmul_rn(v[k], scale); // x 1 is exact
         } else {
 #pragma unroll
             for (int k = 0; k < VEC; k++) v[k] = 0.0f;
@@ -559,11 +626,12 @@ __global__ void embed_keys_k(unsigned *__restrict__ keys, int *__restrict__ vals
 }
 
 // Block (i, y): if sorted position i starts a run of one token, columns
-// [y * blockDim * VEC, ...) of that token's row: dwte += dout[t] for the run's
-// t in ascending order (the radix sort is stable).
+// [y * blockDim * VEC, ...) of that token's row: dwte += dout[t] * scale for the
+// run's t in ascending order (the radix sort is stable).
 template <int VEC>
 __global__ void embedding_bwd_k(float *__restrict__ dwte, const unsigned *__restrict__ keys,
-                                const int *__restrict__ vals, const float *__restrict__ dout, int T, int C, int V)
+                                const int *__restrict__ vals, const float *__restrict__ dout, int T, int C, int V,
+                                float scale)
 {
     const int i = blockIdx.x;
     const unsigned key = keys[i];
@@ -577,7 +645,7 @@ __global__ void embedding_bwd_k(float *__restrict__ dwte, const unsigned *__rest
         float d[VEC];
         load<VEC>(dout + (size_t)vals[q] * C + (size_t)j * VEC, d);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) acc[k] = __fadd_rn(acc[k], d[k]);
+        for (int k = 0; k < VEC; k++) acc[k] = __fadd_rn(acc[k], __fmul_rn(d[k], scale)); // x 1 is exact
     }
     store<VEC>(dst, acc);
 }
@@ -607,12 +675,18 @@ size_t embed_temp_bytes(int T, int end_bit)
 constexpr int CE_MAX_THREADS = 1024;
 constexpr int CE_UNROLL = 4;
 
+// A soft-capped logit, as the CPU: tanh(x / cap) * cap (Gemma 2's final_logit_softcapping).
+__device__ __forceinline__ float cap_logit(float x, float cap) { return __fmul_rn(tanhf(__fdiv_rn(x, cap)), cap); }
+
 // One row: per thread an online (max, sum of exp) over its vectors, combined
 // over the block in double; then dlogits = exp(x - M) * (dscale / S) - dscale
 // at the target. row_loss[r] = M + log S - x[target] (0 for skipped rows).
-template <typename TD, int VEC>
+// CAP: every logit read is first capped (cap_logit), in both passes, and the
+// gradient is multiplied by 1 - (c / cap)^2; without it the kernel compiles
+// as if the cap did not exist.
+template <typename TD, int VEC, bool CAP>
 __global__ void __launch_bounds__(CE_MAX_THREADS) ce_k(const float *logits, const int32_t *__restrict__ targets, int V,
-                                                      float dscale, int ignore_index, TD *dl,
+                                                      float dscale, float cap, int ignore_index, TD *dl,
                                                       double *__restrict__ row_loss, int *__restrict__ row_ok, int reverse)
 {
     __shared__ double shd[32];
@@ -640,6 +714,9 @@ __global__ void __launch_bounds__(CE_MAX_THREADS) ce_k(const float *logits, cons
             const int j = j0 + u * blockDim.x;
             if (j < nv) {
                 load<VEC>(x + (size_t)j * VEC, v[u]);
+                if constexpr (CAP)
+#pragma unroll
+                    for (int k = 0; k < VEC; k++) v[u][k] = cap_logit(v[u][k], cap);
             } else {
 #pragma unroll
                 for (int k = 0; k < VEC; k++) v[u][k] = -INFINITY;
@@ -661,7 +738,8 @@ __global__ void __launch_bounds__(CE_MAX_THREADS) ce_k(const float *logits, cons
         s += (double)part;
     }
     const float M = block_max(m, shf);
-    const float xt = x[tgt]; // read before any thread overwrites the row (in place)
+    float xt = x[tgt]; // read before any thread overwrites the row (in place)
+    if constexpr (CAP) xt = cap_logit(xt, cap);
     const double S = block_sum(m == -INFINITY ? 0.0 : s * exp((double)m - (double)M), shd);
     if (threadIdx.x == 0) {
         row_loss[r] = (double)M + log(S) - (double)xt;
@@ -675,10 +753,20 @@ __global__ void __launch_bounds__(CE_MAX_THREADS) ce_k(const float *logits, cons
     for (int j = j0; j >= 0 && j < nv; j += dj) {
         float v[VEC];
         load<VEC>(x + (size_t)j * VEC, v);
+        if constexpr (CAP) {
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            v[k] = __fmul_rn(expf(v[k] - M), f);
-            if (j * VEC + k == tgt) v[k] = __fsub_rn(v[k], dscale);
+            for (int k = 0; k < VEC; k++) { // (softmax - onehot) dscale (1 - t^2), t = c / cap
+                const float c = cap_logit(v[k], cap), t = __fdiv_rn(c, cap);
+                v[k] = __fmul_rn(expf(c - M), f);
+                if (j * VEC + k == tgt) v[k] = __fsub_rn(v[k], dscale);
+                v[k] = __fmul_rn(v[k], __fsub_rn(1.0f, __fmul_rn(t, t)));
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                v[k] = __fmul_rn(expf(v[k] - M), f);
+                if (j * VEC + k == tgt) v[k] = __fsub_rn(v[k], dscale);
+            }
         }
         store<VEC>(d + (size_t)j * VEC, v);
     }
@@ -958,7 +1046,7 @@ int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value)
 // ---- RMSNorm ----
 
 int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                  const void *w, int T, int C, float eps, const mt_cu_tuning *tune)
+                  const void *w, int T, int C, float eps, float woff, const mt_cu_tuning *tune)
 {
     const mt_cu_tuning *tu = tuning_for(tune);
     if (!tu || T < 0 || C <= 0) return -1;
@@ -974,7 +1062,7 @@ int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dt
             auto go = [&](auto vtag) {
                 constexpr int VEC = decltype(vtag)::value;
                 return with_row_cfg<VEC>(C, tu->rms_fwd_emin, [&](auto etag, int threads) {
-                    rmsnorm_fwd_k<TX, TW, VEC, decltype(etag)::value><<<T, threads, 0, s>>>(yy, rstd, xx, ww, C, eps);
+                    rmsnorm_fwd_k<TX, TW, VEC, decltype(etag)::value><<<T, threads, 0, s>>>(yy, rstd, xx, ww, C, eps, woff);
                     return launched();
                 });
             };
@@ -993,8 +1081,8 @@ size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune)
 }
 
 int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt, const void *x,
-                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch,
-                      const mt_cu_tuning *tune)
+                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, float woff,
+                      void *scratch, const mt_cu_tuning *tune)
 {
     const mt_cu_tuning *tu = tuning_for(tune);
     if (!tu || T < 0 || C <= 0 || (dw && !scratch)) return -1;
@@ -1013,9 +1101,11 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
                 return with_row_cfg<VEC>(C, tu->rms_bwd_emin, [&](auto etag, int threads) {
                     constexpr int E = decltype(etag)::value;
                     if (tu->rms_bwd_prefetch)
-                        rmsnorm_bwd_k<TX, TW, VEC, E, true><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps);
+                        rmsnorm_bwd_k<TX, TW, VEC, E, true><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps,
+                                                                                    woff);
                     else
-                        rmsnorm_bwd_k<TX, TW, VEC, E, false><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps);
+                        rmsnorm_bwd_k<TX, TW, VEC, E, false><<<P, threads, 0, s>>>(dx, part, dy, xx, ww, rstd, T, C, R, eps,
+                                                                                    woff);
                     return launched();
                 });
             };
@@ -1070,10 +1160,32 @@ int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, con
     });
 }
 
+// ---- GeGLU ----
+
+int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
+{
+    const bool vec = al16(out) && al16(gate) && al16(up);
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        return launch_ew(s, geglu_f<TT>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
+    });
+}
+
+int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
+                    const void *up, size_t n)
+{
+    const bool vec = al16(dgate) && al16(dup) && al16(dout) && al16(gate) && al16(up);
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        return launch_ew(s, geglu_bwd_f<TT>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate, (const TT *)up},
+                         n, vec);
+    });
+}
+
 // ---- embedding ----
 
 int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
-                    const void *wte, int T, int C, int V)
+                    const void *wte, int T, int C, int V, float scale)
 {
     if (T < 0 || C <= 0 || V <= 0) return -1;
     if (T == 0) return 0;
@@ -1084,8 +1196,8 @@ int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *to
         using TO = typename decltype(to)::type;
         return with_dtype(wdt, [&](auto tw) {
             using TW = typename decltype(tw)::type;
-            if (vec) embedding_k<TO, TW, 8><<<T, threads, 0, s>>>((TO *)out, tokens, (const TW *)wte, C, V);
-            else embedding_k<TO, TW, 1><<<T, threads, 0, s>>>((TO *)out, tokens, (const TW *)wte, C, V);
+            if (vec) embedding_k<TO, TW, 8><<<T, threads, 0, s>>>((TO *)out, tokens, (const TW *)wte, C, V, scale);
+            else embedding_k<TO, TW, 1><<<T, threads, 0, s>>>((TO *)out, tokens, (const TW *)wte, C, V, scale);
             return launched();
         });
     });
@@ -1100,7 +1212,7 @@ size_t mt_cu_embedding_bwd_scratch_bytes(int T)
 }
 
 int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                        void *scratch)
+                        float scale, void *scratch)
 {
     if (T < 0 || C <= 0 || V <= 0 || !scratch) return -1;
     if (T == 0) return 0;
@@ -1123,8 +1235,8 @@ int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, cons
     const int nv = vec ? C / 4 : C;
     const int threads = nv >= 256 ? 256 : (nv + 31) / 32 * 32;
     const dim3 grid((unsigned)T, blocks_for((size_t)nv, (unsigned)threads));
-    if (vec) embedding_bwd_k<4><<<grid, threads, 0, s>>>(dwte, keys, vals, dout, T, C, V);
-    else embedding_bwd_k<1><<<grid, threads, 0, s>>>(dwte, keys, vals, dout, T, C, V);
+    if (vec) embedding_bwd_k<4><<<grid, threads, 0, s>>>(dwte, keys, vals, dout, T, C, V, scale);
+    else embedding_bwd_k<1><<<grid, threads, 0, s>>>(dwte, keys, vals, dout, T, C, V, scale);
     return launched();
 }
 
@@ -1137,11 +1249,11 @@ size_t mt_cu_cross_entropy_scratch_bytes(int n)
 }
 
 int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V, float dscale,
-                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch,
-                        const mt_cu_tuning *tune)
+                        float softcap, int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count,
+                        void *scratch, const mt_cu_tuning *tune)
 {
     const mt_cu_tuning *tu = tuning_for(tune);
-    if (!tu || n < 0 || V <= 0 || !scratch) return -1;
+    if (!tu || n < 0 || V <= 0 || !scratch || !(softcap >= 0.0f) || isinf(softcap)) return -1;
     if (dlogits == (const void *)logits && dlogits && dt != MT_CU_F32) return -1;
     if (n == 0) return 0;
     double *row_loss = (double *)scratch_base(scratch);
@@ -1149,7 +1261,8 @@ int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targ
     const bool vec = V % 4 == 0 && al16(logits) && (!dlogits || al16(dlogits));
     const int nv = vec ? V / 4 : V;
     const int threads = nv >= tu->ce_threads ? tu->ce_threads : (nv + 31) / 32 * 32;
-    const int CL = vec && tu->ce_cluster ? ce_cluster_size(V) : 0;
+    const bool cap = softcap > 0.0f;
+    const int CL = vec && tu->ce_cluster && !cap ? ce_cluster_size(V) : 0; // the cluster variant has no cap
     if (CL > 0) {
         const size_t slice = (size_t)((nv + CL - 1) / CL) * 16;
         if (cudaFuncSetAttribute(ce_cluster_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)slice) != cudaSuccess) {
@@ -1185,11 +1298,12 @@ int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targ
             if (smem > 48 * 1024 && cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
                                         cudaSuccess)
                 return (cudaGetLastError(), -1);
-            kern<<<n, threads, smem, s>>>(logits, targets, V, dscale, ignore_index, (TD *)dlogits, row_loss, row_ok,
-                                          tu->ce_reverse);
+            kern<<<n, threads, smem, s>>>(logits, targets, V, dscale, softcap, ignore_index, (TD *)dlogits, row_loss,
+                                          row_ok, tu->ce_reverse);
             return launched();
         };
-        return vec ? go(ce_k<TD, 4>) : go(ce_k<TD, 1>);
+        if (cap) return vec ? go(ce_k<TD, 4, true>) : go(ce_k<TD, 1, true>);
+        return vec ? go(ce_k<TD, 4, false>) : go(ce_k<TD, 1, false>);
     });
     if (rc != 0) return rc;
     if (!loss_sum && !count) return 0;
@@ -1225,6 +1339,12 @@ int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const v
             });
         });
     });
+}
+
+int mt_cu_softcap(mt_cu_stream s, float *x, size_t n, float cap)
+{
+    if (!(cap > 0.0f) || isinf(cap)) return -1;
+    return launch_ew(s, softcap_f{x, cap}, n, al16(x));
 }
 
 int mt_cu_scale(mt_cu_stream s, mt_cu_dtype dt, void *x, float alpha, size_t n)

@@ -1,5 +1,5 @@
 /* The CUDA backend's own kernels (everything but the GEMMs and attention):
- * RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, elementwise helpers and
+ * RMSNorm, RoPE, SwiGLU and GeGLU, embedding, cross-entropy (with soft-caps), elementwise helpers and
  * deterministic reductions. A plain C API, so host code and tests include it
  * without the CUDA headers; the kernels are in cuda/kernels/kernels.cu. See
  * docs/cuda-kernels.md for the design and the measured bandwidth.
@@ -97,28 +97,31 @@ int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value);
 
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
-/* y = x * rsqrt(mean(x^2) + eps) * w per row, as mt_cpu_rmsnorm (the mean of
- * squares reduced in double; in bf16 mode, x or w bf16, each thread's part
- * of it in fp32), rstd[t] saved if not NULL.
+/* y = x * rsqrt(mean(x^2) + eps) * (woff + w) per row, as mt_cpu_rmsnorm
+ * (the mean of squares reduced in double; in bf16 mode, x or w bf16, each
+ * thread's part of it in fp32), rstd[t] saved if not NULL. woff: 0 (Llama's
+ * w), or 1 for Gemma's norms (1 + w, w upcast to fp32 first); the same
+ * arithmetic either way (0 + w is w).
  * y (T, C) and w (C) in dt; x (T, C) in xdt (the residual stream may be fp32
  * while the normed output is bf16). C <= 32768 on the vector path (C % 8 ==
  * 0, 16-byte aligned pointers), else C <= 16384; -1 beyond. One block per
  * row, the row held in registers. */
 int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                  const void *w, int T, int C, float eps, const mt_cu_tuning *tune);
+                  const void *w, int T, int C, float eps, float woff, const mt_cu_tuning *tune);
 
 /* With the tuning of the calls that use the scratch (NULL: the defaults). */
 size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune);
 /* dx += d(loss)/dx (fp32, the residual gradient stream; may be NULL),
  * dw += d(loss)/dw (fp32, may be NULL: then scratch may be NULL), from
  * dy (T, C) fp32, x (T, C) in xdt, w (C) in dt, rstd (T) from the forward or
- * NULL (recomputed). dx must not alias dy. C as for the forward.
+ * NULL (recomputed), woff as for the forward (dx sees dy * (woff + w); dw
+ * does not depend on it). dx must not alias dy. C as for the forward.
  * One pass: each block takes a fixed chunk of rows (at most 512 chunks by
  * default), adds into their dx, and sums their dw terms in ascending t into
  * scratch; a second kernel adds the chunks in order. */
 int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt, const void *x,
-                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, void *scratch,
-                      const mt_cu_tuning *tune);
+                      mt_cu_dtype dt, const void *w, const float *rstd, int T, int C, float eps, float woff,
+                      void *scratch, const mt_cu_tuning *tune);
 
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
@@ -139,23 +142,36 @@ int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, co
 int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
                      const void *up, size_t n);
 
+/* ---- GeGLU ----------------------------------------------------------------------------- */
+
+/* The same with gelu's tanh form (torch's gelu(approximate="tanh"), Gemma's
+ * gelu_pytorch_tanh) as mt_cpu_geglu: out = 0.5 g (1 + tanh(sqrt(2/pi) (g +
+ * 0.044715 g^3))) * up, tanhf at full accuracy in both dtypes. Aliasing as
+ * for SwiGLU. */
+int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n);
+/* dgate = dout * up * gelu'(gate), dup = dout * gelu(gate), as mt_cpu_geglu_bwd. */
+int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
+                    const void *up, size_t n);
+
 /* ---- embedding ---------------------------------------------------------------------- */
 
-/* out[t, :] = wte[tokens[t], :]; out (T, C) in dt, wte (V, C) in wdt (a
- * conversion when they differ). A token outside [0, V) gives a zero row
+/* out[t, :] = wte[tokens[t], :] * scale (in fp32, rounded once to dt); out
+ * (T, C) in dt, wte (V, C) in wdt (a conversion when they differ). scale: 1
+ * (exact), or Gemma's sqrt(C). A token outside [0, V) gives a zero row
  * (callers validate tokens; this only keeps the read in bounds). */
 int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
-                    const void *wte, int T, int C, int V);
+                    const void *wte, int T, int C, int V, float scale);
 
 /* 0 when it cannot be determined (no device). */
 size_t mt_cu_embedding_bwd_scratch_bytes(int T);
-/* dwte[tokens[t], :] += dout[t, :] with, for every row, the t in ascending
- * order: the same sums, bit for bit, as mt_cpu_embedding_bwd. dwte (V, C)
+/* dwte[tokens[t], :] += dout[t, :] * scale with, for every row, the t in
+ * ascending order: the same sums, bit for bit, as mt_cpu_embedding_bwd (with
+ * scale 1; other scales, each product rounded before its sum). dwte (V, C)
  * fp32, dout (T, C) fp32. Tokens are stably radix-sorted (CUB) with their
  * positions; one block per distinct token (and column range) adds its rows
  * in order. Tokens outside [0, V) are skipped. */
 int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                        void *scratch);
+                        float scale, void *scratch);
 
 /* ---- cross-entropy ----------------------------------------------------------------- */
 
@@ -168,10 +184,18 @@ size_t mt_cu_cross_entropy_scratch_bytes(int n);
  * the other rows of logsumexp - logit[target] (each row in double, rows
  * added in a fixed order); *count (device int, may be NULL) += their number.
  * One block per row: an online max / sum of exponentials, then a second pass
- * (back to front) that writes the gradient. */
+ * (back to front) that writes the gradient.
+ * softcap > 0 (Gemma 2's final_logit_softcapping): every logit x is read as
+ * c = tanhf(x / softcap) * softcap, and dlogits is through the cap:
+ * (softmax(c) - onehot) * dscale * (1 - (c / softcap)^2), as
+ * mt_cpu_cross_entropy. 0: none (the code path without the cap; the cluster
+ * variant is only used then). */
 int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V, float dscale,
-                        int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count, void *scratch,
-                        const mt_cu_tuning *tune);
+                        float softcap, int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum, int *count,
+                        void *scratch, const mt_cu_tuning *tune);
+/* x = tanhf(x / cap) * cap in place, n fp32 (the logits a soft-capped model
+ * returns), as mt_cpu_softcap. cap > 0. */
+int mt_cu_softcap(mt_cu_stream s, float *x, size_t n, float cap);
 
 /* ---- elementwise --------------------------------------------------------------------- */
 
@@ -210,19 +234,20 @@ static inline void mt_cu_tuning_default(mt_cu_tuning *t)
 static inline int mt_cu_tuning_set(mt_cu_tuning *t, mt_cu_knob knob, int value)
 { (void)t, (void)knob, (void)value; return -1; }
 static inline int mt_cu_rmsnorm(mt_cu_stream s, mt_cu_dtype dt, void *y, float *rstd, mt_cu_dtype xdt, const void *x,
-                                const void *w, int T, int C, float eps, const mt_cu_tuning *tune)
+                                const void *w, int T, int C, float eps, float woff, const mt_cu_tuning *tune)
 {
-    (void)s, (void)dt, (void)y, (void)rstd, (void)xdt, (void)x, (void)w, (void)T, (void)C, (void)eps, (void)tune;
+    (void)s, (void)dt, (void)y, (void)rstd, (void)xdt, (void)x, (void)w, (void)T, (void)C, (void)eps, (void)woff;
+    (void)tune;
     return -1;
 }
 static inline size_t mt_cu_rmsnorm_bwd_scratch_bytes(int T, int C, const mt_cu_tuning *tune)
 { (void)T, (void)C, (void)tune; return 0; }
 static inline int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_cu_dtype xdt,
                                     const void *x, mt_cu_dtype dt, const void *w, const float *rstd, int T, int C,
-                                    float eps, void *scratch, const mt_cu_tuning *tune)
+                                    float eps, float woff, void *scratch, const mt_cu_tuning *tune)
 {
     (void)s, (void)dx, (void)dw, (void)dy, (void)xdt, (void)x, (void)dt, (void)w, (void)rstd, (void)T, (void)C;
-    (void)eps, (void)scratch, (void)tune;
+    (void)eps, (void)woff, (void)scratch, (void)tune;
     return -1;
 }
 static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
@@ -233,22 +258,29 @@ static inline int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const 
 static inline int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout,
                                    const void *gate, const void *up, size_t n)
 { (void)s, (void)dt, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
+{ (void)s, (void)dt, (void)out, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout,
+                                  const void *gate, const void *up, size_t n)
+{ (void)s, (void)dt, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
 static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
-                                  const void *wte, int T, int C, int V)
-{ (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V; return -1; }
+                                  const void *wte, int T, int C, int V, float scale)
+{ (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V, (void)scale; return -1; }
 static inline size_t mt_cu_embedding_bwd_scratch_bytes(int T) { (void)T; return 0; }
 static inline int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T,
-                                      int C, int V, void *scratch)
-{ (void)s, (void)dwte, (void)tokens, (void)dout, (void)T, (void)C, (void)V, (void)scratch; return -1; }
+                                      int C, int V, float scale, void *scratch)
+{ (void)s, (void)dwte, (void)tokens, (void)dout, (void)T, (void)C, (void)V, (void)scale, (void)scratch; return -1; }
 static inline size_t mt_cu_cross_entropy_scratch_bytes(int n) { (void)n; return 0; }
 static inline int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V,
-                                      float dscale, int ignore_index, mt_cu_dtype dt, void *dlogits, double *loss_sum,
-                                      int *count, void *scratch, const mt_cu_tuning *tune)
+                                      float dscale, float softcap, int ignore_index, mt_cu_dtype dt, void *dlogits,
+                                      double *loss_sum, int *count, void *scratch, const mt_cu_tuning *tune)
 {
-    (void)s, (void)logits, (void)targets, (void)n, (void)V, (void)dscale, (void)ignore_index, (void)dt;
+    (void)s, (void)logits, (void)targets, (void)n, (void)V, (void)dscale, (void)softcap, (void)ignore_index, (void)dt;
     (void)dlogits, (void)loss_sum, (void)count, (void)scratch, (void)tune;
     return -1;
 }
+static inline int mt_cu_softcap(mt_cu_stream s, float *x, size_t n, float cap)
+{ (void)s, (void)x, (void)n, (void)cap; return -1; }
 static inline int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n)
 { (void)s, (void)ydt, (void)y, (void)xdt, (void)x, (void)n; return -1; }
 static inline int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt,
