@@ -97,13 +97,13 @@ static void mlp_up(const mt_exec *x, void *const *w, int t0, int n)
     k->swiglu(x->kc, b->a, b->g, b->u, (size_t)n * d->F);
 }
 
-static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+void mt_llama_attn_forward(const mt_exec *x, void *const *w, const void *in, const mt_layer_acts *a, int recompute)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int recompute = out == NULL, T = d->T, C = d->C;
+    const int T = d->T, C = d->C;
     /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps);
     /* with qk_norm the backward also reads q and k before their norms: never skipped */
@@ -130,7 +130,17 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
         k->linear(kc, a->h, 0, a->att, w[MT_T_O], NULL, T, d->Q, C, 1);
     }
     k->rmsnorm(kc, b->xn2, b->rstd2, a->h, w[MT_T_MLP_NORM], T, C, d->eps);
-    if (recompute) return; /* layer_backward recomputes each MLP piece just before its backward */
+}
+
+static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C;
+    mt_llama_attn_forward(x, w, in, a, out == NULL);
+    if (!out) return; /* layer_backward recomputes each MLP piece just before its backward */
     k->copy(kc, out, a->h, (size_t)T * C);
     for (int t0 = 0; t0 < T; t0 += d->FT) {
         const int n = MT_MIN(d->FT, T - t0);
@@ -161,7 +171,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F;
+    const int T = d->T, C = d->C, F = d->F;
     /* out = h + a Wd^T, piece by piece: the MLP's forward again, then its backward */
     const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
     for (int t0 = 0; t0 < T; t0 += d->FT) {
@@ -177,9 +187,20 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         k->linear_dw(kc, gw[MT_T_GATE], NULL, b->dg, xn, n, C, F);
         k->linear_dw(kc, gw[MT_T_UP], NULL, b->du, xn, n, C, F);
     }
+    mt_llama_attn_backward(x, w, gw, in, dy, a);
+}
+
+void mt_llama_attn_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                            const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV;
     k->rmsnorm_bwd(kc, dy, gw[MT_T_MLP_NORM], b->dxn, a->h, w[MT_T_MLP_NORM], b->rstd2, T, C, d->eps);
     /* h = x + att Wo^T */
-    dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
+    const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
     k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
     k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
     k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,

@@ -1,0 +1,307 @@
+/* Mixture-of-experts models (Qwen3-MoE, Mixtral) on the CPU backend: the
+ * routing ops against plain references, whole-model gradients against finite
+ * differences with the load-balancing loss on and off, experts that get no
+ * token (zero gradient, AdamW's moments still decaying as torch's do), the
+ * layout against the parameter count, bit-identical resume, and the plan of
+ * the Qwen3-30B-A3B shape. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu/cpu_moe.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+
+enum { V = 37 };
+
+static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
+static float uni(unsigned *s) { return ((float)(lcg(s) >> 8) / 16777216.0f) * 2.0f - 1.0f; }
+
+/* ---- the ops ---------------------------------------------------------------------------- */
+
+/* Routing of T tokens: probabilities against a float64 softmax (fp32 exp and one division, a few
+ * ulp: 1e-6 relative), the top-k against a sort of those, the weights renormalised or not, the
+ * routed rows grouped by expert in slot order with slot_row their inverse, and the statistics. */
+static void route_check(int norm)
+{
+    enum { T = 13, E = 6, K = 3, R = T * K };
+    float logits[T * E], probs[T * E], topw[R], stats[2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 5;
+    for (int i = 0; i < T * E; i++) logits[i] = 3.0f * uni(&s);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, K, norm);
+    int count[E] = {0};
+    double psum[E] = {0};
+    for (int t = 0; t < T; t++) {
+        double mx = -INFINITY, z = 0, p[E];
+        for (int e = 0; e < E; e++) mx = fmax(mx, logits[t * E + e]);
+        for (int e = 0; e < E; e++) z += p[e] = exp(logits[t * E + e] - mx);
+        for (int e = 0; e < E; e++) {
+            p[e] /= z;
+            psum[e] += p[e];
+            cr_assert(fabs(probs[t * E + e] - p[e]) <= 1e-6 * p[e], "p[%d][%d] %.9g vs %.9g", t, e, probs[t * E + e], p[e]);
+        }
+        double kept = 0;
+        for (int j = 0; j < K; j++) { /* the j-th largest: exactly j others are larger */
+            const int e = topi[t * K + j];
+            int larger = 0;
+            for (int f = 0; f < E; f++) larger += p[f] > p[e];
+            cr_assert_eq(larger, j, "token %d: choice %d is expert %d, with %d larger", t, j, e, larger);
+            kept += p[e];
+            count[e]++;
+        }
+        for (int j = 0; j < K; j++) {
+            const double want = p[topi[t * K + j]] / (norm ? kept : 1.0);
+            cr_assert(fabs(topw[t * K + j] - want) <= 1e-6 * want, "w[%d][%d] %.9g vs %.9g", t, j, topw[t * K + j], want);
+        }
+    }
+    cr_assert_eq(offs[0], 0);
+    cr_assert_eq(offs[E], R);
+    for (int e = 0; e < E; e++) {
+        cr_assert_eq(offs[e + 1] - offs[e], count[e], "expert %d: %d rows, %d routed", e, offs[e + 1] - offs[e], count[e]);
+        cr_assert_eq(stats[e], (float)count[e]);
+        cr_assert(fabs(stats[E + e] - psum[e]) <= 1e-6 * psum[e] + 1e-7);
+        for (int r = offs[e]; r < offs[e + 1]; r++) {
+            cr_assert_eq(topi[rows[r]], e, "row %d of expert %d's block came from slot %d", r, e, rows[r]);
+            if (r > offs[e]) cr_assert_lt(rows[r - 1], rows[r], "slot order within an expert's rows");
+        }
+    }
+    for (int sl = 0; sl < R; sl++) cr_assert_eq(rows[slot_row[sl]], sl, "slot_row inverts rows");
+}
+
+Test(moe_ops, route_matches_reference_renormalised) { route_check(1); }
+Test(moe_ops, route_matches_reference_plain) { route_check(0); }
+
+/* The routing's backward against central differences of the function it differentiates,
+ * f(z) = sum_j dw_j topw_j(z) + aux * sum_e c_e p_e(z), with the choice of experts held (steps of
+ * 1e-3 on logits of size ~1 keep every token's choice; float64 differences of fp32 evaluations:
+ * rounding ~1e-7 / 1e-3, so 2e-4 absolute + 1e-3 relative). */
+static void route_bwd_check(int norm, float aux)
+{
+    enum { T = 7, E = 5, K = 2, R = T * K, L = 3 };
+    float z[T * E], probs[T * E], topw[R], dw[R], dz[T * E], stats[L * 2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 9;
+    for (int i = 0; i < T * E; i++) z[i] = 2.0f * uni(&s);
+    for (int i = 0; i < R; i++) dw[i] = uni(&s);
+    for (int i = 0; i < L * 2 * E; i++) stats[i] = (float)(lcg(&s) % 7);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, norm);
+    mt_cpu_moe_route_bwd(dz, dw, probs, topw, topi, aux ? stats : NULL, L, aux, T, E, K, norm);
+    double c[E] = {0};
+    for (int e = 0; e < E; e++)
+        for (int l = 0; l < L; l++) c[e] += stats[l * 2 * E + e];
+    for (int i = 0; i < T * E; i++) {
+        const int t = i / E;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            float zz[E], p[E];
+            memcpy(zz, z + t * E, sizeof zz);
+            zz[i % E] += side ? -1e-3f : 1e-3f;
+            double mx = -INFINITY, sum = 0, kept = 0;
+            for (int e = 0; e < E; e++) mx = fmax(mx, zz[e]);
+            for (int e = 0; e < E; e++) sum += p[e] = (float)exp(zz[e] - mx);
+            for (int e = 0; e < E; e++) p[e] = (float)(p[e] / sum);
+            for (int j = 0; j < K; j++) kept += p[topi[t * K + j]];
+            f[side] = 0;
+            for (int j = 0; j < K; j++) f[side] += dw[t * K + j] * p[topi[t * K + j]] / (norm ? kept : 1.0);
+            for (int e = 0; e < E; e++) f[side] += aux * c[e] * p[e];
+        }
+        const double fd = (f[0] - f[1]) / 2e-3;
+        cr_assert(fabs(dz[i] - fd) <= 2e-4 + 1e-3 * fabs(fd), "dz[%d][%d] %.7g, difference %.7g", t, i % E, dz[i], fd);
+    }
+}
+
+Test(moe_ops, route_bwd_renormalised) { route_bwd_check(1, 0.0f); }
+Test(moe_ops, route_bwd_plain_with_aux) { route_bwd_check(0, 0.37f); }
+Test(moe_ops, route_bwd_renormalised_with_aux) { route_bwd_check(1, 0.37f); }
+
+/* gather, combine and dot_scale against their definitions (exact: copies, and sums in the order
+ * the contract states). */
+Test(moe_ops, gather_combine_dot_scale)
+{
+    enum { T = 5, K = 2, R = T * K, C = 3, E = 4 };
+    float z[T * E], probs[T * E], topw[R], x[T * C], xs[R * C], out[T * C], dw[R], a[R * C], b[R * C];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 3;
+    for (int i = 0; i < T * E; i++) z[i] = uni(&s);
+    for (int i = 0; i < T * C; i++) x[i] = uni(&s);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, 1);
+    mt_cpu_moe_gather(xs, x, rows, R, K, C);
+    for (int r = 0; r < R; r++)
+        cr_assert_eq(memcmp(xs + r * C, x + (rows[r] / K) * C, sizeof(float) * C), 0, "row %d is its token's", r);
+    for (int i = 0; i < T * C; i++) out[i] = 1.0f;
+    mt_cpu_moe_combine(out, xs, topw, slot_row, T, K, C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) acc += topw[t * K + j] * x[t * C + c]; /* every routed row is its token's */
+            cr_assert_eq(out[t * C + c], 1.0f + acc);
+        }
+    for (int i = 0; i < R * C; i++) a[i] = uni(&s), b[i] = uni(&s);
+    float a0[R * C], b0[R * C];
+    memcpy(a0, a, sizeof a), memcpy(b0, b, sizeof b);
+    mt_cpu_moe_dot_scale(dw, a, b, topw, rows, R, C);
+    for (int r = 0; r < R; r++) {
+        double d = 0;
+        for (int c = 0; c < C; c++) d += (double)a0[r * C + c] * b0[r * C + c];
+        cr_assert_eq(dw[rows[r]], (float)d);
+        for (int c = 0; c < C; c++) {
+            cr_assert_eq(a[r * C + c], a0[r * C + c] * topw[rows[r]]);
+            cr_assert_eq(b[r * C + c], b0[r * C + c] * topw[rows[r]]);
+        }
+    }
+}
+
+/* ---- models ------------------------------------------------------------------------------- */
+
+/* A small Qwen3-MoE (q/k norms; experts of width 16; layer 1 dense through mlp_only_layers) or
+ * Mixtral (every layer sparse, always renormalised; a sliding window of 4). */
+static mt_model_config moe_cfg(mt_arch arch, int experts, int topk, int aux, int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = arch;
+    c.vocab_size = V;
+    c.hidden_size = 24;
+    c.intermediate_size = 40;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.2f;
+    c.seed = 7;
+    c.precision = (uint32_t)precision;
+    c.num_experts = (uint32_t)experts;
+    c.num_experts_per_tok = (uint32_t)topk;
+    c.moe_intermediate_size = 16;
+    c.norm_topk_prob = 1;
+    c.output_router_logits = (uint32_t)(aux != 0);
+    c.router_aux_loss_coef = aux ? 0.5f : 0.0f; /* large, so that its gradient is a sizeable part */
+    if (arch == MT_ARCH_QWEN3_MOE) {
+        c.mlp_only_layers[0] = 1u << 1;
+    } else {
+        c.intermediate_size = 16;
+        c.sliding_window = 4;
+    }
+    return c;
+}
+
+static mt_model *make(const mt_model_config *c)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, c, &p), MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed)
+{
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)((lcg(&seed) >> 16) % V);
+    for (int i = 0; i < n; i++) tg[i] = i % 5 == 0 ? MT_IGNORE_INDEX : tok[(i + 1) % n];
+}
+
+static mt_batch batch_of(const int32_t *tok, const int32_t *tg, int b, int s, int m)
+{
+    mt_batch x;
+    mt_batch_init(&x);
+    x.micro_batch_size = (uint32_t)b, x.seq_len = (uint32_t)s, x.num_micro_batches = (uint32_t)m;
+    x.tokens = tok, x.targets = tg;
+    return x;
+}
+
+static uint64_t targets_of(const int32_t *tg, int n)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < n; i++) c += tg[i] != MT_IGNORE_INDEX;
+    return c;
+}
+
+/* The training loss (cross-entropy and, with output_router_logits, the load-balancing loss) and
+ * its gradients, left in the fp32 gradient blocks. */
+static double train_loss(mt_model *m, const mt_batch *b, uint64_t nt)
+{
+    double loss, norm;
+    cr_assert_eq(mt_engine_grads(m, b, nt, &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    return loss;
+}
+
+/* Whole-model gradient check in fp32, as tests/test_engine.c's: for every tensor (the stacked
+ * experts as one) the analytic derivative along a random direction against the central difference
+ * of the training loss, 2e-3 absolute + 2% relative. The routing is piecewise: a step that changes
+ * some token's choice of experts makes the loss jump (by ~4e-3 here), so eps is 3e-4, where no
+ * token of these seeds changes its choice (at 1e-3 one of the all-sparse models' tokens does, and
+ * the difference is off by ~2); fp32 rounding of a loss of ~3.9 is ~1e-3 in the difference. Two
+ * micro-batches: the load-balancing loss is their mean. */
+static void gradient_check(mt_model_config c)
+{
+    mt_model *m = make(&c);
+    enum { B = 2, S = 6, M = 2, N = B * S * M };
+    const float eps = 3e-4f;
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    const uint64_t nt = targets_of(tg, N);
+    train_loss(m, &b, nt);
+    uint64_t P = 0;
+    for (int ui = 0; ui < m->layout.n_units; ui++) P += m->layout.units[ui].padded;
+    float *grads = malloc(P * sizeof *grads);
+    for (int ui = 0, off = 0; ui < m->layout.n_units; off += (int)m->layout.units[ui].padded, ui++)
+        memcpy(grads + off, mt_tile_grad_f32(&m->tiles.tile[ui], &m->layout.units[ui]),
+               m->layout.units[ui].padded * sizeof *grads);
+    int checked = 0, experts = 0;
+    for (int ui = 0, off = 0; ui < m->layout.n_units; off += (int)m->layout.units[ui].padded, ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        for (int ti = 0; ti < u->n_tensors; ti++) {
+            const mt_tensor_desc *td = &u->tensors[ti];
+            float *w = mt_tile_master(&m->tiles.tile[ui], u) + td->offset;
+            const float *g = grads + off + td->offset;
+            float *d = malloc(td->numel * sizeof *d), *w0 = malloc(td->numel * sizeof *w0);
+            double gd = 0;
+            unsigned seed = 99u + (unsigned)(ui * 16 + ti);
+            for (uint64_t i = 0; i < td->numel; i++) gd += (double)g[i] * (d[i] = uni(&seed));
+            memcpy(w0, w, td->numel * sizeof *w);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] + eps * d[i];
+            const double lp = train_loss(m, &b, nt);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] - eps * d[i];
+            const double lm = train_loss(m, &b, nt);
+            memcpy(w, w0, td->numel * sizeof *w);
+            const double fd = (lp - lm) / (2.0 * eps);
+            cr_assert(fabs(fd - gd) <= 2e-3 + 2e-2 * fabs(fd), "%s: analytic %.6g, finite difference %.6g", td->name,
+                      gd, fd);
+            cr_assert(fabs(gd) > 1e-4, "%s carries gradient (%.3g)", td->name, gd);
+            checked++;
+            experts += td->experts != 0;
+            free(d);
+            free(w0);
+        }
+    }
+    const int sparse = mt_config_sparse_layers(&c);
+    cr_assert_eq(experts, 3 * sparse, "every sparse layer's stacked experts were checked");
+    cr_assert_gt(checked, 3 * sparse + 10);
+    free(grads);
+    mt_model_destroy(m);
+}
+
+Test(moe, gradient_check_qwen3_moe, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 0, MT_PRECISION_FP32)); }
+Test(moe, gradient_check_qwen3_moe_aux, .timeout = 240)
+{
+    gradient_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_FP32));
+}
+Test(moe, gradient_check_qwen3_moe_plain_topk_aux, .timeout = 240)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_FP32);
+    c.norm_topk_prob = 0;
+    gradient_check(c);
+}
+Test(moe, gradient_check_mixtral_aux_window, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
