@@ -18,7 +18,7 @@
 #define STR(x) STR2(x)
 
 struct algo_entry {
-    int key[9];
+    int key[12];
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -111,6 +111,16 @@ extern "C" void mt_gemm_destroy(mt_gemm *g)
 
 static cudaDataType_t cuda_type(int t) { return t == MT_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
+// The alignment of p in bytes, at most 256 (what cuBLASLt assumes when not told). Pointers into
+// a buffer of rows (the experts' row blocks of a mixture-of-experts layer) may be less aligned, and
+// an algorithm chosen for 256-byte operands may not run on them: the heuristic is told, and the
+// choice remembered per alignment.
+static uint32_t align_of(const void *p)
+{
+    const uintptr_t u = (uintptr_t)p, a = u & (~u + 1); // the lowest set bit
+    return a == 0 || a > 256 ? 256u : (uint32_t)a;
+}
+
 extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int M, int N, int K, int ab_type,
                            const void *A, const void *B, int c_type, void *C, float beta, const void *bias, char *why,
                            size_t why_len)
@@ -139,7 +149,9 @@ extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int
         goto out;
     }
     {
-        const int key[9] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL};
+        const uint32_t al_a = align_of(B), al_b = align_of(A), al_c = align_of(C); // cuBLASLt's A is our B
+        const int key[12] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL,
+                             (int)al_a, (int)al_b, (int)al_c};
         cublasLtMatmulAlgo_t *algo = NULL;
         for (int i = 0; i < g->n_cached && !algo; i++)
             if (!memcmp(g->cache[i].key, key, sizeof key)) algo = &g->cache[i].algo;
@@ -149,6 +161,10 @@ extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int
             int found = 0;
             if (g->pref_create(&pref) ||
                 g->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c) ||
                 g->heuristic(g->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) || found == 0) {
                 say(why, why_len, "%s%s", "cuBLASLt has no algorithm for this product", "");
                 goto out;
