@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <ftw.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,3 +306,224 @@ Test(moe, gradient_check_qwen3_moe_plain_topk_aux, .timeout = 240)
     gradient_check(c);
 }
 Test(moe, gradient_check_mixtral_aux_window, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
+
+/* ---- experts without tokens ------------------------------------------------------------------ */
+
+/* The block of expert e of stacked tensor t in the fp32 block `base` of its unit. */
+static float *block_of(float *base, const mt_tensor_desc *t, uint32_t e)
+{
+    return base + t->offset + (uint64_t)e * (t->numel / t->experts);
+}
+
+static int all_zero(const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) return 0;
+    return 1;
+}
+
+/* Three tokens routed to one of 8 experts each (k = 1, weights not renormalised, so that the router
+ * learns) leave at least 5 experts of every sparse layer without a token. Such an expert's gradient
+ * is exactly zero, and AdamW still updates it as torch.optim.AdamW does a parameter whose gradient is
+ * zero (transformers 5 holds the experts as one tensor, so every expert has a gradient): m and v
+ * decay by beta1 and beta2 (checked to 1 ulp-ish, 1e-6 relative: the optimizer's own roundings), and
+ * an expert that was routed before moves on its momentum. */
+Test(moe, experts_without_tokens, .timeout = 60)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 8, 1, 1, MT_PRECISION_FP32);
+    c.norm_topk_prob = 0;
+    mt_model *m = make(&c);
+    enum { N = 3 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-2f, o.beta1 = 0.9f, o.beta2 = 0.95f, o.weight_decay = 0.0f, o.grad_clip = 0.0f;
+    fill(tok, tg, N, 21);
+    tg[0] = tok[1];
+    mt_batch a = batch_of(tok, tg, 1, N, 1);
+    cr_assert_eq(mt_step(m, &a, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    /* a second batch that leaves some expert routed by the first without a token */
+    int found = 0;
+    for (unsigned seed = 100; seed < 200 && !found; seed++) {
+        fill(tok, tg, N, seed);
+        tg[0] = tok[1];
+        mt_batch b = batch_of(tok, tg, 1, N, 1);
+        double loss, norm;
+        cr_assert_eq(mt_engine_grads(m, &b, N, &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        for (int ui = 1; ui <= (int)c.num_hidden_layers && !found; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            const mt_tile *tl = &m->tiles.tile[ui];
+            int routed = 0, idle = 0;
+            for (int ti = 0; ti < u->n_tensors; ti++) {
+                const mt_tensor_desc *t = &u->tensors[ti];
+                if (t->role != MT_T_EXP_DOWN) continue;
+                const uint64_t n = t->numel / t->experts;
+                for (uint32_t e = 0; e < t->experts; e++) {
+                    const int zero = all_zero(block_of(mt_tile_grad_f32(tl, u), t, e), n);
+                    routed += !zero, idle += zero;
+                }
+            }
+            cr_assert_leq(routed, N, "at most one expert a token");
+            cr_assert_geq(idle, 8 - N);
+            for (int ti = 0; ti < u->n_tensors && !found; ti++) {
+                const mt_tensor_desc *t = &u->tensors[ti];
+                if (!t->experts) continue;
+                const uint64_t n = t->numel / t->experts;
+                for (uint32_t e = 0; e < t->experts && !found; e++) {
+                    float *g = block_of(mt_tile_grad_f32(tl, u), t, e), *m0 = block_of(mt_tile_m(tl, u), t, e);
+                    if (!all_zero(g, n) || all_zero(m0, n)) continue;
+                    found = 1;
+                    /* every matrix of this expert has no gradient */
+                    for (int tj = 0; tj < u->n_tensors; tj++)
+                        if (u->tensors[tj].experts)
+                            cr_assert(all_zero(block_of(mt_tile_grad_f32(tl, u), &u->tensors[tj], e), n),
+                                      "%s: expert %u", u->tensors[tj].name, e);
+                    float *mm = malloc(n * 4), *vv = malloc(n * 4), *ww = malloc(n * 4);
+                    memcpy(mm, m0, n * 4);
+                    memcpy(vv, block_of(mt_tile_v(tl, u), t, e), n * 4);
+                    memcpy(ww, block_of(mt_tile_master(tl, u), t, e), n * 4);
+                    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+                    const float *m1 = block_of(mt_tile_m(tl, u), t, e), *v1 = block_of(mt_tile_v(tl, u), t, e);
+                    const float *w1 = block_of(mt_tile_master(tl, u), t, e);
+                    int moved = 0;
+                    for (uint64_t i = 0; i < n; i++) {
+                        cr_assert(fabsf(m1[i] - o.beta1 * mm[i]) <= 1e-6f * fabsf(mm[i]), "%s[%u]: m %g after %g",
+                                  t->name, e, m1[i], mm[i]);
+                        cr_assert(fabsf(v1[i] - o.beta2 * vv[i]) <= 1e-6f * fabsf(vv[i]), "%s[%u]: v %g after %g",
+                                  t->name, e, v1[i], vv[i]);
+                        moved += w1[i] != ww[i];
+                    }
+                    cr_assert_gt(moved, 0, "%s: expert %u moves on its momentum", t->name, e);
+                    free(mm), free(vv), free(ww);
+                }
+            }
+        }
+    }
+    cr_assert(found, "some batch leaves an expert of the first batch without a token");
+    mt_model_destroy(m);
+}
+
+/* ---- layout, resume, plan ----------------------------------------------------------------------- */
+
+/* The layout's units hold what mt_layout_count_params counts, a sparse layer at most
+ * MT_MAX_UNIT_TENSORS tensors (attention with biases and q/k norms, the router, three stacks). */
+Test(moe, layout_counts_its_parameters)
+{
+    mt_model_config cs[4] = {moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16),
+                             moe_cfg(MT_ARCH_MIXTRAL, 8, 2, 0, MT_PRECISION_FP32),
+                             moe_cfg(MT_ARCH_QWEN3_MOE, 16, 4, 0, MT_PRECISION_FP32),
+                             moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16)};
+    cs[2].decoder_sparse_step = 2, cs[2].mlp_only_layers[0] = 0, cs[2].attention_bias = 1;
+    cs[3].num_hidden_layers = 5, cs[3].mlp_only_layers[0] = 0x15; /* layers 0, 2, 4 dense */
+    for (int k = 0; k < 4; k++) {
+        mt_model *m = make(&cs[k]);
+        uint64_t n = 0;
+        int sparse = 0;
+        for (int ui = 0; ui < m->layout.n_units; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            uint64_t un = 0;
+            int router = 0;
+            for (int ti = 0; ti < u->n_tensors; ti++) un += u->tensors[ti].numel, router |= u->tensors[ti].role == MT_T_ROUTER;
+            cr_assert_eq(un, u->numel);
+            n += un;
+            if (u->kind == MT_UNIT_LAYER) {
+                cr_assert_eq(router, mt_config_layer_sparse(&m->cfg, u->layer), "layer %d", u->layer);
+                sparse += router;
+            }
+        }
+        cr_assert_eq(sparse, mt_config_sparse_layers(&m->cfg));
+        cr_assert_eq(n, m->layout.num_params);
+        cr_assert_eq(n, mt_layout_count_params(&m->cfg), "config %d: layout %llu, count %llu", k,
+                     (unsigned long long)n, (unsigned long long)mt_layout_count_params(&m->cfg));
+        mt_model_destroy(m);
+    }
+    cr_assert_eq(mt_config_sparse_layers(&cs[2]), 1, "decoder_sparse_step 2 of 3 layers: layer 1");
+    cr_assert_eq(mt_config_sparse_layers(&cs[3]), 2);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int f, struct FTW *w)
+{
+    (void)sb, (void)f, (void)w;
+    return remove(p);
+}
+
+static void train(mt_model *m, int steps, unsigned *seed)
+{
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 5e-3f;
+    enum { N = 2 * 8 * 2 };
+    int32_t tok[N], tg[N];
+    for (int s = 0; s < steps; s++) {
+        fill(tok, tg, N, (*seed)++);
+        mt_batch b = batch_of(tok, tg, 2, 8, 2);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    }
+}
+
+/* Four steps straight and two + a resume checkpoint + two in a fresh model give the same bits:
+ * every expert's weights and moments go through the checkpoint as per-expert tensors. */
+static void resume_check(mt_model_config c)
+{
+    mt_model *ref = make(&c);
+    unsigned sr = 1;
+    train(ref, 4, &sr);
+    mt_model *a = make(&c);
+    unsigned sa = 1;
+    train(a, 2, &sa);
+    char dir[] = "/tmp/mt_moe_ckpt_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    cr_assert_eq(mt_checkpoint_save(a, dir, &info), MT_OK, "%s", mt_model_errmsg(a));
+    mt_model_destroy(a);
+    mt_model_config c2 = c;
+    c2.seed = 1234;
+    mt_model *b = make(&c2);
+    cr_assert_eq(mt_checkpoint_load(b, dir, &info), MT_OK, "%s", mt_model_errmsg(b));
+    train(b, 2, &sa);
+    for (int u = 0; u < ref->layout.n_units; u++) {
+        const mt_unit_desc *d = &ref->layout.units[u];
+        const mt_tile *x = &ref->tiles.tile[u], *y = &b->tiles.tile[u];
+        cr_assert_eq(memcmp(mt_tile_master(x, d), mt_tile_master(y, d), d->padded * 4), 0, "unit %d master", u);
+        cr_assert_eq(memcmp(mt_tile_m(x, d), mt_tile_m(y, d), d->padded * 4), 0, "unit %d m", u);
+        cr_assert_eq(memcmp(mt_tile_v(x, d), mt_tile_v(y, d), d->padded * 4), 0, "unit %d v", u);
+    }
+    mt_model_destroy(ref);
+    mt_model_destroy(b);
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+Test(moe, resume_is_bit_identical_qwen3_moe, .timeout = 60) { resume_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16)); }
+Test(moe, resume_is_bit_identical_mixtral, .timeout = 60) { resume_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
+
+/* mt_plan of the Qwen3-30B-A3B shape in bf16: 30,532,122,624 parameters in 50 units, 2 + 4 + 8
+ * bytes a parameter for the streamed weights, the master and the moments (padding: each tensor
+ * rounded to 128 elements, under 1e-5 of the total here), each layer unit 622 M parameters. */
+Test(moe, plan_qwen3_30b_a3b)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = MT_ARCH_QWEN3_MOE;
+    c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 48;
+    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128, c.max_position_embeddings = 40960;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768, c.norm_topk_prob = 1;
+    c.rms_norm_eps = 1e-6f, c.rope_theta = 1e6f;
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.host_budget_bytes = (uint64_t)1 << 40;
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan(&plan, &c, &p, NULL), MT_OK, "%s", mt_last_errmsg());
+    const uint64_t P = 30532122624ull;
+    cr_assert_eq(plan.num_params, P);
+    cr_assert_eq(plan.num_units, 50);
+    const uint64_t layer = 2 * 2048 + 4096 * 2048 + 2 * 512 * 2048 + 2048 * 4096 + 2 * 128 + 128 * 2048 +
+                           128ull * 3 * 768 * 2048;
+    cr_assert_eq(plan.largest_unit_params, layer, "a layer unit: %llu", (unsigned long long)plan.largest_unit_params);
+    cr_assert(plan.weight_bytes >= 2 * P && plan.weight_bytes <= 2 * P + P / 50000);
+    cr_assert(plan.master_bytes >= 4 * P && plan.master_bytes <= 4 * P + P / 25000);
+    cr_assert(plan.optim_bytes >= 8 * P && plan.optim_bytes <= 8 * P + P / 12500);
+    cr_assert_eq(plan.grad_bytes, 0, "bf16 mode lands gradients in the weight block");
+}
