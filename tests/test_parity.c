@@ -60,7 +60,7 @@ static const parity_tol TOL = {
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
-                                       "phi3_window"};
+                                       "phi3_window", "qwen3_moe", "mixtral"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -83,6 +83,10 @@ Test(parity, mistral_window) { run_fixture("mistral_window"); }
 Test(parity, qwen2_window) { run_fixture("qwen2_window"); }
 /* Phi-3: q, k, v and gate, up fused in the checkpoint; a window on every layer */
 Test(parity, phi3_window) { run_fixture("phi3_window"); }
+/* mixture of experts: Qwen3-MoE (a dense layer among sparse ones, idle experts) and Mixtral (a window), both
+ * with the load-balancing loss */
+Test(parity, qwen3_moe) { run_fixture("qwen3_moe"); }
+Test(parity, mixtral) { run_fixture("mixtral"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
