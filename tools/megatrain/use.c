@@ -342,6 +342,12 @@ typedef struct family {
     uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
 } family;
 
+/* The experts of the mixture-of-experts families' examples: E of width FE, K a token. */
+static const struct {
+    mt_arch arch;
+    uint32_t E, K, FE;
+} MOE_SHAPES[] = {{MT_ARCH_QWEN3_MOE, 128, 8, 768}, {MT_ARCH_MIXTRAL, 8, 2, 14336}};
+
 static const family FAMILIES[] = {
     {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
      32, 8, 0, 0, 0, 0},
@@ -353,6 +359,10 @@ static const family FAMILIES[] = {
      128, 0, 0, 0},
     {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
      0, 0, 0},
+    {"Qwen3-MoE", "Qwen3MoeForCausalLM", "128 experts, top-8", "Qwen3-30B-A3B", MT_ARCH_QWEN3_MOE, 151936, 2048, 6144,
+     48, 32, 4, 128, 0, 0, 0},
+    {"Mixtral", "MixtralForCausalLM", "8 experts, top-2", "Mixtral-8x7B", MT_ARCH_MIXTRAL, 32000, 4096, 14336, 32,
+     32, 8, 0, 0, 0, 0},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
@@ -368,7 +378,7 @@ static const char *family_of(uint32_t arch)
 static int print_families(void)
 {
     const family *f = FAMILIES;
-    printf("%-8s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
+    printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
            "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param");
     for (size_t i = 0; i < N_FAMILIES; i++) {
         double host[2] = {0, 0}, bpp[2] = {0, 0}, params = 0;
@@ -379,6 +389,11 @@ static int print_families(void)
             c.num_hidden_layers = f[i].L, c.num_attention_heads = f[i].H, c.num_key_value_heads = f[i].Hkv;
             c.head_dim = f[i].D, c.sliding_window = f[i].window, c.attention_bias = f[i].bias;
             c.tie_word_embeddings = f[i].tied, c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+            for (size_t e = 0; e < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; e++)
+                if (MOE_SHAPES[e].arch == f[i].arch) {
+                    c.num_experts = MOE_SHAPES[e].E, c.num_experts_per_tok = MOE_SHAPES[e].K;
+                    c.moe_intermediate_size = MOE_SHAPES[e].FE, c.norm_topk_prob = 1;
+                }
             mt_offload_policy pol;
             mt_offload_policy_init(&pol);
             pol.backend = MT_BACKEND_CPU;
@@ -389,7 +404,7 @@ static int print_families(void)
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
             host[fp32] = gib(state), bpp[fp32] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-8s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
+        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
                f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
