@@ -83,6 +83,11 @@ for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM P
   has "plan families" "$a"
 done
 has "plan families" "Qwen3-8B             8.19 B     106.8    14.0     122.1    16.0"
+# mixture of experts: every expert counted in the host's state (30.5 B parameters at 14 bytes each)
+for a in Qwen3MoeForCausalLM MixtralForCausalLM; do
+  has "plan families" "$a"
+done
+has "plan families" "Qwen3-30B-A3B       30.53 B     398.1    14.0     455.0    16.0"
 expect "plan families and more" 1 "$BIN" plan --families --cpu
 has "plan families and more" "--families takes no other option"
 expect "info" 0 "$BIN" info
