@@ -527,3 +527,36 @@ Test(moe, plan_qwen3_30b_a3b)
     cr_assert(plan.optim_bytes >= 8 * P && plan.optim_bytes <= 8 * P + P / 12500);
     cr_assert_eq(plan.grad_bytes, 0, "bf16 mode lands gradients in the weight block");
 }
+
+/* The load-balancing loss's value, independently of the routing code's own arithmetic: with the
+ * routers' weights zero every probability is 1/E, every token picks experts 0 .. k-1 (ties go to the
+ * lower index) and transformers' formula gives E * sum_{e<k} (N/N) (1/E) = k whatever the shapes
+ * (tokens_per_expert is a mean over the N rows of (k, E) one-hots, summed over k). mt_step's loss is
+ * then mt_eval's cross-entropy plus the coefficient times k, for each micro-batch and so for their
+ * mean; without output_router_logits the two are equal. (Relative 1e-6: the two runs' cross-entropies
+ * are the same computation, the loss ~3.6.) */
+Test(moe, aux_loss_of_a_uniform_router_is_k)
+{
+    for (int aux = 0; aux < 2; aux++) {
+        mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 6, 3, aux, MT_PRECISION_FP32);
+        mt_model *m = make(&c);
+        for (int ui = 0; ui < m->layout.n_units; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            for (int ti = 0; ti < u->n_tensors; ti++)
+                if (u->tensors[ti].role == MT_T_ROUTER)
+                    memset(mt_tile_master(&m->tiles.tile[ui], u) + u->tensors[ti].offset, 0, u->tensors[ti].numel * 4);
+        }
+        enum { B = 2, S = 7, M = 3, N = B * S * M };
+        int32_t tok[N], tg[N];
+        fill(tok, tg, N, 17);
+        mt_batch b = batch_of(tok, tg, B, S, M);
+        mt_eval_stats es;
+        mt_eval_stats_init(&es);
+        cr_assert_eq(mt_eval(m, &b, &es), MT_OK, "%s", mt_model_errmsg(m));
+        const double step_loss = train_loss(m, &b, targets_of(tg, N));
+        const double want = es.loss + (aux ? (double)c.router_aux_loss_coef * c.num_experts_per_tok : 0.0);
+        cr_assert(fabs(step_loss - want) <= 1e-6 * want, "aux %d: step loss %.9g, cross-entropy %.9g + %g x %u", aux,
+                  step_loss, es.loss, (double)c.router_aux_loss_coef, c.num_experts_per_tok);
+        mt_model_destroy(m);
+    }
+}
