@@ -24,6 +24,7 @@
 #include "cuda/kernels/moe.h"
 #include "device/device.h"
 #include "engine/engine.h"
+#include "engine/backend.h"
 #include "gpu.h"
 
 #define U24 5.9604644775390625e-08 /* 2^-24 */
@@ -375,4 +376,46 @@ Test(cuda_backend, moe_steps_are_bit_identical)
         cr_assert_eq(memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes), 0, "unit %d", u);
     mt_model_destroy(a);
     mt_model_destroy(b);
+}
+
+/* The plan of an MoE model and shape on the CUDA backend is what a step reserves: device bytes
+ * (the routed rows' buffers, the statistics, the experts' offsets in the arena) and host bytes, as
+ * tests/test_backend.c checks for dense models. */
+Test(cuda_backend, moe_plan_is_the_allocation)
+{
+    for (int k = 0; k < 2; k++) {
+        mt_model_config c = moe_cfg(k ? MT_ARCH_MIXTRAL : MT_ARCH_QWEN3_MOE, k ? MT_PRECISION_FP32 : MT_PRECISION_BF16);
+        mt_offload_policy p;
+        mt_offload_policy_init(&p);
+        p.backend = MT_BACKEND_CUDA;
+        p.optimizer_threads = 2;
+        p.log_level = MT_LOG_ERROR;
+        p.gpu_budget_bytes = (uint64_t)8 << 30;
+        mt_batch_shape bs;
+        mt_batch_shape_init(&bs);
+        bs.micro_batch_size = 2, bs.seq_len = 64, bs.num_micro_batches = 2;
+        mt_memory_plan plan;
+        mt_memory_plan_init(&plan);
+        cr_assert_eq(mt_plan(&plan, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+        mt_model *m = NULL;
+        mt_status st = mt_model_create(&m, &c, &p);
+        if (st == MT_ERR_NO_DEVICE) MT_GPU_MISSING("no CUDA device: %s", mt_last_errmsg());
+        cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+        enum { N = 2 * 64 * 2 };
+        int32_t tok[N], tg[N];
+        fill(tok, tg, N, 7);
+        mt_batch b;
+        mt_batch_init(&b);
+        b.micro_batch_size = 2, b.seq_len = 64, b.num_micro_batches = 2, b.tokens = tok, b.targets = tg;
+        mt_optim_config o;
+        mt_optim_config_init(&o);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        const mt_be_needs *h = &m->be->held;
+        cr_assert_eq(plan.gpu_bytes, h->device_bytes, "config %d: device bytes planned %llu, allocated %llu", k,
+                     (unsigned long long)plan.gpu_bytes, (unsigned long long)h->device_bytes);
+        cr_assert_eq(plan.activation_bytes, h->checkpoint_bytes);
+        cr_assert_eq(plan.host_pinned_bytes + plan.host_pageable_bytes,
+                     m->layout.tile_bytes + h->host_bytes + h->pinned_bytes);
+        mt_model_destroy(m);
+    }
 }

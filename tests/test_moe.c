@@ -17,6 +17,7 @@
 #include "cpu/cpu_moe.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "engine/backend.h"
 
 enum { V = 37 };
 
@@ -557,6 +558,45 @@ Test(moe, aux_loss_of_a_uniform_router_is_k)
         const double want = es.loss + (aux ? (double)c.router_aux_loss_coef * c.num_experts_per_tok : 0.0);
         cr_assert(fabs(step_loss - want) <= 1e-6 * want, "aux %d: step loss %.9g, cross-entropy %.9g + %g x %u", aux,
                   step_loss, es.loss, (double)c.router_aux_loss_coef, c.num_experts_per_tok);
+        mt_model_destroy(m);
+    }
+}
+
+/* The plan of an MoE model and shape is what a step then reserves (the routed rows' buffers and the
+ * routing statistics included), as tests/test_backend.c checks for dense models. */
+Test(moe, cpu_plan_is_the_allocation)
+{
+    const int shapes[][3] = {{1, 16, 1}, {2, 32, 3}};
+    for (int k = 0; k < 2; k++) {
+        mt_model_config c = moe_cfg(k ? MT_ARCH_MIXTRAL : MT_ARCH_QWEN3_MOE, 8, 2, 1, k ? MT_PRECISION_FP32 : MT_PRECISION_BF16);
+        mt_offload_policy p;
+        mt_offload_policy_init(&p);
+        p.backend = MT_BACKEND_CPU;
+        p.optimizer_threads = 2;
+        p.log_level = MT_LOG_ERROR;
+        mt_batch_shape bs;
+        mt_batch_shape_init(&bs);
+        bs.micro_batch_size = (uint32_t)shapes[k][0], bs.seq_len = (uint32_t)shapes[k][1];
+        bs.num_micro_batches = (uint32_t)shapes[k][2];
+        mt_memory_plan plan;
+        mt_memory_plan_init(&plan);
+        cr_assert_eq(mt_plan(&plan, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+        mt_model *m = NULL;
+        cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+        const int n = shapes[k][0] * shapes[k][1] * shapes[k][2];
+        int32_t *tok = malloc((size_t)n * sizeof *tok), *tg = malloc((size_t)n * sizeof *tg);
+        fill(tok, tg, n, 5);
+        mt_batch b = batch_of(tok, tg, shapes[k][0], shapes[k][1], shapes[k][2]);
+        mt_optim_config o;
+        mt_optim_config_init(&o);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        const mt_be_needs *h = &m->be->held;
+        cr_assert_eq(plan.host_pageable_bytes + plan.host_pinned_bytes, m->layout.tile_bytes + h->host_bytes,
+                     "config %d: planned %llu, allocated %llu", k,
+                     (unsigned long long)(plan.host_pageable_bytes + plan.host_pinned_bytes),
+                     (unsigned long long)(m->layout.tile_bytes + h->host_bytes));
+        cr_assert_eq(plan.activation_bytes + plan.workspace_bytes, h->host_bytes);
+        free(tok), free(tg);
         mt_model_destroy(m);
     }
 }
