@@ -15,7 +15,9 @@
  * gradient blocks stay as begin_grads zeroed them), and the weighted outputs
  * are added back per token in slot order (moe_combine: no atomics, the same
  * bits every run). The experts' row counts come to the host once per layer and
- * micro-batch (moe_route's offs) to size those GEMMs.
+ * micro-batch in the forward and once more in the backward, whose recompute
+ * routes again (moe_route's offs), to size those GEMMs; no data moves to the
+ * host per expert.
  *
  * The backward recomputes the routing and the experts' gate, up and
  * activation; the routing weights' gradient is dot(dy_t, expert output), which
