@@ -12,15 +12,28 @@
 #include <string.h>
 
 #define WORKSPACE_BYTES (64u << 20)
-#define CACHE 128 // remembered algorithm choices per shape
+// Remembered algorithm choices, by shape and operand alignment: an open-addressed table (a power of two)
+// filled to three quarters at most. A mixture of experts runs one GEMM per expert with a number of rows
+// that changes from step to step, so the distinct shapes number in the thousands, each asked of
+// cuBLASLt's heuristic once.
+#define CACHE 8192
+#define KEY_INTS 12
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
 struct algo_entry {
-    int key[12];
+    int used;
+    int key[KEY_INTS];
     cublasLtMatmulAlgo_t algo;
 };
+
+static uint32_t key_hash(const int *key) // FNV-1a over the ints
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < KEY_INTS; i++) h = (h ^ (uint32_t)key[i]) * 16777619u;
+    return h;
+}
 
 struct mt_gemm {
     void *lib;
@@ -150,11 +163,15 @@ extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int
     }
     {
         const uint32_t al_a = align_of(B), al_b = align_of(A), al_c = align_of(C); // cuBLASLt's A is our B
-        const int key[12] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL,
-                             (int)al_a, (int)al_b, (int)al_c};
+        const int key[KEY_INTS] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL,
+                                   (int)al_a, (int)al_b, (int)al_c};
         cublasLtMatmulAlgo_t *algo = NULL;
-        for (int i = 0; i < g->n_cached && !algo; i++)
-            if (!memcmp(g->cache[i].key, key, sizeof key)) algo = &g->cache[i].algo;
+        uint32_t slot = key_hash(key) & (CACHE - 1);
+        for (; g->cache[slot].used; slot = (slot + 1) & (CACHE - 1)) // ends: the table is never full
+            if (!memcmp(g->cache[slot].key, key, sizeof key)) {
+                algo = &g->cache[slot].algo;
+                break;
+            }
         cublasLtMatmulHeuristicResult_t res;
         if (!algo) {
             size_t ws = WORKSPACE_BYTES;
@@ -169,10 +186,12 @@ extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int
                 say(why, why_len, "%s%s", "cuBLASLt has no algorithm for this product", "");
                 goto out;
             }
-            if (g->n_cached < CACHE) {
-                memcpy(g->cache[g->n_cached].key, key, sizeof key);
-                g->cache[g->n_cached].algo = res.algo;
-                algo = &g->cache[g->n_cached++].algo;
+            if (g->n_cached < CACHE / 4 * 3) { // slot is the free one the search ended on
+                g->cache[slot].used = 1;
+                memcpy(g->cache[slot].key, key, sizeof key);
+                g->cache[slot].algo = res.algo;
+                algo = &g->cache[slot].algo;
+                g->n_cached++;
             } else {
                 algo = &res.algo;
             }
