@@ -137,20 +137,24 @@ __global__ void place_k(int32_t *rows, int32_t *slot_row, const int32_t *offs, c
 }
 
 // One warp per token: the gradient of the probabilities (the load-balancing loss's, then the
-// routing weights' through the renormalisation), then through the softmax.
+// routing weights' through the renormalisation), then through the softmax. The experts' routed rows
+// summed over the L layers are made once per block, in shared memory.
 __global__ void route_bwd_k(float *dlogits, const float *dw, const float *probs, const float *topw,
                             const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
 {
-    const int t = blockIdx.x * WARPS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
-    if (t >= T) return;
-    const float *p = probs + (size_t)t * E;
-    float *g = dlogits + (size_t)t * E;
-    for (int e = lane; e < E; e += 32) {
+    __shared__ float cnt[1024];
+    for (int e = threadIdx.y * 32 + threadIdx.x; e < E; e += 32 * WARPS_PER_BLOCK) {
         float c = 0.0f;
         if (stats)
             for (int l = 0; l < L; l++) c += stats[(size_t)l * 2 * E + e];
-        g[e] = aux * c;
+        cnt[e] = c;
     }
+    __syncthreads();
+    const int t = blockIdx.x * WARPS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (t >= T) return; // the whole warp, after the block's last barrier
+    const float *p = probs + (size_t)t * E;
+    float *g = dlogits + (size_t)t * E;
+    for (int e = lane; e < E; e += 32) g[e] = aux * cnt[e];
     __syncwarp();
     if (lane == 0) {
         const float *gw = dw + (size_t)t * k, *w = topw + (size_t)t * k;
@@ -250,7 +254,7 @@ extern "C" int mt_cu_moe_route_bwd(mt_cu_stream s, float *dlogits, const float *
                                    const float *topw, const int32_t *topi, const float *stats, int L, float aux, int T,
                                    int E, int k, int norm)
 {
-    if (T < 0 || E <= 0 || k <= 0 || k > E || L < 0) return -1;
+    if (T < 0 || E <= 0 || E > 1024 || k <= 0 || k > E || L < 0) return -1;
     if (!T) return 0;
     route_bwd_k<<<(T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, dim3(32, WARPS_PER_BLOCK), 0, (cudaStream_t)s>>>(
         dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm);

@@ -58,15 +58,16 @@ void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, i
 void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, const float *topw, const int32_t *topi,
                           const float *stats, int L, float aux, int T, int E, int k, int norm)
 {
+    float cnt[1024]; /* each expert's routed rows over the L layers (E <= 1024, mt_config_import's bound) */
+    for (int e = 0; e < E; e++) {
+        cnt[e] = 0.0f;
+        if (stats)
+            for (int l = 0; l < L; l++) cnt[e] += stats[(size_t)l * 2 * E + e];
+    }
     for (int t = 0; t < T; t++) {
         const float *p = probs + (size_t)t * E;
         float *g = dlogits + (size_t)t * E; /* first the gradient of the probabilities */
-        for (int e = 0; e < E; e++) {
-            float c = 0.0f;
-            if (stats)
-                for (int l = 0; l < L; l++) c += stats[(size_t)l * 2 * E + e];
-            g[e] = aux * c;
-        }
+        for (int e = 0; e < E; e++) g[e] = aux * cnt[e];
         /* topw = p / S over the k chosen (norm): d p_m = (d w_m - sum_j d w_j w_j) / S */
         const float *gw = dw + (size_t)t * k, *w = topw + (size_t)t * k;
         const int32_t *idx = topi + (size_t)t * k;

@@ -4,7 +4,8 @@
  * load-balancing loss. The contracts are those of the kernel table's moe_*
  * entries (src/model/template.h); the experts' GEMMs are the ordinary
  * linear layers. Every result is a fixed function of the shapes and inputs
- * (no reduction depends on threads), none allocates, none can fail. */
+ * (no reduction depends on threads), none allocates, none can fail. E is at
+ * most 1024 (MT_MAX_EXPERTS, mt_config_import's bound). */
 #ifndef MT_CPU_MOE_H
 #define MT_CPU_MOE_H
 
