@@ -474,6 +474,12 @@ int cmd_plan(int argc, char **argv)
         if (cfg.sliding_window_pattern) printf(", one layer in %u attending fully", cfg.sliding_window_pattern);
         printf("%s\n", cfg.sliding_window >= sh.seq_len ? " (as long as the sequence or longer: it masks nothing)" : "");
     }
+    if (cfg.num_experts) {
+        printf("experts:     %u of width %u in each sparse layer, %u a token%s; load-balancing loss ", cfg.num_experts,
+               cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.norm_topk_prob ? " (weights renormalised)" : "");
+        if (cfg.output_router_logits) printf("x %g\n", (double)cfg.router_aux_loss_coef);
+        else printf("off\n");
+    }
     printf("batch:       %u x %u x %u tokens per step, %s backend\n", sh.num_micro_batches, sh.micro_batch_size,
            sh.seq_len, p.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");
     printf("host:        %8.2f GiB pinned + %8.2f GiB pageable (budget %.2f GiB)\n", gib(p.host_pinned_bytes),
