@@ -1071,8 +1071,10 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     mt_rope_inv_freq_of(inv, b->req.cfg);
     cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
     cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
-    // the dense layers' rows of the routing statistics stay zero
+    // the dense layers' rows of the routing statistics stay zero (the legacy stream's memset done
+    // before the compute stream, which does not wait for it, can read them)
     if (!e2 && b->moe) e2 = cudaMemset(b->moe, 0, (size_t)s->n_micro * b->L * 2 * b->d.E * 4);
+    if (!e2 && b->moe) e2 = cudaDeviceSynchronize();
     free(inv);
     if (e1 || e2 || e3) {
         cudaGetLastError();
