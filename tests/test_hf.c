@@ -1462,6 +1462,12 @@ Test(hf, config_load_real_world_moe)
     c = load_text(dir, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
                        ",\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"mlp_only_layers\":[0]}");
     cr_assert(!mt_config_layer_sparse(&c, 0) && mt_config_layer_sparse(&c, 1));
+    /* transformers 5 maps num_experts and num_local_experts to each other: a folder it saved may name either */
+    mt_model_config alias = load_text(dir, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                                           ",\"num_local_experts\":6,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16}");
+    cr_assert_eq(alias.num_experts, 6);
+    alias = load_text(dir, "{\"architectures\":[\"MixtralForCausalLM\"]," BASE_FIELDS ",\"num_experts\":5}");
+    cr_assert_eq(alias.num_experts, 5);
     cr_assert_eq(params_of(&c), 64 * 32 * 2 + 2 * (2 * 32 + 4 * 32 * 32 + 2 * 8) + 3 * 64 * 32 + 4 * 32 +
                                    4 * 3 * 16 * 32 + 32);
 }
@@ -1489,6 +1495,9 @@ Test(hf, config_refusals_moe)
                           MT_ERR_INVALID_ARGUMENT, "num_experts_per_tok 5");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS ",\"num_experts\":0}",
                           MT_ERR_UNSUPPORTED, "num_experts 0");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"num_local_experts\":8}",
+                          MT_ERR_FORMAT, "num_experts 4 and num_local_experts 8 disagree");
     expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
                           ",\"num_experts\":4,\"num_experts_per_tok\":2,\"decoder_sparse_step\":0}",
                           MT_ERR_FORMAT, "decoder_sparse_step");

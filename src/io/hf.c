@@ -151,6 +151,22 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
     return MT_OK;
 }
 
+/* The number of experts: "num_experts" (Qwen3-MoE's Hub configs) or "num_local_experts" (Mixtral's);
+ * transformers 5 maps either name to the other, so a folder it saved may hold the other one, or both. */
+static mt_status get_experts(mt_err err, const cJSON *j, uint32_t *out, const char *path)
+{
+    const uint32_t unset = UINT32_MAX;
+    uint32_t a = unset, b = unset;
+    mt_status st;
+    if ((st = get_u32(err, j, "num_experts", &a, 0, path)) || (st = get_u32(err, j, "num_local_experts", &b, 0, path)))
+        return st;
+    if (a != unset && b != unset && a != b)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: num_experts %u and num_local_experts %u disagree", path, a, b);
+    if (a != unset) *out = a;
+    else if (b != unset) *out = b;
+    return MT_OK;
+}
+
 /* The mixture-of-experts keys, with transformers' defaults where a key is absent
  * (Qwen3MoeConfig, MixtralConfig). Qwen3-MoE: num_experts, num_experts_per_tok,
  * moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers;
@@ -167,7 +183,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, c
         return st;
     if (c->arch == MT_ARCH_MIXTRAL) {
         c->num_experts = 8, c->num_experts_per_tok = 2;
-        if ((st = get_u32(err, j, "num_local_experts", &c->num_experts, 0, path)) ||
+        if ((st = get_experts(err, j, &c->num_experts, path)) ||
             (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
             return st;
         c->moe_intermediate_size = c->intermediate_size;
@@ -183,7 +199,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, c
     }
     c->num_experts = 128, c->num_experts_per_tok = 8, c->moe_intermediate_size = 768, c->decoder_sparse_step = 1;
     c->norm_topk_prob = 0;
-    if ((st = get_u32(err, j, "num_experts", &c->num_experts, 0, path)) ||
+    if ((st = get_experts(err, j, &c->num_experts, path)) ||
         (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)) ||
         (st = get_u32(err, j, "moe_intermediate_size", &c->moe_intermediate_size, 0, path)) ||
         (st = get_u32(err, j, "decoder_sparse_step", &c->decoder_sparse_step, 0, path)) ||
