@@ -600,3 +600,24 @@ Test(moe, cpu_plan_is_the_allocation)
         mt_model_destroy(m);
     }
 }
+
+/* A micro-batch whose routed rows (tokens x k) pass 2^31 is refused before anything runs: the
+ * experts' GEMMs and the routing count rows in int. */
+Test(moe, too_many_routed_rows_are_refused)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 1024, 1024, 0, MT_PRECISION_FP32);
+    c.max_position_embeddings = 1u << 22;
+    c.moe_intermediate_size = 1;
+    c.num_hidden_layers = 1, c.mlp_only_layers[0] = 0;
+    mt_model *m = make(&c);
+    int32_t tok[1] = {0};
+    mt_batch b = batch_of(tok, tok, 1, (1 << 21) + 1, 1); /* never read: refused first */
+    mt_step_stats st;
+    mt_step_stats_init(&st);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    cr_assert_eq(mt_step(m, &b, &o, &st), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "routed to 1024 experts"), "%s", mt_model_errmsg(m));
+    cr_assert_eq(mt_model_step_count(m), 0);
+    mt_model_destroy(m);
+}
