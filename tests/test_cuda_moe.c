@@ -52,12 +52,14 @@ static void down(void *h, const void *d, size_t bytes)
 static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
 static float uni(unsigned *s) { return ((float)(lcg(s) >> 8) / 16777216.0f) * 2.0f - 1.0f; }
 
-/* Logits whose probabilities are well apart: a random permutation of 0, 0.37, 0.74, .. per row plus
- * a small jitter, so that no two of a row are within 1e-3 of each other. */
+/* Logits whose probabilities are well apart: a random permutation of 0, h, 2h, .. per row plus a
+ * jitter of at most h / 4, h = 0.37 or less so that the row spans at most 50 (no probability near
+ * fp32's underflow, where the two expf could differ in denormals): no two within h / 2. */
 static void spread_logits(float *z, int T, int E, unsigned *s)
 {
+    const float h = fminf(0.37f, 50.0f / (float)E);
     for (int t = 0; t < T; t++) {
-        for (int e = 0; e < E; e++) z[t * E + e] = 0.37f * (float)e + 0.01f * uni(s);
+        for (int e = 0; e < E; e++) z[t * E + e] = h * (float)e + 0.25f * h * uni(s);
         for (int e = E - 1; e > 0; e--) {
             const int j = (int)(lcg(s) % (unsigned)(e + 1));
             const float x = z[t * E + e];
