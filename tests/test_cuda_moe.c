@@ -5,10 +5,12 @@
  * without a CUDA device (fails under MT_REQUIRE_GPU=1, tests/gpu.h).
  *
  * Tolerances, in units of u = 2^-24 where fp32: the routing's softmax uses
- * CUDA's expf (<= 2 ulp) against the CPU's and sums the exponentials in double
- * in another order, so each probability is within 8u relative; the choice of
- * experts is then exact (the logits here are drawn with gaps far above that),
- * the routing weights within 16u, the rows and counts identical. The
+ * CUDA's expf (<= 2 ulp) against glibc's (< 1 ulp) and sums the exponentials
+ * in double in another order, then rounds 1/sum and the product: each
+ * probability within 5u + 2u + 1u, checked to 16u; the choice of experts is
+ * then exact (the logits here are drawn with gaps far above that), the
+ * routing weights (the k probabilities, their fp32 sum and a division) within
+ * 48u, the rows and counts identical. The
  * backward's sums run in other orders over at most E terms of similar size:
  * 1e-5 of the row's largest. Gathers copy (exact); the combine's sums use the
  * CPU's roundings in the same order (fp32: exact; bf16 out: one rounding);
@@ -90,9 +92,9 @@ static void route_check(int T, int E, int k, int norm)
     down(gp, dp, (size_t)T * E * 4), down(gw, dw, (size_t)R * 4), down(gst, dst, 2 * (size_t)E * 4);
     down(gti, dti, (size_t)R * 4), down(grows, drows, (size_t)R * 4), down(gsr, dsr, (size_t)R * 4);
     down(goffs, doffs, ((size_t)E + 1) * 4);
-    for (int i = 0; i < T * E; i++) cr_assert(fabsf(gp[i] - p[i]) <= 8 * U24 * p[i], "p[%d] %.9g vs %.9g", i, gp[i], p[i]);
+    for (int i = 0; i < T * E; i++) cr_assert(fabsf(gp[i] - p[i]) <= 16 * U24 * p[i], "p[%d] %.9g vs %.9g", i, gp[i], p[i]);
     cr_assert_eq(memcmp(gti, ti, (size_t)R * 4), 0, "T %d E %d k %d: the same experts", T, E, k);
-    for (int i = 0; i < R; i++) cr_assert(fabsf(gw[i] - w[i]) <= 16 * U24 * w[i], "w[%d] %.9g vs %.9g", i, gw[i], w[i]);
+    for (int i = 0; i < R; i++) cr_assert(fabsf(gw[i] - w[i]) <= 48 * U24 * w[i], "w[%d] %.9g vs %.9g", i, gw[i], w[i]);
     cr_assert_eq(memcmp(goffs, offs, ((size_t)E + 1) * 4), 0, "offsets");
     cr_assert_eq(memcmp(grows, rows, (size_t)R * 4), 0, "rows in slot order within each expert");
     cr_assert_eq(memcmp(gsr, sr, (size_t)R * 4), 0, "slot_row");
