@@ -100,7 +100,7 @@ static void route_check(int T, int E, int k, int norm)
     cr_assert_eq(memcmp(gsr, sr, (size_t)R * 4), 0, "slot_row");
     for (int e = 0; e < E; e++) {
         cr_assert_eq(gst[e], st[e], "count of expert %d", e);
-        cr_assert(fabsf(gst[E + e] - st[E + e]) <= 1e-6f * st[E + e] + 1e-7f, "probability sum of expert %d", e);
+        cr_assert(fabsf(gst[E + e] - st[E + e]) <= 4e-6f * st[E + e] + 1e-7f, "probability sum of expert %d", e);
     }
     /* the backward, with and without the load-balancing term (L = 1: stats as the layer's) */
     float *g = malloc((size_t)R * 4), *dl = malloc((size_t)T * E * 4), *gdl = malloc((size_t)T * E * 4);
