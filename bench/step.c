@@ -1,9 +1,18 @@
 /* Whole optimizer steps on a model shape, any backend: tokens/s and model
- * TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq * tokens) / time
+ * TFLOP/s = (6 * params * tokens + 12 * layers * heads * head_dim * seq * tokens) / time
  * (the recompute not counted), median over the timed steps after the warm-up
  * steps (1 unless --warmup says otherwise; 0 for runs whose one step takes minutes).
+ * heads * head_dim is the hidden size of every preset but Qwen3-30B-A3B's
+ * (4096 against 2048). For a mixture of experts `params` are the ACTIVE ones:
+ * everything but the experts a token does not use, (E - k) of each sparse
+ * layer's E (Qwen3-30B-A3B: 3.3 B of 30.5 B).
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b] [--layers N] [--seq-len N]
+ * --preset qwen3-30b-a3b (and mixtral-8x7b) with --layers N: the whole model
+ * does not fit a 125 GiB host (14 bytes a parameter: 8.7 GB for the embedding
+ * and head, 8.7 GB a layer); --layers 12 (113 GB) does.
+ *
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b]
+ *                    [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
@@ -61,14 +70,19 @@ static int cmp(const void *a, const void *b)
 
 static int preset(mt_model_config *c, const char *name)
 {
-    struct { const char *name; uint32_t V, C, F, L, H, Hkv; mt_arch arch; } p[] = {
-        {"tiny", 8192, 256, 768, 8, 8, 4, MT_ARCH_LLAMA},
-        {"1b", 32000, 2048, 5632, 22, 32, 4, MT_ARCH_LLAMA},         /* TinyLlama-1.1B */
-        {"1.5b", 32000, 2048, 5632, 32, 32, 4, MT_ARCH_LLAMA},       /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
-        {"7b", 32000, 4096, 11008, 32, 32, 32, MT_ARCH_LLAMA},       /* Llama-2-7B */
-        {"qwen7b", 152064, 3584, 18944, 28, 28, 4, MT_ARCH_QWEN2},   /* Qwen2.5-7B */
-        {"8b", 128256, 4096, 14336, 32, 32, 8, MT_ARCH_LLAMA},       /* Llama-3-8B: 8.03 B, 112 GB of state */
-        {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, MT_ARCH_QWEN3}, /* Qwen3-8B: 8.19 B, 115 GB of state */
+    /* D: head_dim (0: C / H); E experts of width FE, k a token (0: dense) */
+    struct { const char *name; uint32_t V, C, F, L, H, Hkv; mt_arch arch; uint32_t D, E, K, FE; } p[] = {
+        {"tiny", 8192, 256, 768, 8, 8, 4, MT_ARCH_LLAMA, 0, 0, 0, 0},
+        {"1b", 32000, 2048, 5632, 22, 32, 4, MT_ARCH_LLAMA, 0, 0, 0, 0},         /* TinyLlama-1.1B */
+        {"1.5b", 32000, 2048, 5632, 32, 32, 4, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
+        {"7b", 32000, 4096, 11008, 32, 32, 32, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* Llama-2-7B */
+        {"qwen7b", 152064, 3584, 18944, 28, 28, 4, MT_ARCH_QWEN2, 0, 0, 0, 0},   /* Qwen2.5-7B */
+        {"8b", 128256, 4096, 14336, 32, 32, 8, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* Llama-3-8B: 8.03 B, 112 GB of state */
+        {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, MT_ARCH_QWEN3, 0, 0, 0, 0}, /* Qwen3-8B: 8.19 B, 115 GB of state */
+        /* Qwen3-30B-A3B: 30.5 B, 3.3 B active; 128 experts top-8, renormalised */
+        {"qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, MT_ARCH_QWEN3_MOE, 128, 128, 8, 768},
+        /* Mixtral-8x7B: 46.7 B, 12.9 B active; 8 experts top-2 */
+        {"mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, MT_ARCH_MIXTRAL, 0, 8, 2, 14336},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (!strcmp(name, p[i].name)) {
@@ -76,6 +90,10 @@ static int preset(mt_model_config *c, const char *name)
             c->num_hidden_layers = p[i].L, c->num_attention_heads = p[i].H, c->num_key_value_heads = p[i].Hkv;
             c->arch = p[i].arch;
             c->attention_bias = p[i].arch == MT_ARCH_QWEN2;
+            c->head_dim = p[i].D;
+            c->num_experts = p[i].E, c->num_experts_per_tok = p[i].K, c->moe_intermediate_size = p[i].FE;
+            c->norm_topk_prob = p[i].E != 0;
+            if (p[i].arch == MT_ARCH_QWEN3_MOE) c->rope_theta = 1e6f, c->rms_norm_eps = 1e-6f;
             return 0;
         }
     return -1;
@@ -113,7 +131,7 @@ int main(int argc, char **argv)
                         : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
         }
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b] [--layers N] [--seq-len N] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
                             "[--nondeterministic]\n");
@@ -187,7 +205,12 @@ int main(int argc, char **argv)
     if (!sorted) return 1;
     memcpy(sorted, t, (size_t)steps * sizeof *t);
     qsort(sorted, (size_t)steps, sizeof *sorted, cmp);
-    const double med = sorted[steps / 2], P = (double)mt_model_num_params(m);
+    const double med = sorted[steps / 2], P_all = (double)mt_model_num_params(m);
+    /* the parameters a token uses: a sparse layer's experts count k of E (every layer of these presets is
+     * sparse when the model has experts) */
+    const double idle_experts = c.num_experts ? (double)(c.num_experts - c.num_experts_per_tok) : 0.0;
+    const double P = P_all - (double)c.num_hidden_layers * idle_experts * 3.0 * c.moe_intermediate_size * c.hidden_size;
+    const double attn_width = (double)c.num_attention_heads * (c.head_dim ? c.head_dim : c.hidden_size / c.num_attention_heads);
     if (timeline) {
         int mi = 0; /* the median step */
         while (mi + 1 < steps && t[mi] != med) mi++;
@@ -197,10 +220,12 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    const double flop = 6.0 * P * (double)n + 12.0 * c.num_hidden_layers * c.hidden_size * (double)S * (double)n;
-    printf("%s %s, %.2f B parameters, %d x %d x %d = %zu tokens per step, K=%d: median %.3f s, %.0f tokens/s, "
+    const double flop = 6.0 * P * (double)n + 12.0 * c.num_hidden_layers * attn_width * (double)S * (double)n;
+    char active[48] = "";
+    if (c.num_experts) snprintf(active, sizeof active, " (%.2f B active)", P / 1e9);
+    printf("%s %s, %.2f B parameters%s, %d x %d x %d = %zu tokens per step, K=%d: median %.3f s, %.0f tokens/s, "
            "%.1f model TFLOP/s (forward %.0f%%, backward %.0f%%, optimizer %.0f%%)\n",
-           pre, fp32 ? "fp32" : "bf16", P / 1e9, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
+           pre, fp32 ? "fp32" : "bf16", P_all / 1e9, active, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
            100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
     mt_model_destroy(m);
     free(tok), free(tg), free(t), free(sorted), free(tls), free(vis);

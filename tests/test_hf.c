@@ -361,6 +361,14 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     cr_assert_eq(a->rope_local_base_freq, b->rope_local_base_freq);
     cr_assert_eq(a->attn_logit_softcapping, b->attn_logit_softcapping);
     cr_assert_eq(a->final_logit_softcapping, b->final_logit_softcapping);
+    cr_assert_eq(a->num_experts, b->num_experts);
+    cr_assert_eq(a->num_experts_per_tok, b->num_experts_per_tok);
+    cr_assert_eq(a->moe_intermediate_size, b->moe_intermediate_size);
+    cr_assert_eq(a->norm_topk_prob, b->norm_topk_prob);
+    cr_assert_eq(a->decoder_sparse_step ? a->decoder_sparse_step : 1, b->decoder_sparse_step ? b->decoder_sparse_step : 1);
+    cr_assert_eq(a->output_router_logits, b->output_router_logits);
+    cr_assert_eq(a->router_aux_loss_coef, b->router_aux_loss_coef);
+    cr_assert_eq(memcmp(a->mlp_only_layers, b->mlp_only_layers, sizeof a->mlp_only_layers), 0);
 }
 
 Test(hf, config_round_trip)
@@ -776,8 +784,8 @@ Test(hf, config_refusals)
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
                           ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\"}}}",
                           MT_ERR_UNSUPPORTED, "Gemma 3's only");
-    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
-                          "Qwen3MoeForCausalLM is not supported (LlamaForCausalLM");
+    expect_config_refusal("{\"architectures\":[\"Qwen2MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
+                          "Qwen2MoeForCausalLM is not supported (LlamaForCausalLM");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");
@@ -1386,4 +1394,230 @@ Test(hf, save_carries_the_token_ids)
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "pad_token_id")), "a new Phi-3 has no padding row");
     cJSON_Delete(j);
     mt_model_destroy(f);
+}
+
+/* ---- mixture of experts (Qwen3-MoE, Mixtral) --------------------------------------- */
+
+static mt_model_config qwen3_moe(int precision)
+{
+    mt_model_config c = qwen3(precision);
+    c.arch = MT_ARCH_QWEN3_MOE;
+    c.num_hidden_layers = 3;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 24;
+    c.norm_topk_prob = 1;
+    c.decoder_sparse_step = 1;
+    c.output_router_logits = 1;
+    c.router_aux_loss_coef = 0.01f;
+    c.mlp_only_layers[0] = 1u << 1; /* layer 1 dense */
+    return c;
+}
+
+static mt_model_config mixtral(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_MIXTRAL;
+    c.num_experts = 3;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = c.intermediate_size; /* Mixtral's experts are intermediate_size wide */
+    c.norm_topk_prob = 1;
+    c.router_aux_loss_coef = 0.02f;
+    c.sliding_window = 24;
+    return c;
+}
+
+Test(hf, round_trip_qwen3_moe_bf16) { round_trip(qwen3_moe(MT_PRECISION_BF16)); }
+Test(hf, round_trip_qwen3_moe_fp32) { round_trip(qwen3_moe(MT_PRECISION_FP32)); }
+Test(hf, round_trip_mixtral_bf16) { round_trip(mixtral(MT_PRECISION_BF16)); }
+
+/* config.json written for an MoE model reads back as the same config, the keys transformers reads
+ * included (num_local_experts for Mixtral, mlp_only_layers as a list for Qwen3-MoE) */
+Test(hf, config_round_trip_moe)
+{
+    mt_model_config cases[3] = {qwen3_moe(MT_PRECISION_BF16), mixtral(MT_PRECISION_FP32), qwen3_moe(MT_PRECISION_FP32)};
+    cases[2].mlp_only_layers[0] = 0, cases[2].decoder_sparse_step = 3, cases[2].norm_topk_prob = 0;
+    cases[2].output_router_logits = 0, cases[2].sliding_window = 8, cases[2].max_window_layers = 1;
+    for (int k = 0; k < 3; k++) {
+        mt_model *m = make(&cases[k]);
+        char dir[512], name[32];
+        snprintf(name, sizeof name, "moe%d", k);
+        cr_assert_eq(mt_model_save(m, tmp_path(dir, name)), MT_OK, "%s", mt_model_errmsg(m));
+        mt_model_config got;
+        mt_model_config_init(&got);
+        got.precision = cases[k].precision, got.seed = cases[k].seed, got.initializer_range = cases[k].initializer_range;
+        cr_assert_eq(mt_config_load(&got, dir), MT_OK, "%s", mt_last_errmsg());
+        assert_same_config(&m->cfg, &got);
+        cJSON *j = saved_config(dir);
+        if (cases[k].arch == MT_ARCH_MIXTRAL) {
+            cr_assert_eq(cJSON_GetObjectItem(j, "num_local_experts")->valueint, 3);
+            cr_assert_eq(cJSON_GetObjectItem(j, "intermediate_size")->valueint, (int)cases[k].moe_intermediate_size);
+            cr_assert_null(cJSON_GetObjectItem(j, "num_experts"));
+        } else {
+            const cJSON *ml = cJSON_GetObjectItem(j, "mlp_only_layers");
+            cr_assert(cJSON_IsArray(ml));
+            cr_assert_eq(cJSON_GetArraySize(ml), k == 0 ? 1 : 0);
+            if (k == 0) cr_assert_eq(cJSON_GetArrayItem(ml, 0)->valueint, 1);
+            cr_assert_eq(cJSON_GetObjectItem(j, "moe_intermediate_size")->valueint, 24);
+        }
+        cJSON_Delete(j);
+        mt_model_destroy(m);
+    }
+}
+
+/* The folder holds each expert's matrices under its own name, in the layout's order of blocks:
+ * Qwen3-MoE mlp.experts.E.{gate,up,down}_proj and mlp.gate (the router); Mixtral
+ * block_sparse_moe.experts.E.{w1,w3,w2} and block_sparse_moe.gate. A dense layer keeps mlp.*_proj. */
+static void experts_per_expert(mt_model_config c, const char *block, const char *const names[3])
+{
+    mt_model *m = make(&c);
+    char dir[512];
+    tmp_path(dir, "experts");
+    cr_assert_eq(mt_model_save(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    mt_st_set s = {0};
+    mt_err err = mt_err_thread();
+    cr_assert_eq(mt_st_open_dir(err, &s, dir), MT_OK);
+    cr_assert_eq(mt_st_index(err, &s), MT_OK);
+    const uint32_t C = c.hidden_size, F = c.moe_intermediate_size, E = c.num_experts;
+    for (int l = 0; l < (int)c.num_hidden_layers; l++) {
+        const mt_unit_desc *u = &m->layout.units[l + 1];
+        const float *master = mt_tile_master(&m->tiles.tile[l + 1], u);
+        char n[128];
+        snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, block);
+        if (!mt_config_layer_sparse(&c, l)) {
+            cr_assert_null(mt_st_find(&s, n), "dense layer %d has no router", l);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", l);
+            cr_assert_not_null(mt_st_find(&s, n), "dense layer %d keeps its MLP", l);
+            continue;
+        }
+        const mt_st_tensor *r = mt_st_find(&s, n);
+        cr_assert(r && r->ndim == 2 && r->dims[0] == E && r->dims[1] == C, "%s", n);
+        for (int i = 0; i < u->n_tensors; i++) {
+            const mt_tensor_desc *t = &u->tensors[i];
+            const int which = t->role == MT_T_EXP_GATE ? 0 : t->role == MT_T_EXP_UP ? 1 : t->role == MT_T_EXP_DOWN ? 2 : -1;
+            if (which < 0) continue;
+            cr_assert_eq(t->experts, E);
+            for (uint32_t e = 0; e < E; e++) {
+                snprintf(n, sizeof n, "model.layers.%d.%s.experts.%u.%s.weight", l, block, e, names[which]);
+                const mt_st_tensor *f = mt_st_find(&s, n);
+                cr_assert_not_null(f, "%s", n);
+                const uint64_t rows = which == 2 ? C : F, cols = which == 2 ? F : C;
+                cr_assert(f->ndim == 2 && f->dims[0] == rows && f->dims[1] == cols, "%s shape", n);
+                cr_assert_eq(memcmp(f->data, master + t->offset + e * rows * cols, rows * cols * 4), 0, "%s", n);
+            }
+        }
+    }
+    mt_st_free(&s);
+    mt_model_destroy(m);
+}
+
+Test(hf, qwen3_moe_folder_holds_each_expert)
+{
+    static const char *const names[3] = {"gate_proj", "up_proj", "down_proj"};
+    experts_per_expert(qwen3_moe(MT_PRECISION_FP32), "mlp", names);
+}
+
+Test(hf, mixtral_folder_holds_each_expert)
+{
+    static const char *const names[3] = {"w1", "w3", "w2"};
+    experts_per_expert(mixtral(MT_PRECISION_FP32), "block_sparse_moe", names);
+}
+
+/* The config.json files of Qwen3-30B-A3B and Mixtral-8x7B-v0.1 as published, and their parameter
+ * counts: 30,532,122,624 (attention 18.9 M + router 0.26 M + 128 experts of 3 x 768 x 2048 = 604 M
+ * a layer, 48 layers, two 311 M embeddings) and 46,702,792,704 (attention 41.9 M + router 32 K + 8
+ * experts of 3 x 14336 x 4096 a layer, 32 layers, two 131 M embeddings). */
+Test(hf, config_load_real_world_moe)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    mt_model_config c = load_text(
+        dir, "{\n  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n  \"attention_bias\": false,\n"
+             "  \"attention_dropout\": 0.0,\n  \"bos_token_id\": 151643,\n  \"decoder_sparse_step\": 1,\n"
+             "  \"eos_token_id\": 151645,\n  \"head_dim\": 128,\n  \"hidden_act\": \"silu\",\n"
+             "  \"hidden_size\": 2048,\n  \"initializer_range\": 0.02,\n  \"intermediate_size\": 6144,\n"
+             "  \"max_position_embeddings\": 40960,\n  \"max_window_layers\": 48,\n  \"mlp_only_layers\": [],\n"
+             "  \"model_type\": \"qwen3_moe\",\n  \"moe_intermediate_size\": 768,\n  \"norm_topk_prob\": true,\n"
+             "  \"num_attention_heads\": 32,\n  \"num_experts\": 128,\n  \"num_experts_per_tok\": 8,\n"
+             "  \"num_hidden_layers\": 48,\n  \"num_key_value_heads\": 4,\n  \"output_router_logits\": false,\n"
+             "  \"rms_norm_eps\": 1e-06,\n  \"rope_scaling\": null,\n  \"rope_theta\": 1000000.0,\n"
+             "  \"router_aux_loss_coef\": 0.001,\n  \"sliding_window\": null,\n  \"tie_word_embeddings\": false,\n"
+             "  \"torch_dtype\": \"bfloat16\",\n  \"transformers_version\": \"4.51.0\",\n  \"use_cache\": true,\n"
+             "  \"use_sliding_window\": false,\n  \"vocab_size\": 151936\n}\n");
+    cr_assert_eq(c.arch, MT_ARCH_QWEN3_MOE);
+    cr_assert_eq(c.num_experts, 128);
+    cr_assert_eq(c.num_experts_per_tok, 8);
+    cr_assert_eq(c.moe_intermediate_size, 768);
+    cr_assert_eq(c.norm_topk_prob, 1);
+    cr_assert_eq(c.output_router_logits, 0);
+    cr_assert_eq(c.router_aux_loss_coef, 0.001f);
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert_eq(c.sliding_window, 0);
+    cr_assert_eq(mt_config_sparse_layers(&c), 48);
+    cr_assert_eq(params_of(&c), 30532122624ull);
+
+    c = load_text(dir, "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"attention_dropout\": 0.0,\n"
+                       "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n"
+                       "  \"hidden_size\": 4096,\n  \"initializer_range\": 0.02,\n  \"intermediate_size\": 14336,\n"
+                       "  \"max_position_embeddings\": 32768,\n  \"model_type\": \"mixtral\",\n"
+                       "  \"num_attention_heads\": 32,\n  \"num_experts_per_tok\": 2,\n  \"num_hidden_layers\": 32,\n"
+                       "  \"num_key_value_heads\": 8,\n  \"num_local_experts\": 8,\n  \"output_router_logits\": false,\n"
+                       "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 1e6,\n  \"router_aux_loss_coef\": 0.02,\n"
+                       "  \"sliding_window\": null,\n  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\",\n"
+                       "  \"transformers_version\": \"4.36.0.dev0\",\n  \"use_cache\": true,\n  \"vocab_size\": 32000\n}\n");
+    cr_assert_eq(c.arch, MT_ARCH_MIXTRAL);
+    cr_assert_eq(c.num_experts, 8);
+    cr_assert_eq(c.num_experts_per_tok, 2);
+    cr_assert_eq(c.moe_intermediate_size, 14336);
+    cr_assert_eq(c.norm_topk_prob, 1, "Mixtral always renormalises");
+    cr_assert_eq(c.router_aux_loss_coef, 0.02f);
+    cr_assert_eq(c.sliding_window, 0);
+    cr_assert_eq(params_of(&c), 46702792704ull);
+    /* Qwen3-MoE's decoder_sparse_step and mlp_only_layers: which layers keep a dense MLP */
+    c = load_text(dir, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                       ",\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,"
+                       "\"decoder_sparse_step\":2,\"mlp_only_layers\":[]}");
+    cr_assert(!mt_config_layer_sparse(&c, 0) && mt_config_layer_sparse(&c, 1));
+    c = load_text(dir, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                       ",\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"mlp_only_layers\":[0]}");
+    cr_assert(!mt_config_layer_sparse(&c, 0) && mt_config_layer_sparse(&c, 1));
+    /* transformers 5 maps num_experts and num_local_experts to each other: a folder it saved may name either */
+    mt_model_config alias = load_text(dir, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                                           ",\"num_local_experts\":6,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16}");
+    cr_assert_eq(alias.num_experts, 6);
+    alias = load_text(dir, "{\"architectures\":[\"MixtralForCausalLM\"]," BASE_FIELDS ",\"num_experts\":5}");
+    cr_assert_eq(alias.num_experts, 5);
+    cr_assert_eq(params_of(&c), 64 * 32 * 2 + 2 * (2 * 32 + 4 * 32 * 32 + 2 * 8) + 3 * 64 * 32 + 4 * 32 +
+                                   4 * 3 * 16 * 32 + 32);
+}
+
+Test(hf, config_refusals_moe)
+{
+    expect_config_refusal("{\"architectures\":[\"MixtralForCausalLM\"]," BASE_FIELDS ",\"router_jitter_noise\":0.1}",
+                          MT_ERR_UNSUPPORTED, "router_jitter_noise 0.1");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"shared_expert_intermediate_size\":64}",
+                          MT_ERR_UNSUPPORTED, "shared_expert_intermediate_size 64");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"num_experts_per_tok\":2,\"mlp_only_layers\":[2]}",
+                          MT_ERR_FORMAT, "mlp_only_layers names layer 2, past the model's layers");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                          "\"intermediate_size\":64,\"num_hidden_layers\":300,\"num_attention_heads\":4,"
+                          "\"max_position_embeddings\":128,\"num_experts\":4,\"num_experts_per_tok\":2,"
+                          "\"mlp_only_layers\":[256]}",
+                          MT_ERR_UNSUPPORTED, "mlp_only_layers names layer 256");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"mlp_only_layers\":\"0\"}",
+                          MT_ERR_FORMAT, "mlp_only_layers");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"num_experts_per_tok\":5}",
+                          MT_ERR_INVALID_ARGUMENT, "num_experts_per_tok 5");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS ",\"num_experts\":0}",
+                          MT_ERR_UNSUPPORTED, "num_experts 0");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"num_local_experts\":8}",
+                          MT_ERR_FORMAT, "num_experts 4 and num_local_experts 8 disagree");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"num_experts\":4,\"num_experts_per_tok\":2,\"decoder_sparse_step\":0}",
+                          MT_ERR_FORMAT, "decoder_sparse_step");
 }

@@ -60,7 +60,7 @@ static const parity_tol TOL = {
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
-                                       "phi3_window", "gemma2_window", "gemma3_window"};
+                                       "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -86,6 +86,10 @@ Test(parity, phi3_window) { run_fixture("phi3_window"); }
 /* Gemma 2: sandwich norms, GELU-tanh, soft-capped scores and logits; Gemma 3: q/k norms, local RoPE */
 Test(parity, gemma2_window) { run_fixture("gemma2_window"); }
 Test(parity, gemma3_window) { run_fixture("gemma3_window"); }
+/* mixture of experts: Qwen3-MoE (a dense layer among sparse ones, idle experts) and Mixtral (a window), both
+ * with the load-balancing loss */
+Test(parity, qwen3_moe) { run_fixture("qwen3_moe"); }
+Test(parity, mixtral) { run_fixture("mixtral"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)

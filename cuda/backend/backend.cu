@@ -57,6 +57,7 @@
 #include "cuda/kernels/cudnn_attention.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/moe.h"
 
 extern "C" { // the library's own (C) headers
 #include "core/sysinfo.h"
@@ -128,6 +129,8 @@ struct cu_be {
     char cudnn_why[200];  // why there is no cuDNN (b->cudnn_version 0)
     void *red_scratch; // reductions' scratch (the largest need)
     double *d_loss, *d_sumsq;
+    float *moe;         // (n_micro, L, 2E) with experts: each layer's routing statistics (mt_exec.moe)
+    int32_t *moe_offs;  // (E+1) the experts' first routed rows, read back by moe_route
     int32_t *h_tokens;  // pinned staging for set_tokens
     char why[256];
     int failed;         // the first error, reported by sync()
@@ -486,6 +489,69 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
     CU(b, cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, b->comp));
 }
 
+// ---- mixture of experts (cuda/kernels/moe.cu) ----
+
+// The routing, and the experts' first rows read back to the host: the one wait of a sparse layer
+// (the template sizes each expert's GEMM by them). After a failure the offsets are all zero, so
+// that no GEMM runs on rows that were never written; the failure is reported by sync().
+static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
+                        float *stats, const float *logits, int T, int E, int k, int norm)
+{
+    cu_be *b = B(kc);
+    memset(offs, 0, (size_t)(E + 1) * sizeof *offs);
+    if (b->failed) return;
+    OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, b->moe_offs, stats, logits, T, E, k, norm),
+       "expert routing");
+    int32_t got[MT_MAX_EXPERTS + 1];
+    CU(b, cudaMemcpyAsync(got, b->moe_offs, (size_t)(E + 1) * sizeof *got, cudaMemcpyDeviceToHost, b->comp));
+    CU(b, cudaStreamSynchronize(b->comp));
+    if (b->failed) return;
+    for (int e = 0; e < E; e++)
+        if (got[e + 1] < got[e]) got[E] = -1;
+    if (got[0] != 0 || got[E] != T * k) { // a non-finite router logit leaves a token without experts
+        snprintf(b->why, sizeof b->why, "expert routing: %d of %d routed rows placed (non-finite router logits?)",
+                 got[E], T * k);
+        b->failed = 1;
+        return;
+    }
+    for (int e = 0; e <= E; e++) offs[e] = got[e];
+}
+
+static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_route_bwd(b->comp, dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm),
+       "expert routing backward");
+}
+
+static void k_moe_gather(void *kc, void *dst, const void *src, const int32_t *rows, int R, int k, int C)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_gather(b->comp, b->dt, dst, src, rows, R, k, C), "expert gather");
+}
+
+static void k_moe_combine(void *kc, void *out, int out_f32, const void *src, int src_f32, const float *w,
+                          const int32_t *slot_row, int T, int k, int C)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_combine(b->comp, out_f32 ? MT_CU_F32 : b->dt, out, src_f32 ? MT_CU_F32 : b->dt, src, w, slot_row,
+                            T, k, C),
+       "expert combine");
+}
+
+static void k_moe_dot_scale(void *kc, float *dw, void *x, void *y, const float *w, const int32_t *rows, int R, int n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_dot_scale(b->comp, b->dt, dw, x, y, w, rows, R, n), "expert weight gradient");
+}
+
+static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double scale)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_aux_loss(b->comp, b->d_loss, stats, L, E, scale), "load-balancing loss");
+}
+
 static mt_kernels cuda_kernels(void)
 {
     mt_kernels k;
@@ -511,6 +577,12 @@ static mt_kernels cuda_kernels(void)
     k.softcap = k_softcap;
     k.add = k_add;
     k.to_host = k_to_host;
+    k.moe_route = k_moe_route;
+    k.moe_route_bwd = k_moe_route_bwd;
+    k.moe_gather = k_moe_gather;
+    k.moe_combine = k_moe_combine;
+    k.moe_dot_scale = k_moe_dot_scale;
+    k.moe_aux_loss = k_moe_aux_loss;
     return k;
 }
 
@@ -549,7 +621,7 @@ static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
     const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
     mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h,
                        b->w.q, b->w.k, b->w.v, l < b->keep_qkv, mt_config_layer_window(b->req.cfg, l, b->d.seq_len),
-                       mt_config_layer_local_rope(b->req.cfg, l)};
+                       mt_config_layer_local_rope(b->req.cfg, l), l};
     if (a.att_kept) {
         a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
         a.lse = b->lse_keep + i * T * b->d.H;
@@ -593,6 +665,7 @@ static void set_dims(cu_be *b)
     b->tpl = mt_template_for(c);
     mt_dims_init(d, c, s->n_seq, s->seq_len);
     d->es = b->es;
+    d->n_micro = s->n_micro;
     // the MLP in pieces (plan.h): a 262144-token micro-batch of the Llama-2-7B
     // shape would otherwise need six 5.4 GiB buffers, and T * F elements past 2^31
     d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
@@ -645,6 +718,8 @@ static void layout_buffers(cu_be *b, carver *c)
         *(void **)((char *)&b->w + wb[i].field) = carve(c, (size_t)wb[i].elems * (wb[i].f32 ? 4 : es));
     b->d_loss = (double *)carve(c, 8);
     b->d_sumsq = (double *)carve(c, 8);
+    b->moe = d->E ? (float *)carve(c, M * (size_t)b->L * 2 * (size_t)d->E * 4) : NULL;
+    b->moe_offs = d->E ? (int32_t *)carve(c, ((size_t)d->E + 1) * 4) : NULL;
     size_t red = mt_cu_sumsq_scratch_bytes();
     red = MT_MAX(red, mt_cu_cross_entropy_scratch_bytes(d->chunk));
     if (s->want_grad) {
@@ -1028,6 +1103,10 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         mt_rope_inv_freq_of(inv, b->req.cfg, 1);
         e4 = cudaMemcpy(b->inv_freq_local, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
     }
+    // the dense layers' rows of the routing statistics stay zero (the legacy stream's memset done
+    // before the compute stream, which does not wait for it, can read them)
+    if (!e2 && b->moe) e2 = cudaMemset(b->moe, 0, (size_t)s->n_micro * b->L * 2 * b->d.E * 4);
+    if (!e2 && b->moe) e2 = cudaDeviceSynchronize();
     free(inv);
     if (e1 || e2 || e3 || e4) {
         cudaGetLastError();
@@ -1156,7 +1235,8 @@ static void cu_end_visit(mt_be *be, int slot)
 static mt_exec exec_of(cu_be *b, int mb)
 {
     b->mb = mb;
-    mt_exec x = {&CUDA_KERNELS, b, &b->d, &b->w};
+    float *moe = b->moe ? b->moe + (size_t)mb * b->L * 2 * b->d.E : NULL;
+    mt_exec x = {&CUDA_KERNELS, b, &b->d, &b->w, moe};
     return x;
 }
 

@@ -12,15 +12,28 @@
 #include <string.h>
 
 #define WORKSPACE_BYTES (64u << 20)
-#define CACHE 128 // remembered algorithm choices per shape
+// Remembered algorithm choices, by shape and operand alignment: an open-addressed table (a power of two)
+// filled to three quarters at most. A mixture of experts runs one GEMM per expert with a number of rows
+// that changes from step to step, so the distinct shapes number in the thousands, each asked of
+// cuBLASLt's heuristic once.
+#define CACHE 8192
+#define KEY_INTS 12
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
 struct algo_entry {
-    int key[9];
+    int used;
+    int key[KEY_INTS];
     cublasLtMatmulAlgo_t algo;
 };
+
+static uint32_t key_hash(const int *key) // FNV-1a over the ints
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < KEY_INTS; i++) h = (h ^ (uint32_t)key[i]) * 16777619u;
+    return h;
+}
 
 struct mt_gemm {
     void *lib;
@@ -111,6 +124,16 @@ extern "C" void mt_gemm_destroy(mt_gemm *g)
 
 static cudaDataType_t cuda_type(int t) { return t == MT_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
+// The alignment of p in bytes, at most 256 (what cuBLASLt assumes when not told). Pointers into
+// a buffer of rows (the experts' row blocks of a mixture-of-experts layer) may be less aligned, and
+// an algorithm chosen for 256-byte operands may not run on them: the heuristic is told, and the
+// choice remembered per alignment.
+static uint32_t align_of(const void *p)
+{
+    const uintptr_t u = (uintptr_t)p, a = u & (~u + 1); // the lowest set bit
+    return a == 0 || a > 256 ? 256u : (uint32_t)a;
+}
+
 extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int M, int N, int K, int ab_type,
                            const void *A, const void *B, int c_type, void *C, float beta, const void *bias, char *why,
                            size_t why_len)
@@ -139,24 +162,36 @@ extern "C" int mt_gemm_run(mt_gemm *g, void *stream, int transA, int transB, int
         goto out;
     }
     {
-        const int key[9] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL};
+        const uint32_t al_a = align_of(B), al_b = align_of(A), al_c = align_of(C); // cuBLASLt's A is our B
+        const int key[KEY_INTS] = {transA, transB, M, N, K, ab_type, c_type, beta != 0.0f, bias != NULL,
+                                   (int)al_a, (int)al_b, (int)al_c};
         cublasLtMatmulAlgo_t *algo = NULL;
-        for (int i = 0; i < g->n_cached && !algo; i++)
-            if (!memcmp(g->cache[i].key, key, sizeof key)) algo = &g->cache[i].algo;
+        uint32_t slot = key_hash(key) & (CACHE - 1);
+        for (; g->cache[slot].used; slot = (slot + 1) & (CACHE - 1)) // ends: the table is never full
+            if (!memcmp(g->cache[slot].key, key, sizeof key)) {
+                algo = &g->cache[slot].algo;
+                break;
+            }
         cublasLtMatmulHeuristicResult_t res;
         if (!algo) {
             size_t ws = WORKSPACE_BYTES;
             int found = 0;
             if (g->pref_create(&pref) ||
                 g->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c) ||
+                g->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c) ||
                 g->heuristic(g->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) || found == 0) {
                 say(why, why_len, "%s%s", "cuBLASLt has no algorithm for this product", "");
                 goto out;
             }
-            if (g->n_cached < CACHE) {
-                memcpy(g->cache[g->n_cached].key, key, sizeof key);
-                g->cache[g->n_cached].algo = res.algo;
-                algo = &g->cache[g->n_cached++].algo;
+            if (g->n_cached < CACHE / 4 * 3) { // slot is the free one the search ended on
+                g->cache[slot].used = 1;
+                memcpy(g->cache[slot].key, key, sizeof key);
+                g->cache[slot].algo = res.algo;
+                algo = &g->cache[slot].algo;
+                g->n_cached++;
             } else {
                 algo = &res.algo;
             }

@@ -11,6 +11,7 @@
 #include "model/template.h"
 #include "optim/adamw.h"
 #include "cpu/cpu_ops.h"
+#include "cpu/cpu_moe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ typedef struct cpu_be {
     float *inv_freq;           /* (D/2) */
     float *inv_freq_local;     /* (D/2) the sliding layers' (Gemma 3), or NULL */
     void *ws;                  /* the ops' per-thread workspace */
+    float *moe;                /* (n_micro, L, 2E) with experts: each layer's routing statistics (mt_exec.moe) */
     double loss_sum, sumsq;
 } cpu_be;
 
@@ -196,6 +198,46 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
     memcpy(dst, src, n * sizeof(float));
 }
 
+/* ---- mixture of experts (cpu_moe.c) ---- */
+
+static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
+                        float *stats, const float *logits, int T, int E, int k, int norm)
+{
+    (void)kc;
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, k, norm);
+}
+
+static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+{
+    (void)kc;
+    mt_cpu_moe_route_bwd(dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm);
+}
+
+static void k_moe_gather(void *kc, void *dst, const void *src, const int32_t *rows, int R, int k, int C)
+{
+    (void)kc;
+    mt_cpu_moe_gather(dst, src, rows, R, k, C);
+}
+
+static void k_moe_combine(void *kc, void *out, int out_f32, const void *src, int src_f32, const float *w,
+                          const int32_t *slot_row, int T, int k, int C)
+{
+    (void)kc, (void)out_f32, (void)src_f32; /* every buffer is fp32 here */
+    mt_cpu_moe_combine(out, src, w, slot_row, T, k, C);
+}
+
+static void k_moe_dot_scale(void *kc, float *dw, void *x, void *y, const float *w, const int32_t *rows, int R, int n)
+{
+    (void)kc;
+    mt_cpu_moe_dot_scale(dw, x, y, w, rows, R, n);
+}
+
+static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double scale)
+{
+    ((cpu_be *)kc)->loss_sum += scale * mt_cpu_moe_aux_sum(stats, L, E);
+}
+
 static const mt_kernels cpu_kernels = {
     .rmsnorm = k_rmsnorm,
     .rmsnorm_bwd = k_rmsnorm_bwd,
@@ -218,6 +260,12 @@ static const mt_kernels cpu_kernels = {
     .softcap = k_softcap,
     .add = k_add,
     .to_host = k_to_host,
+    .moe_route = k_moe_route,
+    .moe_route_bwd = k_moe_route_bwd,
+    .moe_gather = k_moe_gather,
+    .moe_combine = k_moe_combine,
+    .moe_dot_scale = k_moe_dot_scale,
+    .moe_aux_loss = k_moe_aux_loss,
 };
 
 /* ---- memory -------------------------------------------------------------------------- */
@@ -246,6 +294,7 @@ static void set_dims(cpu_be *b)
     mt_dims *d = &b->d;
     mt_dims_init(d, c, s->n_seq, s->seq_len);
     d->es = sizeof(float);
+    d->n_micro = s->n_micro;
     d->FT = d->T; /* the whole MLP at once */
     d->chunk = MT_MIN(d->T, HEAD_CHUNK);
     b->L = (int)c->num_hidden_layers;
@@ -281,6 +330,7 @@ static void list_buffers(cpu_be *b, buf_list *l)
     add(l, &b->inv_freq, (size_t)d->D / 2 * f);
     if (b->req.cfg->arch == MT_ARCH_GEMMA3) add(l, &b->inv_freq_local, (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
+    if (d->E) add(l, &b->moe, M * (size_t)b->L * 2 * (size_t)d->E * f);
     mt_work_buf wb[MT_WORK_MAX_BUFS];
     const int n = b->tpl->work(d, s->want_grad, wb);
     for (int i = 0; i < n; i++) add(l, (char *)&b->w + wb[i].field, (size_t)wb[i].elems * f);
@@ -360,6 +410,7 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     }
     mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg, 0);
     if (b->inv_freq_local) mt_rope_inv_freq_of(b->inv_freq_local, &b->m->cfg, 1);
+    if (b->moe) memset(b->moe, 0, (size_t)s->n_micro * b->L * 2 * b->d.E * sizeof(float)); /* dense layers' rows */
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
 }
@@ -417,7 +468,8 @@ static const int32_t *tokens_of(cpu_be *b, int mb) { return b->tokens + (size_t)
 static mt_exec exec_of(cpu_be *b, int mb)
 {
     b->mb = mb;
-    return (mt_exec){&cpu_kernels, b, &b->d, &b->w};
+    float *moe = b->moe ? b->moe + (size_t)mb * b->L * 2 * b->d.E : NULL;
+    return (mt_exec){&cpu_kernels, b, &b->d, &b->w, moe};
 }
 
 /* The layer's activations all live in the work buffers: nothing is kept. */
@@ -425,7 +477,7 @@ static mt_layer_acts acts_of(cpu_be *b, int unit)
 {
     return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0,
                            mt_config_layer_window(&b->m->cfg, unit - 1, b->d.seq_len),
-                           mt_config_layer_local_rope(&b->m->cfg, unit - 1)};
+                           mt_config_layer_local_rope(&b->m->cfg, unit - 1), unit - 1};
 }
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)

@@ -216,6 +216,12 @@ static mt_status check_batch(mt_model *m, mt_batch *b, const mt_batch *src, int 
     if ((uint64_t)b->micro_batch_size * b->seq_len > (1u << 24) || b->num_micro_batches > 4096)
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch of %u x %u x %u tokens is too large", b->num_micro_batches,
                        b->micro_batch_size, b->seq_len);
+    /* a mixture of experts routes each token of a micro-batch to k experts: T * k rows, counted in int */
+    if ((uint64_t)b->micro_batch_size * b->seq_len * m->cfg.num_experts_per_tok > INT32_MAX)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                       "mt_batch: %u x %u tokens a micro-batch, each routed to %u experts, are more rows than the "
+                       "experts' GEMMs take (2^31)",
+                       b->micro_batch_size, b->seq_len, m->cfg.num_experts_per_tok);
     if (!b->tokens) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.tokens is NULL");
     if (need_targets && !b->targets) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_batch.targets is NULL");
     const size_t n = (size_t)b->num_micro_batches * b->micro_batch_size * b->seq_len;

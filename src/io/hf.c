@@ -62,6 +62,8 @@ static const struct {
     {"Phi3ForCausalLM", "phi3", MT_ARCH_PHI3},
     {"Gemma2ForCausalLM", "gemma2", MT_ARCH_GEMMA2},
     {"Gemma3ForCausalLM", "gemma3_text", MT_ARCH_GEMMA3},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", MT_ARCH_QWEN3_MOE},
+    {"MixtralForCausalLM", "mixtral", MT_ARCH_MIXTRAL},
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
 
@@ -94,7 +96,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
                            "supported (Mistral, Qwen2, Qwen3 and Phi-3 have sliding windows)",
                            path, W, c->max_position_embeddings);
         W = 0;
-    } else if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
+    } else if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE) {
         uint32_t use = 0;
         if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
         if (!use) W = 0;
@@ -135,7 +137,10 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
         if (first < L && !W)
             return mt_fail(err, MT_ERR_FORMAT,
                            "%s: layer_types[%u] is sliding_attention but the model has no sliding_window%s", path,
-                           first, c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 ? " (use_sliding_window)" : "");
+                           first,
+                           c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE
+                               ? " (use_sliding_window)"
+                               : "");
         P = g < L ? g + 1 : 0;
         i = 0;
         for (const cJSON *e = lt->child; e; e = e->next, i++) {
@@ -226,6 +231,89 @@ static mt_status rope_type_from_json(mt_err err, mt_model_config *c, const cJSON
     return MT_OK;
 }
 
+/* The number of experts: "num_experts" (Qwen3-MoE's Hub configs) or "num_local_experts" (Mixtral's);
+ * transformers 5 maps either name to the other, so a folder it saved may hold the other one, or both. */
+static mt_status get_experts(mt_err err, const cJSON *j, uint32_t *out, const char *path)
+{
+    const uint32_t unset = UINT32_MAX;
+    uint32_t a = unset, b = unset;
+    mt_status st;
+    if ((st = get_u32(err, j, "num_experts", &a, 0, path)) || (st = get_u32(err, j, "num_local_experts", &b, 0, path)))
+        return st;
+    if (a != unset && b != unset && a != b)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: num_experts %u and num_local_experts %u disagree", path, a, b);
+    if (a != unset) *out = a;
+    else if (b != unset) *out = b;
+    return MT_OK;
+}
+
+/* The mixture-of-experts keys, with transformers' defaults where a key is absent
+ * (Qwen3MoeConfig, MixtralConfig). Qwen3-MoE: num_experts, num_experts_per_tok,
+ * moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers;
+ * Mixtral: num_local_experts, num_experts_per_tok, intermediate_size as each
+ * expert's width, always renormalised. Both: router_aux_loss_coef,
+ * output_router_logits. */
+static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+{
+    mt_status st;
+    c->router_aux_loss_coef = 0.001f;
+    c->output_router_logits = 0;
+    if ((st = get_float(err, j, "router_aux_loss_coef", &c->router_aux_loss_coef, 0, path)) ||
+        (st = get_bool(err, j, "output_router_logits", &c->output_router_logits, path)))
+        return st;
+    if (c->arch == MT_ARCH_MIXTRAL) {
+        c->num_experts = 8, c->num_experts_per_tok = 2;
+        if ((st = get_experts(err, j, &c->num_experts, path)) ||
+            (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
+            return st;
+        c->moe_intermediate_size = c->intermediate_size;
+        c->norm_topk_prob = 1;
+        float jitter = 0.0f;
+        if ((st = get_float(err, j, "router_jitter_noise", &jitter, 0, path))) return st;
+        if (jitter != 0.0f)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: router_jitter_noise %g is not supported (it multiplies the router's input by random "
+                           "noise in training; only 0 is)",
+                           path, (double)jitter);
+        return MT_OK;
+    }
+    c->num_experts = 128, c->num_experts_per_tok = 8, c->moe_intermediate_size = 768, c->decoder_sparse_step = 1;
+    c->norm_topk_prob = 0;
+    if ((st = get_experts(err, j, &c->num_experts, path)) ||
+        (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)) ||
+        (st = get_u32(err, j, "moe_intermediate_size", &c->moe_intermediate_size, 0, path)) ||
+        (st = get_u32(err, j, "decoder_sparse_step", &c->decoder_sparse_step, 0, path)) ||
+        (st = get_bool(err, j, "norm_topk_prob", &c->norm_topk_prob, path)))
+        return st;
+    if (c->num_experts == 0)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: num_experts 0 (a Qwen3-MoE model without experts) is not supported",
+                       path);
+    if (c->decoder_sparse_step == 0)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: decoder_sparse_step must be at least 1", path);
+    /* shared experts are Qwen2-MoE's: refuse a config that asks for them */
+    uint32_t shared = 0;
+    if ((st = get_u32(err, j, "shared_expert_intermediate_size", &shared, 0, path))) return st;
+    if (shared)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: shared_expert_intermediate_size %u: shared experts are not supported", path, shared);
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (ml && !cJSON_IsNull(ml)) {
+        if (!cJSON_IsArray(ml)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list", path);
+        for (const cJSON *e = ml->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0) || e->valuedouble != floor(e->valuedouble))
+                return mt_fail(err, MT_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list of layer indices", path);
+            if (e->valuedouble >= c->num_hidden_layers || e->valuedouble >= 256)
+                return mt_fail(err, e->valuedouble >= c->num_hidden_layers ? MT_ERR_FORMAT : MT_ERR_UNSUPPORTED,
+                               "%s: mlp_only_layers names layer %.0f, %s", path, e->valuedouble,
+                               e->valuedouble >= c->num_hidden_layers ? "past the model's layers"
+                                                                      : "and only layers below 256 can be dense");
+            const uint32_t l = (uint32_t)e->valuedouble;
+            c->mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
+        }
+    }
+    return MT_OK;
+}
+
 static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
 {
     mt_status st;
@@ -310,6 +398,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     }
 
     if ((st = sliding_window_from_json(err, c, j, path))) return st;
+    if ((c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL) && (st = moe_from_json(err, c, j, path))) return st;
 
     /* RoPE on part of each head (Phi-4-mini's 0.75) */
     float rotary = 1.0f;
@@ -462,7 +551,9 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     cJSON_AddStringToObject(j, "model_type", ARCHS[ai].model_type);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
-    cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+    /* Mixtral's intermediate_size is each expert's width */
+    cJSON_AddNumberToObject(j, "intermediate_size",
+                            c->arch == MT_ARCH_MIXTRAL ? c->moe_intermediate_size : c->intermediate_size);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
@@ -504,13 +595,14 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON_AddStringToObject(j, "hidden_act", "silu");
     }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3) {
+    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE) {
         cJSON_AddBoolToObject(j, "use_sliding_window", c->sliding_window != 0);
         if (c->sliding_window) cJSON_AddNumberToObject(j, "max_window_layers", c->max_window_layers);
     }
     if (c->sliding_window) {
         cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
-        if (c->arch != MT_ARCH_MISTRAL && c->arch != MT_ARCH_PHI3) { /* which layers slide, explicitly */
+        if (c->arch != MT_ARCH_MISTRAL && c->arch != MT_ARCH_PHI3 && c->arch != MT_ARCH_MIXTRAL) {
+            /* which layers slide, explicitly */
             cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
             for (int l = 0; l < (int)c->num_hidden_layers; l++)
                 cJSON_AddItemToArray(lt, cJSON_CreateString(mt_config_layer_slides(c, l) ? "sliding_attention"
@@ -518,6 +610,24 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         }
     } else if (c->arch != MT_ARCH_LLAMA) {
         cJSON_AddNullToObject(j, "sliding_window");
+    }
+    if (c->arch == MT_ARCH_QWEN3_MOE) {
+        cJSON_AddNumberToObject(j, "num_experts", c->num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
+        cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob != 0);
+        cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step ? c->decoder_sparse_step : 1);
+        cJSON *ml = cJSON_AddArrayToObject(j, "mlp_only_layers");
+        for (int l = 0; l < (int)MT_MIN(c->num_hidden_layers, 256u); l++)
+            if (c->mlp_only_layers[l / 64] >> (l % 64) & 1) cJSON_AddItemToArray(ml, cJSON_CreateNumber(l));
+    } else if (c->arch == MT_ARCH_MIXTRAL) {
+        cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(j, "router_jitter_noise", 0);
+    }
+    if (c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL) {
+        cJSON_AddItemToObject(j, "router_aux_loss_coef", float_number(c->router_aux_loss_coef));
+        cJSON_AddBoolToObject(j, "output_router_logits", c->output_router_logits != 0);
     }
     cJSON_AddStringToObject(j, "torch_dtype", c->precision == MT_PRECISION_FP32 ? "float32" : "bfloat16");
     cJSON_AddItemToObject(j, "initializer_range", float_number(c->initializer_range));
@@ -551,11 +661,16 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
                 f->numel += t->numel;
                 continue;
             }
-            snprintf(names[k], sizeof names[k], "%s%s", t->name, suffix[which]);
-            const uint64_t rows = t->fused_rows ? t->fused_rows : t->rows;
-            r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, t->numel, 1,
-                                     {base + t->offset}, {t->numel}};
-            k++;
+            /* stacked experts: one checkpoint tensor per expert's block */
+            const uint32_t nb = mt_tensor_blocks(t);
+            const uint64_t rows = t->fused_rows ? t->fused_rows : t->rows / nb, numel = t->numel / nb;
+            for (uint32_t e = 0; e < nb; e++, k++) {
+                char name[128];
+                mt_tensor_name_of(name, sizeof name, t, e);
+                snprintf(names[k], sizeof names[k], "%s%s", name, suffix[which]);
+                r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
+                                         {base + t->offset + e * numel}, {numel}};
+            }
         }
     }
     *count = k;
@@ -565,7 +680,8 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
 size_t mt_tensor_count(const mt_model *m)
 {
     size_t n = 0;
-    for (int u = 0; u < m->layout.n_units; u++) n += (size_t)m->layout.units[u].n_tensors;
+    for (int u = 0; u < m->layout.n_units; u++)
+        for (int i = 0; i < m->layout.units[u].n_tensors; i++) n += mt_tensor_blocks(&m->layout.units[u].tensors[i]);
     return n;
 }
 
@@ -660,15 +776,22 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
             const mt_tile *tl = &m->tiles.tile[u];
             float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
             uint16_t *bf = write_bf16 && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
-            for (int i = 0; i < ud->n_tensors && !st; i++, k++) {
+            for (int i = 0; i < ud->n_tensors && !st; i++) {
                 const mt_tensor_desc *t = &ud->tensors[i];
-                char name[128];
-                snprintf(name, sizeof name, "%s%s", t->name, suffix[which[w]]);
-                const uint64_t dims[2] = {t->fused_rows ? t->fused_rows : t->rows, t->cols};
-                mt_st_tensor *src;
-                st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
-                req[k] = (mt_st_read_req){src, base + t->offset, bf ? bf + t->offset : NULL,
-                                          (uint64_t)t->fused_row0 * t->cols, t->numel};
+                /* stacked experts: each expert's block from its own checkpoint tensor */
+                const uint32_t nb = mt_tensor_blocks(t);
+                const uint64_t numel = t->numel / nb;
+                for (uint32_t e = 0; e < nb && !st; e++, k++) {
+                    char name[128], base_name[128];
+                    mt_tensor_name_of(base_name, sizeof base_name, t, e);
+                    snprintf(name, sizeof name, "%s%s", base_name, suffix[which[w]]);
+                    const uint64_t dims[2] = {t->fused_rows ? t->fused_rows : t->rows / nb, t->cols};
+                    const uint64_t off = t->offset + e * numel;
+                    mt_st_tensor *src;
+                    st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
+                    req[k] = (mt_st_read_req){src, base + off, bf ? bf + off : NULL, (uint64_t)t->fused_row0 * t->cols,
+                                              numel};
+                }
             }
         }
     for (size_t i = 0; i < s->n && !st; i++) {

@@ -30,6 +30,43 @@ static void fuse(mt_unit_desc *u, int first, int n)
     }
 }
 
+/* A matrix of E stacked expert blocks of rows x cols each, named per expert by pattern. */
+static void add_experts(mt_unit_desc *u, mt_tensor_role role, const char *pattern, uint32_t E, uint32_t rows,
+                        uint32_t cols)
+{
+    add_tensor(u, role, pattern, E * rows, cols, 1);
+    u->tensors[u->n_tensors - 1].experts = E;
+}
+
+/* The MLP of a sparse layer: the router and the experts' gate, up and down matrices. Qwen3-MoE names
+ * them mlp.gate and mlp.experts.E.{gate,up,down}_proj; Mixtral block_sparse_moe.gate and
+ * block_sparse_moe.experts.E.{w1,w3,w2} (w1 the gate, w3 the up, w2 the down projection). */
+static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
+{
+    const uint32_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
+    const int mixtral = c->arch == MT_ARCH_MIXTRAL;
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, block);
+    add_tensor(u, MT_T_ROUTER, n, E, C, 1);
+    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w1" : "gate_proj");
+    add_experts(u, MT_T_EXP_GATE, n, E, F, C);
+    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w3" : "up_proj");
+    add_experts(u, MT_T_EXP_UP, n, E, F, C);
+    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w2" : "down_proj");
+    add_experts(u, MT_T_EXP_DOWN, n, E, C, F);
+}
+
+void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e)
+{
+    const char *star = t->experts ? strchr(t->name, '*') : NULL;
+    if (!star) {
+        snprintf(buf, len, "%s", t->name);
+        return;
+    }
+    snprintf(buf, len, "%.*s%u%s", (int)(star - t->name), t->name, e, star + 1);
+}
+
 static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
 {
     const uint32_t C = c->hidden_size, F = c->intermediate_size;
@@ -58,6 +95,10 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_POST_MLP_NORM, NAME("post_feedforward_layernorm.weight"), C, 1, 0);
     } else {
         add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
+    }
+    if (mt_config_layer_sparse(c, l)) {
+        add_moe_tensors(u, c, l);
+        return;
     }
     add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
     add_tensor(u, MT_T_UP, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.up_proj.weight"), F, C, 1);
@@ -139,7 +180,11 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
 {
     const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
-    uint64_t layer = 2 * C + q * C + 2 * kv * C + C * q + 3 * F * C + (c->attention_bias ? q + 2 * kv : 0) +
-                     (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0) + (mt_config_is_gemma(c) ? 2 * C : 0);
-    return V * C + (uint64_t)c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+    const uint64_t attn = 2 * C + q * C + 2 * kv * C + C * q + (c->attention_bias ? q + 2 * kv : 0) +
+                          (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0) + (mt_config_is_gemma(c) ? 2 * C : 0);
+    /* a sparse layer's MLP: the router (E, C) and E experts of three (F_e, C) matrices */
+    const uint64_t E = c->num_experts, sparse = (uint64_t)mt_config_sparse_layers(c);
+    const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C;
+    return V * C + (uint64_t)c->num_hidden_layers * attn + ((uint64_t)c->num_hidden_layers - sparse) * 3 * F * C +
+           sparse * moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }

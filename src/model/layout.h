@@ -26,6 +26,9 @@ typedef enum mt_tensor_role {
     MT_T_MLP_NORM, MT_T_GATE, MT_T_UP, MT_T_DOWN,
     MT_T_POST_ATTN_NORM, MT_T_POST_MLP_NORM, /* (C) Gemma's norms of the attention's and the MLP's outputs */
     MT_T_FINAL_NORM, MT_T_LM_HEAD,
+    /* mixture of experts (Qwen3-MoE, Mixtral): the router (E, C) and the E experts' matrices, each role one
+     * layout tensor of E stacked blocks (mt_tensor_desc.experts): gate and up (E*F, C), down (E*C, F) */
+    MT_T_ROUTER, MT_T_EXP_GATE, MT_T_EXP_UP, MT_T_EXP_DOWN,
     MT_T_ROLE_COUNT
 } mt_tensor_role;
 
@@ -40,6 +43,10 @@ typedef struct mt_tensor_desc {
      * the fused_rows x cols matrix `name`, beside the other tensors of the unit with that name
      * (Phi-3's qkv_proj and gate_up_proj) */
     uint32_t fused_rows, fused_row0;
+    /* experts != 0: the checkpoint holds this matrix as `experts` tensors of rows / experts rows each,
+     * expert e's block at offset + e * numel / experts, named `name` with e in place of its '*'
+     * (model.layers.3.mlp.experts.*.up_proj.weight) */
+    uint32_t experts;
 } mt_tensor_desc;
 
 #define MT_MAX_UNIT_TENSORS 16
@@ -94,7 +101,7 @@ static inline int mt_config_qk_norm(const mt_model_config *c)
 static inline int mt_config_layer_sparse(const mt_model_config *c, int l)
 {
     const uint32_t step = c->decoder_sparse_step ? c->decoder_sparse_step : 1;
-    return c->num_experts && ((uint32_t)l + 1) % step == 0 && !(c->mlp_only_layers[l / 64] >> (l % 64) & 1);
+    return c->num_experts && ((uint32_t)l + 1) % step == 0 && !(l < 256 && c->mlp_only_layers[l / 64] >> (l % 64) & 1);
 }
 
 /* Whether layer l of a validated config attends through a sliding window. */
@@ -118,6 +125,20 @@ static inline int mt_config_layer_window(const mt_model_config *c, int l, int se
 static inline int mt_config_layer_local_rope(const mt_model_config *c, int l)
 {
     return c->arch == MT_ARCH_GEMMA3 && mt_config_layer_slides(c, l);
+}
+
+/* The checkpoint name of block e of t (its only name where t->experts is 0). */
+void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e);
+
+/* The checkpoint tensors of a layout tensor: its experts, or 1. */
+static inline uint32_t mt_tensor_blocks(const mt_tensor_desc *t) { return t->experts ? t->experts : 1u; }
+
+/* The sparse layers of a validated config (0 for a dense model). */
+static inline int mt_config_sparse_layers(const mt_model_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < (int)c->num_hidden_layers; l++) n += mt_config_layer_sparse(c, l);
+    return n;
 }
 
 /* cfg must have passed mt_config_import. Returns -1 when out of memory. */

@@ -1,7 +1,8 @@
 /* The Llama template: Llama 2/3, Qwen2 (q/k/v biases), Mistral, Phi-3 (whose
  * checkpoint fuses tensors: the layout's business) and Qwen3 (an RMSNorm of
  * each head of q and k before RoPE: d->qk_norm); a layer's sliding window
- * (a->window) is the attention kernels'. Each unit's forward, recompute and
+ * (a->window) is the attention kernels'; its layer up to the MLP is also the MoE
+ * template's (mt_llama_attn_forward, _backward). Each unit's forward, recompute and
  * backward as calls on the kernel table (template.h); the worked example of
  * docs/architecture.md.
  *
@@ -20,13 +21,13 @@
  * recompute skips; the forward writes those straight where they are kept. */
 #include "model/blocks.h"
 
-static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+void mt_llama_attn_forward(const mt_exec *x, void *const *w, const void *in, const mt_layer_acts *a, int recompute)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int recompute = out == NULL, T = d->T, C = d->C;
+    const int T = d->T, C = d->C;
     mt_block_attention(x, w, in, recompute, a);
     /* the residual adds inside the GEMMs: h = x + att Wo^T */
     if (!recompute || !a->h_kept) {
@@ -34,7 +35,17 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
         k->linear(kc, a->h, 0, a->att, w[MT_T_O], NULL, T, d->Q, C, 1);
     }
     k->rmsnorm(kc, b->xn2, b->rstd2, a->h, w[MT_T_MLP_NORM], T, C, d->eps, d->norm_offset);
-    if (recompute) return; /* layer_backward recomputes each MLP piece just before its backward */
+}
+
+static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C;
+    mt_llama_attn_forward(x, w, in, a, out == NULL);
+    if (!out) return; /* layer_backward recomputes each MLP piece just before its backward */
     k->copy(kc, out, a->h, (size_t)T * C);
     for (int t0 = 0; t0 < T; t0 += d->FT) {
         const int n = MT_MIN(d->FT, T - t0);
@@ -58,6 +69,17 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         mt_block_mlp_up(x, w, t0, n);
         mt_block_mlp_bwd(x, w, gw, mt_at(d, dya, (size_t)t0 * C), t0, n);
     }
+    mt_llama_attn_backward(x, w, gw, in, dy, a);
+}
+
+void mt_llama_attn_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                            const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C;
     k->rmsnorm_bwd(kc, dy, gw[MT_T_MLP_NORM], b->dxn, a->h, w[MT_T_MLP_NORM], b->rstd2, T, C, d->eps, d->norm_offset);
     /* h = x + att Wo^T */
     mt_block_attention_bwd(x, w, gw, in, k->as_act(kc, b->dy_act, dy, (size_t)T * C), dy, a);

@@ -15,6 +15,8 @@ const mt_template *mt_template_for(const mt_model_config *cfg)
     case MT_ARCH_PHI3: return &mt_template_llama;
     case MT_ARCH_GEMMA2:
     case MT_ARCH_GEMMA3: return &mt_template_gemma;
+    case MT_ARCH_QWEN3_MOE:
+    case MT_ARCH_MIXTRAL: return &mt_template_moe;
     default: return NULL;
     }
 }
@@ -50,6 +52,14 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->attn_softcap = c->attn_logit_softcapping;
     d->final_softcap = c->final_logit_softcapping;
     for (int l = 0; l < (int)c->num_hidden_layers && !d->window; l++) d->window = mt_config_layer_window(c, l, seq_len);
+    d->L = (int)c->num_hidden_layers;
+    d->n_micro = 1;
+    if (c->num_experts) {
+        d->E = (int)c->num_experts, d->FE = (int)c->moe_intermediate_size, d->topk = (int)c->num_experts_per_tok;
+        d->norm_topk = c->norm_topk_prob != 0;
+        d->n_sparse = mt_config_sparse_layers(c);
+        d->aux_coef = c->output_router_logits ? c->router_aux_loss_coef : 0.0f;
+    }
 }
 
 void mt_bind_unit(void **w, void *block, const mt_unit_desc *u, size_t es)

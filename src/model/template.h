@@ -93,6 +93,37 @@ typedef struct mt_kernels {
     void (*add)(void *kc, void *dst, const void *a, const void *b, size_t n);
     /* bytes from the f32 buffer src to host memory dst (the logits of mt_model_logits) */
     void (*to_host)(void *kc, float *dst, const float *src, size_t n);
+
+    /* ---- mixture of experts (Qwen3-MoE, Mixtral: src/model/moe.c). A layer routes each of T tokens to
+     * k of E experts: R = T*k routed rows, slot t*k+j being token t's j-th choice. */
+    /* From router logits (T, E) f32: probs (T, E) f32, the softmax of each row; topw, topi (T*k): each
+     * token's k most probable experts in descending order (ties: the lower index), with their
+     * probabilities, renormalised to sum to 1 when norm; rows (R): the routed rows sorted by expert
+     * (stably: by slot), as the slot each came from, and slot_row (R) the inverse. offs (E+1) is HOST
+     * memory: expert e's routed rows are offs[e] .. offs[e+1]-1. It is the one device-to-host read of a
+     * layer's routing, which a GPU backend waits for, so that the template can size one GEMM per expert
+     * with no copy of data per expert. stats (2E) f32 if not NULL: overwritten with each expert's routed
+     * rows (as floats), then the sum over the T tokens of its probability (the load-balancing loss). */
+    void (*moe_route)(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
+                      float *stats, const float *logits, int T, int E, int k, int norm);
+    /* Its backward into dlogits (T, E) f32, overwritten: from dw (T*k) f32, the gradient of the routing
+     * weights topw, through the renormalisation (norm) and the softmax; with stats (L rows of 2E, those of
+     * every layer of the micro-batch) also the load-balancing loss's, aux * (the routed rows of each
+     * expert summed over the L rows) added to the gradient of its probability. */
+    void (*moe_route_bwd)(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
+                          const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm);
+    /* dst[r, :] = src[rows[r] / k, :], act, for the R routed rows: each token's row to its experts' */
+    void (*moe_gather)(void *kc, void *dst, const void *src, const int32_t *rows, int R, int k, int C);
+    /* out[t, :] += sum_j (w ? w[t*k+j] : 1) * src[slot_row[t*k+j], :] for t < T, summed in fp32 in slot
+     * order; out act or f32 (out_f32), src act or f32 (src_f32) */
+    void (*moe_combine)(void *kc, void *out, int out_f32, const void *src, int src_f32, const float *w,
+                        const int32_t *slot_row, int T, int k, int C);
+    /* For the R routed rows: dw[rows[r]] = dot(x[r, :], y[r, :]) (f32), then x[r, :] and y[r, :] (act, n
+     * each) multiplied by w[rows[r]] */
+    void (*moe_dot_scale)(void *kc, float *dw, void *x, void *y, const float *w, const int32_t *rows, int R, int n);
+    /* Adds scale * E * sum_e c_e p_e to the step's loss, c_e and p_e each expert's routed rows and
+     * probability sum over the L rows of stats (L, 2E) f32 */
+    void (*moe_aux_loss)(void *kc, const float *stats, int L, int E, double scale);
 } mt_kernels;
 
 /* The sizes of one micro-batch's computation, fixed by the backend when it
@@ -111,6 +142,12 @@ typedef struct mt_dims {
     int glu_act;          /* mt_glu_act of the MLP */
     float attn_softcap;   /* Gemma 2's attention score cap, 0 none */
     float final_softcap;  /* Gemma 2's logit cap, 0 none */
+    /* mixture of experts (0 for dense models): E experts of width FE, k a token, the routing weights
+     * renormalised (norm_topk); L layers, n_sparse of them with experts; aux_coef the load-balancing
+     * loss's weight (0 without output_router_logits); n_micro the micro-batches of a step (set by the
+     * backend: the loss is the mean of theirs) */
+    int E, FE, topk, norm_topk, L, n_sparse, n_micro;
+    float aux_coef;
 } mt_dims;
 
 /* The activation of a gated MLP: out = act(gate) * up. */
@@ -139,6 +176,14 @@ typedef struct mt_work {
      * (FT); in the backward the f32 gradients before the norms, dpost (T, C) */
     void *ao, *mo, *mn;
     float *rstd3, *rstd4, *dpost;
+    /* mixture of experts: the router's logits and probabilities (T, E) f32, each token's k experts and
+     * weights (T*k), the routed rows' order (R = T*k; int32 in 4-byte elements); the routed rows' inputs
+     * (R, C), gate, up, activation (R, FE) and outputs (R, C) act; in the backward the routing weights'
+     * gradient (R) f32, the routed rows' gradients (R, C) f32, the experts' gate and up gradients (R, FE)
+     * act and the router logits' gradient (T, E) f32 and act */
+    float *rlog, *rprob, *topw, *rdw, *dxs, *drlog;
+    int32_t *topi, *rrows, *rslot;
+    void *xs, *eg, *eu, *ea, *ys, *dea, *deg, *deu, *drlog_act;
 } mt_work;
 
 /* One buffer of mt_work: where its pointer lives, its elements and type. */
@@ -148,7 +193,7 @@ typedef struct mt_work_buf {
     int f32;      /* fp32 whatever the activation type */
 } mt_work_buf;
 
-#define MT_WORK_MAX_BUFS 48
+#define MT_WORK_MAX_BUFS 64
 
 /* Where a layer's attention inputs and output and its residual live for
  * micro-batch mb: kept from the forward for the backward (the backend
@@ -163,6 +208,7 @@ typedef struct mt_layer_acts {
     int qkv_kept;    /* q, k and v do */
     int window;      /* this layer's sliding window (mt_config_layer_window): 0 none */
     int rope_local;  /* this layer rotates by the sliding layers' frequencies (mt_config_layer_local_rope) */
+    int layer;       /* the decoder layer, 0 .. L-1 (the row of mt_exec.moe it routes into) */
 } mt_layer_acts;
 
 /* What a template call runs on. */
@@ -171,6 +217,10 @@ typedef struct mt_exec {
     void *kc;
     const mt_dims *d;
     const mt_work *w;
+    /* mixture of experts: this micro-batch's routing statistics, (L, 2E) f32 (moe_route's stats, one
+     * row per layer, dense layers' left zero), kept by the backend from the forward to the backward and
+     * the head; NULL for dense models */
+    float *moe;
 } mt_exec;
 
 /* A family's template. Weights are bound by tensor role (w[MT_T_Q], ...;
@@ -224,6 +274,21 @@ mt_status mt_template_check(mt_err err, const mt_model_config *cfg);
 extern const mt_template mt_template_llama;
 /* The template of Gemma 2 and Gemma 3 (src/model/gemma.c). */
 extern const mt_template mt_template_gemma;
+
+/* The attention half of the Llama template's layer, for templates that change only the MLP:
+ * the forward from in (T, C) to a->h and xn2 = rmsnorm(h) (recompute: skipping what a says was kept);
+ * the backward, with x->w->dxn holding the gradient of xn2 (f32) and dy that of the layer's output,
+ * leaves the gradient of in in dy. */
+void mt_llama_attn_forward(const mt_exec *x, void *const *w, const void *in, const mt_layer_acts *a, int recompute);
+void mt_llama_attn_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                            const mt_layer_acts *a);
+
+/* The most experts a model may have (mt_config_import's bound). */
+#define MT_MAX_EXPERTS 1024
+
+/* The template of Qwen3-MoE and Mixtral (src/model/moe.c): Llama's attention, and on the sparse
+ * layers a router and experts in place of the MLP. */
+extern const mt_template mt_template_moe;
 
 /* Pointers to each tensor of a unit inside a block laid out like its tile,
  * of es-byte elements; roles the unit lacks are NULL. */

@@ -342,6 +342,12 @@ typedef struct family {
     uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
 } family;
 
+/* The experts of the mixture-of-experts families' examples: E of width FE, K a token. */
+static const struct {
+    mt_arch arch;
+    uint32_t E, K, FE;
+} MOE_SHAPES[] = {{MT_ARCH_QWEN3_MOE, 128, 8, 768}, {MT_ARCH_MIXTRAL, 8, 2, 14336}};
+
 static const family FAMILIES[] = {
     {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
      32, 8, 0, 0, 0, 0},
@@ -357,6 +363,10 @@ static const family FAMILIES[] = {
      16, 8, 256, 4096, 0, 1},
     {"Gemma 3", "Gemma3ForCausalLM", "q/k norms, local RoPE", "gemma-3-1b", MT_ARCH_GEMMA3, 262144, 1152, 6912, 26,
      4, 1, 256, 512, 0, 1},
+    {"Qwen3-MoE", "Qwen3MoeForCausalLM", "128 experts, top-8", "Qwen3-30B-A3B", MT_ARCH_QWEN3_MOE, 151936, 2048, 6144,
+     48, 32, 4, 128, 0, 0, 0},
+    {"Mixtral", "MixtralForCausalLM", "8 experts, top-2", "Mixtral-8x7B", MT_ARCH_MIXTRAL, 32000, 4096, 14336, 32,
+     32, 8, 0, 0, 0, 0},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
@@ -372,7 +382,7 @@ static const char *family_of(uint32_t arch)
 static int print_families(void)
 {
     const family *f = FAMILIES;
-    printf("%-8s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
+    printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
            "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param");
     for (size_t i = 0; i < N_FAMILIES; i++) {
         double host[2] = {0, 0}, bpp[2] = {0, 0}, params = 0;
@@ -383,6 +393,11 @@ static int print_families(void)
             c.num_hidden_layers = f[i].L, c.num_attention_heads = f[i].H, c.num_key_value_heads = f[i].Hkv;
             c.head_dim = f[i].D, c.sliding_window = f[i].window, c.attention_bias = f[i].bias;
             c.tie_word_embeddings = f[i].tied, c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+            for (size_t e = 0; e < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; e++)
+                if (MOE_SHAPES[e].arch == f[i].arch) {
+                    c.num_experts = MOE_SHAPES[e].E, c.num_experts_per_tok = MOE_SHAPES[e].K;
+                    c.moe_intermediate_size = MOE_SHAPES[e].FE, c.norm_topk_prob = 1;
+                }
             mt_offload_policy pol;
             mt_offload_policy_init(&pol);
             pol.backend = MT_BACKEND_CPU;
@@ -393,7 +408,7 @@ static int print_families(void)
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
             host[fp32] = gib(state), bpp[fp32] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-8s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
+        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
                f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
@@ -462,6 +477,12 @@ int cmd_plan(int argc, char **argv)
         printf("attention:   a sliding window of %u keys from layer %u on", cfg.sliding_window, cfg.max_window_layers);
         if (cfg.sliding_window_pattern) printf(", one layer in %u attending fully", cfg.sliding_window_pattern);
         printf("%s\n", cfg.sliding_window >= sh.seq_len ? " (as long as the sequence or longer: it masks nothing)" : "");
+    }
+    if (cfg.num_experts) {
+        printf("experts:     %u of width %u in each sparse layer, %u a token%s; load-balancing loss ", cfg.num_experts,
+               cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.norm_topk_prob ? " (weights renormalised)" : "");
+        if (cfg.output_router_logits) printf("x %g\n", (double)cfg.router_aux_loss_coef);
+        else printf("off\n");
     }
     printf("batch:       %u x %u x %u tokens per step, %s backend\n", sh.num_micro_batches, sh.micro_batch_size,
            sh.seq_len, p.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");

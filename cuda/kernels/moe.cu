@@ -1,0 +1,308 @@
+// Mixture-of-experts kernels (moe.h): routing, its backward, the row gathers
+// and sums between tokens and the experts' sorted rows, and the
+// load-balancing loss. Sums run in an order fixed by the shapes (tree
+// reductions in shared memory, warp sums broadcast from lane 0), never with
+// floating-point atomics, so every result is the same from run to run.
+#include "cuda/kernels/moe.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <type_traits>
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+constexpr unsigned FULL = 0xffffffffu;
+constexpr int BLOCK = 256;         // threads of the block-per-row kernels (a power of two)
+constexpr int WARPS_PER_BLOCK = 4; // tokens per block of the warp-per-token kernels
+
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+// The routing's order: the larger probability first, then the lower index (a total order, so
+// every lane of a warp picks the same expert, and the CPU op the same as the GPU).
+__device__ __forceinline__ bool before(float p, int e, float q, int f) { return p > q || (p == q && e < f); }
+
+// A warp's sum, the same in every lane (lane 0's, broadcast).
+__device__ __forceinline__ double warp_sum(double v)
+{
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return __shfl_sync(FULL, v, 0);
+}
+
+// The block's sum (blockDim.x == BLOCK), in a fixed tree order; valid in thread 0.
+template <typename T> __device__ T block_sum(T v, T *sh)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = BLOCK / 2; h; h >>= 1) {
+        if ((int)threadIdx.x < h) sh[threadIdx.x] += sh[threadIdx.x + h];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+// ---- CUDA kernels ----------------------------------------------------------------------------
+
+// One warp per token: softmax, top-k in the routing's order, renormalisation.
+__global__ void route_k(float *probs, float *topw, int32_t *topi, const float *logits, int T, int E, int k, int norm)
+{
+    const int t = blockIdx.x * WARPS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (t >= T) return; // the whole warp
+    const float *z = logits + (size_t)t * E;
+    float *p = probs + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, z[e]);
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+    double sum = 0.0;
+    for (int e = lane; e < E; e += 32) {
+        const float v = expf(z[e] - mx);
+        p[e] = v;
+        sum += v;
+    }
+    const float inv = (float)(1.0 / warp_sum(sum));
+    for (int e = lane; e < E; e += 32) p[e] *= inv;
+    __syncwarp();
+    float lastp = INFINITY, s = 0.0f;
+    int laste = -1;
+    for (int j = 0; j < k; j++) { // the first expert after the previous pick
+        float bp = 0.0f;
+        int be = E; // none yet
+        for (int e = lane; e < E; e += 32) {
+            const float v = p[e];
+            if (before(lastp, laste, v, e) && (be == E || before(v, e, bp, be))) bp = v, be = e;
+        }
+        for (int o = 16; o; o >>= 1) {
+            const float op = __shfl_xor_sync(FULL, bp, o);
+            const int oe = __shfl_xor_sync(FULL, be, o);
+            if (oe != E && (be == E || before(op, oe, bp, be))) bp = op, be = oe;
+        }
+        if (lane == 0) topi[(size_t)t * k + j] = be, topw[(size_t)t * k + j] = bp;
+        s += bp; // in the order of j, as the CPU op
+        lastp = bp, laste = be;
+    }
+    if (norm && lane == 0)
+        for (int j = 0; j < k; j++) topw[(size_t)t * k + j] /= s;
+}
+
+// One block per expert: its routed rows into offs[e + 1] (and stats), its probability sum.
+__global__ void count_k(int32_t *offs, float *stats, const int32_t *topi, const float *probs, int T, int E, int R)
+{
+    __shared__ int shi[BLOCK];
+    __shared__ double shd[BLOCK];
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int i = threadIdx.x; i < R; i += BLOCK) c += topi[i] == e;
+    c = block_sum(c, shi);
+    if (threadIdx.x == 0) offs[e + 1] = c;
+    if (!stats) return;
+    double ps = 0.0;
+    for (int t = threadIdx.x; t < T; t += BLOCK) ps += probs[(size_t)t * E + e];
+    __syncthreads();
+    ps = block_sum(ps, shd);
+    if (threadIdx.x == 0) stats[e] = (float)c, stats[E + e] = (float)ps;
+}
+
+// The counts in offs[1..E] into each expert's first row (E <= 1024: one thread).
+__global__ void scan_k(int32_t *offs, int E)
+{
+    offs[0] = 0;
+    for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
+}
+
+// One block per expert: its slots, in order, into its rows.
+__global__ void place_k(int32_t *rows, int32_t *slot_row, const int32_t *offs, const int32_t *topi, int R)
+{
+    __shared__ int warp_n[BLOCK / 32];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int base = offs[e];
+    for (int i0 = 0; i0 < R; i0 += BLOCK) {
+        const int i = i0 + (int)threadIdx.x;
+        const bool mine = i < R && topi[i] == e;
+        const unsigned m = __ballot_sync(FULL, mine);
+        if (lane == 0) warp_n[w] = __popc(m);
+        __syncthreads();
+        int r = base + __popc(m & ((1u << lane) - 1u));
+        for (int q = 0; q < w; q++) r += warp_n[q];
+        if (mine) rows[r] = i, slot_row[i] = r;
+        for (int q = 0; q < BLOCK / 32; q++) base += warp_n[q];
+        __syncthreads();
+    }
+}
+
+// One warp per token: the gradient of the probabilities (the load-balancing loss's, then the
+// routing weights' through the renormalisation), then through the softmax. The experts' routed rows
+// summed over the L layers are made once per block, in shared memory.
+__global__ void route_bwd_k(float *dlogits, const float *dw, const float *probs, const float *topw,
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+{
+    __shared__ float cnt[1024];
+    for (int e = threadIdx.y * 32 + threadIdx.x; e < E; e += 32 * WARPS_PER_BLOCK) {
+        float c = 0.0f;
+        if (stats)
+            for (int l = 0; l < L; l++) c += stats[(size_t)l * 2 * E + e];
+        cnt[e] = c;
+    }
+    __syncthreads();
+    const int t = blockIdx.x * WARPS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (t >= T) return; // the whole warp, after the block's last barrier
+    const float *p = probs + (size_t)t * E;
+    float *g = dlogits + (size_t)t * E;
+    for (int e = lane; e < E; e += 32) g[e] = aux * cnt[e];
+    __syncwarp();
+    if (lane == 0) {
+        const float *gw = dw + (size_t)t * k, *w = topw + (size_t)t * k;
+        const int32_t *idx = topi + (size_t)t * k;
+        float S = 0.0f, dot = 0.0f;
+        for (int j = 0; j < k; j++) S += p[idx[j]], dot += gw[j] * w[j];
+        for (int j = 0; j < k; j++) g[idx[j]] += norm ? (gw[j] - dot) / S : gw[j];
+    }
+    __syncwarp();
+    double pg = 0.0;
+    for (int e = lane; e < E; e += 32) pg += (double)p[e] * g[e];
+    const float s = (float)warp_sum(pg);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) g[e] = p[e] * (g[e] - s);
+}
+
+template <typename TD> __global__ void gather_k(TD *dst, const TD *src, const int32_t *rows, int k, int C)
+{
+    const size_t r = blockIdx.x, from = (size_t)(rows[r] / k);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[r * C + c] = src[from * C + c];
+}
+
+template <typename TO, typename TS>
+__global__ void combine_k(TO *out, const TS *src, const float *w, const int32_t *slot_row, int k, int C)
+{
+    const size_t t = blockIdx.x;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const size_t s = t * k + j;
+            acc = __fadd_rn(acc, __fmul_rn(w ? w[s] : 1.0f, ld(src + (size_t)slot_row[s] * C + c)));
+        }
+        st(out + t * C + c, __fadd_rn(ld(out + t * C + c), acc));
+    }
+}
+
+template <typename TD>
+__global__ void dot_scale_k(float *dw, TD *x, TD *y, const float *w, const int32_t *rows, int n)
+{
+    __shared__ double sh[BLOCK];
+    const size_t r = blockIdx.x;
+    TD *xr = x + r * n, *yr = y + r * n;
+    double d = 0.0;
+    for (int i = threadIdx.x; i < n; i += BLOCK) d += (double)ld(xr + i) * ld(yr + i);
+    d = block_sum(d, sh); // every read of the row is done
+    if (threadIdx.x == 0) dw[rows[r]] = (float)d;
+    const float s = w[rows[r]];
+    for (int i = threadIdx.x; i < n; i += BLOCK) st(xr + i, ld(xr + i) * s), st(yr + i, ld(yr + i) * s);
+}
+
+__global__ void aux_loss_k(double *loss, const float *stats, int L, int E, double scale)
+{
+    __shared__ double sh[BLOCK];
+    double sum = 0.0;
+    for (int e = threadIdx.x; e < E; e += BLOCK) {
+        double c = 0.0, p = 0.0;
+        for (int l = 0; l < L; l++) c += stats[(size_t)l * 2 * E + e], p += stats[(size_t)l * 2 * E + E + e];
+        sum += c * p;
+    }
+    sum = block_sum(sum, sh);
+    if (threadIdx.x == 0) *loss += scale * (double)E * sum;
+}
+
+int launched(void) { return cudaGetLastError() == cudaSuccess ? 0 : -1; }
+
+template <typename F> int with_dt(mt_cu_dtype dt, F &&f)
+{
+    if (dt == MT_CU_BF16) return f((bf16 *)nullptr);
+    if (dt == MT_CU_F32) return f((float *)nullptr);
+    return -1;
+}
+
+unsigned threads_for(int C) { return C >= BLOCK ? BLOCK : (unsigned)((C + 31) / 32 * 32); }
+
+} // namespace
+
+// ---- kernel launchers ----------------------------------------------------------------------------
+
+extern "C" int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_t *topi, int32_t *rows,
+                               int32_t *slot_row, int32_t *offs, float *stats, const float *logits, int T, int E,
+                               int k, int norm)
+{
+    if (T < 0 || E <= 0 || E > 1024 || k <= 0 || k > E) return -1;
+    cudaStream_t st_ = (cudaStream_t)s;
+    const int R = T * k;
+    if (T) {
+        route_k<<<(T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, dim3(32, WARPS_PER_BLOCK), 0, st_>>>(probs, topw, topi,
+                                                                                                  logits, T, E, k, norm);
+    }
+    count_k<<<E, BLOCK, 0, st_>>>(offs, stats, topi, probs, T, E, R);
+    scan_k<<<1, 1, 0, st_>>>(offs, E);
+    if (R) place_k<<<E, BLOCK, 0, st_>>>(rows, slot_row, offs, topi, R);
+    return launched();
+}
+
+extern "C" int mt_cu_moe_route_bwd(mt_cu_stream s, float *dlogits, const float *dw, const float *probs,
+                                   const float *topw, const int32_t *topi, const float *stats, int L, float aux, int T,
+                                   int E, int k, int norm)
+{
+    if (T < 0 || E <= 0 || E > 1024 || k <= 0 || k > E || L < 0) return -1;
+    if (!T) return 0;
+    route_bwd_k<<<(T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, dim3(32, WARPS_PER_BLOCK), 0, (cudaStream_t)s>>>(
+        dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm);
+    return launched();
+}
+
+extern "C" int mt_cu_moe_gather(mt_cu_stream s, mt_cu_dtype dt, void *dst, const void *src, const int32_t *rows, int R,
+                                int k, int C)
+{
+    if (R < 0 || k <= 0 || C <= 0) return -1;
+    if (!R) return 0;
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        gather_k<TD><<<R, threads_for(C), 0, (cudaStream_t)s>>>((TD *)dst, (const TD *)src, rows, k, C);
+        return launched();
+    });
+}
+
+extern "C" int mt_cu_moe_combine(mt_cu_stream s, mt_cu_dtype odt, void *out, mt_cu_dtype sdt, const void *src,
+                                 const float *w, const int32_t *slot_row, int T, int k, int C)
+{
+    if (T < 0 || k <= 0 || C <= 0) return -1;
+    if (!T) return 0;
+    return with_dt(odt, [&](auto to) {
+        using TO = typename std::remove_pointer<decltype(to)>::type;
+        return with_dt(sdt, [&](auto ts) {
+            using TS = typename std::remove_pointer<decltype(ts)>::type;
+            combine_k<TO, TS><<<T, threads_for(C), 0, (cudaStream_t)s>>>((TO *)out, (const TS *)src, w, slot_row, k, C);
+            return launched();
+        });
+    });
+}
+
+extern "C" int mt_cu_moe_dot_scale(mt_cu_stream s, mt_cu_dtype dt, float *dw, void *x, void *y, const float *w,
+                                   const int32_t *rows, int R, int n)
+{
+    if (R < 0 || n <= 0) return -1;
+    if (!R) return 0;
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        dot_scale_k<TD><<<R, BLOCK, 0, (cudaStream_t)s>>>(dw, (TD *)x, (TD *)y, w, rows, n);
+        return launched();
+    });
+}
+
+extern "C" int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, int E, double scale)
+{
+    if (L < 0 || E <= 0) return -1;
+    aux_loss_k<<<1, BLOCK, 0, (cudaStream_t)s>>>(loss, stats, L, E, scale);
+    return launched();
+}

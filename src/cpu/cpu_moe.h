@@ -1,0 +1,25 @@
+/* The CPU backend's mixture-of-experts operations (fp32, serial): the
+ * routing of tokens to experts and its backward, the gathers and sums that
+ * move rows between tokens and the experts' sorted rows, and the
+ * load-balancing loss. The contracts are those of the kernel table's moe_*
+ * entries (src/model/template.h); the experts' GEMMs are the ordinary
+ * linear layers. Every result is a fixed function of the shapes and inputs
+ * (no reduction depends on threads), none allocates, none can fail. E is at
+ * most 1024 (MT_MAX_EXPERTS, mt_config_import's bound). */
+#ifndef MT_CPU_MOE_H
+#define MT_CPU_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
+                      float *stats, const float *logits, int T, int E, int k, int norm);
+void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, const float *topw, const int32_t *topi,
+                          const float *stats, int L, float aux, int T, int E, int k, int norm);
+void mt_cpu_moe_gather(float *dst, const float *src, const int32_t *rows, int R, int k, int C);
+void mt_cpu_moe_combine(float *out, const float *src, const float *w, const int32_t *slot_row, int T, int k, int C);
+void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const int32_t *rows, int R, int n);
+/* E * sum_e c_e p_e over the L rows of stats (L, 2E): the load-balancing loss times N^2 */
+double mt_cpu_moe_aux_sum(const float *stats, int L, int E);
+
+#endif

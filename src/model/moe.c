@@ -1,0 +1,225 @@
+/* The mixture-of-experts template: Qwen3-MoE and Mixtral. Llama's attention
+ * (mt_llama_attn_forward / _backward, with Qwen3's q/k norms where the config
+ * has them); on the sparse layers (mt_config_layer_sparse) a router and E
+ * experts take the MLP's place, and the dense layers of a Qwen3-MoE model
+ * (mlp_only_layers, decoder_sparse_step) are Llama's layer as it is.
+ *
+ *   sparse layer:  xn2 = rmsnorm(h)                      (T, C)
+ *                  p = softmax(xn2 Wr^T) in fp32          (T, E)
+ *                  w, i = top-k of p (renormalised: norm_topk_prob, Mixtral always)
+ *                  out = h + sum_j w_j * down_i(silu(gate_i(xn2)) * up_i(xn2))
+ *
+ * The experts run on the T*k routed rows sorted by expert (moe_route): each
+ * token's row is gathered to its experts' rows, one GEMM per expert over its
+ * contiguous block of rows (experts without rows run nothing, so their
+ * gradient blocks stay as begin_grads zeroed them), and the weighted outputs
+ * are added back per token in slot order (moe_combine: no atomics, the same
+ * bits every run). The experts' row counts come to the host once per layer and
+ * micro-batch in the forward and once more in the backward, whose recompute
+ * routes again (moe_route's offs), to size those GEMMs; no data moves to the
+ * host per expert.
+ *
+ * The backward recomputes the routing and the experts' gate, up and
+ * activation; the routing weights' gradient is dot(dy_t, expert output), which
+ * is dot(dys Wd, a) for the row, so the expert outputs need not be kept. The
+ * top-k choice has no gradient; the weights' gradient goes through the
+ * renormalisation and the softmax into the router (moe_route_bwd).
+ *
+ * The load-balancing loss (transformers' load_balancing_loss_func with no
+ * attention mask, over every sparse layer's router probabilities
+ * concatenated): with N = n_sparse * T rows, f_e the share of the N*k routed
+ * rows that go to expert e and P_e the mean of its probability over the N rows,
+ *
+ *     aux = E * sum_e f_e * P_e,  loss = CE + router_aux_loss_coef * aux
+ *
+ * It is not a sum of per-layer terms, but f has no gradient, so d aux / d p =
+ * E * f_e / N for every row of every layer: each layer's forward writes its
+ * counts and probability sums into the micro-batch's statistics (mt_exec.moe,
+ * one row per layer), the head adds the loss once the forward is done, and
+ * each layer's backward takes the gradient from the counts summed over the
+ * layers. transformers computes the loss per forward call: with several
+ * micro-batches a step's loss is the cross-entropy over all its targets plus
+ * the coefficient times the mean of the micro-batches' aux losses, and the
+ * gradients are those of that sum. mt_eval reports the cross-entropy alone. */
+#include "model/template.h"
+
+#include <stddef.h>
+
+static void *at(const mt_dims *d, const void *p, size_t i) { return (char *)p + i * d->es; }
+
+#define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
+
+static int moe_work(const mt_dims *d, int want_grad, mt_work_buf *out)
+{
+    int k = mt_template_llama.work(d, want_grad, out); /* the attention's, and the dense layers' MLP */
+    const uint64_t T = (uint64_t)d->T, E = (uint64_t)d->E, R = T * (uint64_t)d->topk, C = (uint64_t)d->C;
+    const uint64_t FE = (uint64_t)d->FE;
+    BUF(rlog, T * E, 1);
+    BUF(rprob, T * E, 1);
+    BUF(topw, R, 1);
+    BUF(topi, R, 1); /* int32: 4-byte elements */
+    BUF(rrows, R, 1);
+    BUF(rslot, R, 1);
+    BUF(xs, R * C, 0);
+    BUF(eg, R * FE, 0);
+    BUF(eu, R * FE, 0);
+    BUF(ea, R * FE, 0);
+    BUF(ys, R * C, 0); /* the experts' outputs; in the backward the routed rows' output gradients */
+    if (want_grad) {
+        BUF(rdw, R, 1);
+        BUF(dxs, R * C, 1);
+        BUF(dea, R * FE, 0);
+        BUF(deg, R * FE, 0);
+        BUF(deu, R * FE, 0);
+        BUF(drlog, T * E, 1);
+        BUF(drlog_act, T * E, 0);
+    }
+    return k;
+}
+
+/* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32. */
+static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return at(d, W, (size_t)e * n); }
+static float *expert_f32(float *G, int e, size_t n) { return G + (size_t)e * n; }
+
+/* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
+ * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. */
+static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *stats)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
+    k->linear(kc, b->rlog, 1, b->xn2, w[MT_T_ROUTER], NULL, T, C, E, 0); /* (T, E) f32 */
+    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, offs, stats, b->rlog, T, E, K, d->norm_topk);
+    k->moe_gather(kc, b->xs, b->xn2, b->rrows, R, K, C); /* (R, C) */
+    for (int e = 0; e < E; e++) {
+        const int n = offs[e + 1] - offs[e];
+        if (!n) continue;
+        const void *xs = at(d, b->xs, (size_t)offs[e] * C);
+        k->linear(kc, at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C), NULL,
+                  n, C, FE, 0);
+        k->linear(kc, at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C), NULL, n,
+                  C, FE, 0);
+    }
+    k->glu(kc, b->ea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
+}
+
+static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
+{
+    if (!w[MT_T_ROUTER]) { /* a dense layer */
+        mt_template_llama.layer_forward(x, w, in, out, a);
+        return;
+    }
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE;
+    mt_llama_attn_forward(x, w, in, a, out == NULL);
+    if (!out) return; /* layer_backward routes again */
+    int offs[MT_MAX_EXPERTS + 1]; /* 4 KiB at most */
+    route_and_up(x, w, offs, x->moe ? x->moe + (size_t)a->layer * 2 * E : NULL);
+    for (int e = 0; e < E; e++) {
+        const int n = offs[e + 1] - offs[e];
+        if (n)
+            k->linear(kc, at(d, b->ys, (size_t)offs[e] * C), 0, at(d, b->ea, (size_t)offs[e] * FE),
+                      expert(d, w[MT_T_EXP_DOWN], e, (size_t)C * FE), NULL, n, FE, C, 0);
+    }
+    k->copy(kc, out, a->h, (size_t)T * C);
+    k->moe_combine(kc, out, 0, b->ys, 0, b->topw, b->rslot, T, K, C);
+}
+
+static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                           const mt_layer_acts *a)
+{
+    if (!w[MT_T_ROUTER]) {
+        mt_template_llama.layer_backward(x, w, gw, in, dy, a);
+        return;
+    }
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
+    const size_t GU = (size_t)FE * C; /* elements of one expert's gate, up or down matrix */
+    int offs[MT_MAX_EXPERTS + 1];
+    route_and_up(x, w, offs, NULL); /* the statistics are the forward's */
+    /* out = h + sum_j w_j y_j: each routed row's output gradient is its token's (unweighted here) */
+    const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
+    k->moe_gather(kc, b->ys, dya, b->rrows, R, K, C);
+    for (int e = 0; e < E; e++) { /* da = dys Wd, unweighted */
+        const int n = offs[e + 1] - offs[e];
+        if (n)
+            k->linear_dx(kc, at(d, b->dea, (size_t)offs[e] * FE), 0, at(d, b->ys, (size_t)offs[e] * C),
+                         expert(d, w[MT_T_EXP_DOWN], e, GU), n, FE, C, 0);
+    }
+    /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight */
+    k->moe_dot_scale(kc, b->rdw, b->dea, b->ea, b->topw, b->rrows, R, FE);
+    k->glu_bwd(kc, b->deg, b->deu, b->dea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
+    for (int e = 0; e < E; e++) {
+        const int n = offs[e + 1] - offs[e];
+        if (!n) continue; /* no rows: no gradient, the accumulator's zeros stay */
+        const size_t r0 = (size_t)offs[e];
+        const void *dys = at(d, b->ys, r0 * C), *xs = at(d, b->xs, r0 * C);
+        const void *dg = at(d, b->deg, r0 * FE), *du = at(d, b->deu, r0 * FE);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, at(d, b->ea, r0 * FE), n, FE, C);
+        k->linear_dx(kc, b->dxs + r0 * C, 1, dg, expert(d, w[MT_T_EXP_GATE], e, GU), n, C, FE, 0);
+        k->linear_dx(kc, b->dxs + r0 * C, 1, du, expert(d, w[MT_T_EXP_UP], e, GU), n, C, FE, 1);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), NULL, dg, xs, n, C, FE);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), NULL, du, xs, n, C, FE);
+    }
+    /* the gradient of xn2: the experts' rows added back per token, then the router's */
+    k->zero(kc, b->dxn, (size_t)T * C * sizeof(float));
+    k->moe_combine(kc, b->dxn, 1, b->dxs, 1, NULL, b->rslot, T, K, C);
+    const int aux = x->moe && d->aux_coef != 0.0f && d->n_sparse;
+    const double N = (double)d->n_sparse * T; /* the rows of the loss: every sparse layer's tokens */
+    const float aux_scale = aux ? (float)((double)d->aux_coef / d->n_micro * E / (N * N)) : 0.0f;
+    k->moe_route_bwd(kc, b->drlog, b->rdw, b->rprob, b->topw, b->topi, aux ? x->moe : NULL, d->L, aux_scale, T, E, K,
+                     d->norm_topk);
+    const void *dl = k->as_act(kc, b->drlog_act, b->drlog, (size_t)T * E);
+    k->linear_dx(kc, b->dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
+    k->linear_dw(kc, gw[MT_T_ROUTER], NULL, dl, b->xn2, T, C, E);
+    mt_llama_attn_backward(x, w, gw, in, dy, a);
+}
+
+static void head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,
+                 const int32_t *targets, float loss_scale, float *dy)
+{
+    mt_template_llama.head(x, w, lm, gw, glm, in, targets, loss_scale, dy);
+    const mt_dims *d = x->d;
+    /* the load-balancing loss once the forward has routed every layer: the step's loss sum is divided
+     * by its targets (1 / loss_scale), and the loss is the mean over the micro-batches. Training only:
+     * loss_scale 0 (mt_eval) reports the cross-entropy alone. */
+    if (x->moe && d->aux_coef != 0.0f && d->n_sparse && loss_scale != 0.0f) {
+        const double N = (double)d->n_sparse * d->T;
+        x->k->moe_aux_loss(x->kc, x->moe, d->L, d->E, (double)d->aux_coef / d->n_micro / loss_scale / (N * N));
+    }
+}
+
+/* The embedding and the last positions' logits are Llama's. */
+static void embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
+{
+    mt_template_llama.embed_forward(x, w, tokens, out);
+}
+
+static void embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy)
+{
+    mt_template_llama.embed_backward(x, gwte, tokens, dy);
+}
+
+static void head_logits(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out)
+{
+    mt_template_llama.head_logits(x, w, lm, in, out);
+}
+
+const mt_template mt_template_moe = {
+    .name = "moe",
+    .work = moe_work,
+    .embed_forward = embed_forward,
+    .embed_backward = embed_backward,
+    .layer_forward = layer_forward,
+    .layer_backward = layer_backward,
+    .head = head,
+    .head_logits = head_logits,
+};

@@ -1,0 +1,425 @@
+/* Mixture-of-experts on the GPU: the CUDA kernels of cuda/kernels/moe.h
+ * against the CPU ops of src/cpu/cpu_moe.h (suite cuda_kernels, tests moe_*),
+ * and Qwen3-MoE and Mixtral steps on the CUDA backend against the CPU
+ * backend (suite cuda_backend, tests moe_*). Each test skips on a machine
+ * without a CUDA device (fails under MT_REQUIRE_GPU=1, tests/gpu.h).
+ *
+ * Tolerances, in units of u = 2^-24 where fp32: the routing's softmax uses
+ * CUDA's expf (<= 2 ulp) against glibc's (< 1 ulp) and sums the exponentials
+ * in double in another order, then rounds 1/sum and the product: each
+ * probability within 5u + 2u + 1u, checked to 16u; the choice of experts is
+ * then exact (the logits here are drawn with gaps far above that), the
+ * routing weights (the k probabilities, their fp32 sum and a division) within
+ * 48u, the rows and counts identical. The
+ * backward's sums run in other orders over at most E terms of similar size:
+ * 1e-5 of the row's largest. Gathers copy (exact); the combine's sums use the
+ * CPU's roundings in the same order (fp32: exact; bf16 out: one rounding);
+ * dot products are summed in double on both sides (fp32: within 2u). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/bf16.h"
+#include "cpu/cpu_moe.h"
+#include "cuda/kernels/moe.h"
+#include "device/device.h"
+#include "engine/engine.h"
+#include "engine/backend.h"
+#include "gpu.h"
+
+#define U24 5.9604644775390625e-08 /* 2^-24 */
+
+static char why[256];
+
+#define NEED_GPU()                                                                                                     \
+    do {                                                                                                               \
+        if (mt_device_count(why, sizeof why) <= 0) MT_GPU_MISSING("%s", why);                                          \
+    } while (0)
+
+static void *up(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    cr_assert(mt_device_malloc(&d, bytes ? bytes : 4, why, sizeof why) == 0 && d, "%s", why);
+    if (bytes) cr_assert(mt_device_copy_h2d(d, h, bytes, why, sizeof why) == 0, "%s", why);
+    return d;
+}
+
+static void down(void *h, const void *d, size_t bytes)
+{
+    cr_assert(mt_device_copy_d2h(h, d, bytes, why, sizeof why) == 0, "%s", why);
+}
+
+static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
+static float uni(unsigned *s) { return ((float)(lcg(s) >> 8) / 16777216.0f) * 2.0f - 1.0f; }
+
+/* Logits whose probabilities are well apart: a random permutation of 0, h, 2h, .. per row plus a
+ * jitter of at most h / 4, h = 0.37 or less so that the row spans at most 50 (no probability near
+ * fp32's underflow, where the two expf could differ in denormals): no two within h / 2. */
+static void spread_logits(float *z, int T, int E, unsigned *s)
+{
+    const float h = fminf(0.37f, 50.0f / (float)E);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) z[t * E + e] = h * (float)e + 0.25f * h * uni(s);
+        for (int e = E - 1; e > 0; e--) {
+            const int j = (int)(lcg(s) % (unsigned)(e + 1));
+            const float x = z[t * E + e];
+            z[t * E + e] = z[t * E + j], z[t * E + j] = x;
+        }
+    }
+}
+
+/* ---- kernels ---------------------------------------------------------------------------- */
+
+static void route_check(int T, int E, int k, int norm)
+{
+    NEED_GPU();
+    const int R = T * k;
+    unsigned s = 11u + (unsigned)(T * 7 + E);
+    float *z = malloc((size_t)T * E * 4), *p = malloc((size_t)T * E * 4), *w = malloc((size_t)R * 4);
+    float *gp = malloc((size_t)T * E * 4), *gw = malloc((size_t)R * 4), st[2 * 1024], gst[2 * 1024];
+    int32_t *ti = malloc((size_t)R * 4), *rows = malloc((size_t)R * 4), *sr = malloc((size_t)R * 4);
+    int32_t *gti = malloc((size_t)R * 4), *grows = malloc((size_t)R * 4), *gsr = malloc((size_t)R * 4);
+    int offs[1025], goffs[1025];
+    spread_logits(z, T, E, &s);
+    mt_cpu_moe_route(p, w, ti, rows, sr, offs, st, z, T, E, k, norm);
+    float *dz = up(z, (size_t)T * E * 4), *dp = up(NULL, (size_t)T * E * 4), *dw = up(NULL, (size_t)R * 4);
+    float *dst = up(NULL, 2 * (size_t)E * 4);
+    int32_t *dti = up(NULL, (size_t)R * 4), *drows = up(NULL, (size_t)R * 4), *dsr = up(NULL, (size_t)R * 4);
+    int32_t *doffs = up(NULL, ((size_t)E + 1) * 4);
+    cr_assert_eq(mt_cu_moe_route(NULL, dp, dw, dti, drows, dsr, doffs, dst, dz, T, E, k, norm), 0);
+    down(gp, dp, (size_t)T * E * 4), down(gw, dw, (size_t)R * 4), down(gst, dst, 2 * (size_t)E * 4);
+    down(gti, dti, (size_t)R * 4), down(grows, drows, (size_t)R * 4), down(gsr, dsr, (size_t)R * 4);
+    down(goffs, doffs, ((size_t)E + 1) * 4);
+    for (int i = 0; i < T * E; i++) cr_assert(fabsf(gp[i] - p[i]) <= 16 * U24 * p[i], "p[%d] %.9g vs %.9g", i, gp[i], p[i]);
+    cr_assert_eq(memcmp(gti, ti, (size_t)R * 4), 0, "T %d E %d k %d: the same experts", T, E, k);
+    for (int i = 0; i < R; i++) cr_assert(fabsf(gw[i] - w[i]) <= 48 * U24 * w[i], "w[%d] %.9g vs %.9g", i, gw[i], w[i]);
+    cr_assert_eq(memcmp(goffs, offs, ((size_t)E + 1) * 4), 0, "offsets");
+    cr_assert_eq(memcmp(grows, rows, (size_t)R * 4), 0, "rows in slot order within each expert");
+    cr_assert_eq(memcmp(gsr, sr, (size_t)R * 4), 0, "slot_row");
+    for (int e = 0; e < E; e++) {
+        cr_assert_eq(gst[e], st[e], "count of expert %d", e);
+        cr_assert(fabsf(gst[E + e] - st[E + e]) <= 4e-6f * st[E + e] + 1e-7f, "probability sum of expert %d", e);
+    }
+    /* the backward, with and without the load-balancing term (L = 1: stats as the layer's) */
+    float *g = malloc((size_t)R * 4), *dl = malloc((size_t)T * E * 4), *gdl = malloc((size_t)T * E * 4);
+    for (int i = 0; i < R; i++) g[i] = uni(&s);
+    float *dg = up(g, (size_t)R * 4), *ddl = up(NULL, (size_t)T * E * 4);
+    for (int aux = 0; aux < 2; aux++) {
+        mt_cpu_moe_route_bwd(dl, g, p, w, ti, aux ? st : NULL, 1, 0.3f, T, E, k, norm);
+        cr_assert_eq(mt_cu_moe_route_bwd(NULL, ddl, dg, dp, dw, dti, aux ? dst : NULL, 1, 0.3f, T, E, k, norm), 0);
+        down(gdl, ddl, (size_t)T * E * 4);
+        for (int t = 0; t < T; t++) {
+            float mx = 0;
+            for (int e = 0; e < E; e++) mx = fmaxf(mx, fabsf(dl[t * E + e]));
+            for (int e = 0; e < E; e++)
+                cr_assert(fabsf(gdl[t * E + e] - dl[t * E + e]) <= 1e-5f * mx + 1e-12f, "aux %d: dz[%d][%d] %.9g vs %.9g",
+                          aux, t, e, gdl[t * E + e], dl[t * E + e]);
+        }
+    }
+    free(z), free(p), free(w), free(gp), free(gw), free(ti), free(rows), free(sr), free(gti), free(grows), free(gsr);
+    free(g), free(dl), free(gdl);
+    mt_device_free(dz), mt_device_free(dp), mt_device_free(dw), mt_device_free(dst), mt_device_free(dti);
+    mt_device_free(drows), mt_device_free(dsr), mt_device_free(doffs), mt_device_free(dg), mt_device_free(ddl);
+}
+
+/* Shapes: a few tokens among many experts (most get none), E above a warp (several experts a lane),
+ * k = 1, and the 30B-A3B's 128 experts top-8 over more tokens than a block's pass */
+Test(cuda_kernels, moe_route)
+{
+    route_check(5, 64, 2, 1);
+    route_check(37, 8, 2, 1);
+    route_check(300, 128, 8, 1);
+    route_check(300, 128, 8, 0);
+    route_check(70, 40, 1, 0);
+    route_check(1, 1024, 3, 1);
+}
+
+/* gather, combine and dot_scale in both activation types against the CPU ops on the same values */
+static void rows_check(int dt_bf16)
+{
+    NEED_GPU();
+    enum { T = 29, E = 6, K = 3, R = T * K, C = 200 };
+    const mt_cu_dtype dt = dt_bf16 ? MT_CU_BF16 : MT_CU_F32;
+    const size_t es = dt_bf16 ? 2 : 4;
+    unsigned s = 5;
+    float z[T * E], p[T * E], w[R], st[2 * E];
+    int32_t ti[R], rows[R], sr[R];
+    int offs[E + 1];
+    spread_logits(z, T, E, &s);
+    mt_cpu_moe_route(p, w, ti, rows, sr, offs, st, z, T, E, K, 1);
+    float *x = malloc((size_t)T * C * 4), *xs = malloc((size_t)R * C * 4), *out = malloc((size_t)T * C * 4);
+    float *got = malloc((size_t)R * C * 4);
+    for (int i = 0; i < T * C; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(uni(&s)));
+    /* device copies in dt */
+    void *hbuf = malloc((size_t)R * C * 4);
+#define TO_DT(src, n)                                                                                                  \
+    do {                                                                                                               \
+        for (size_t i_ = 0; i_ < (size_t)(n); i_++) {                                                                 \
+            if (dt_bf16) ((uint16_t *)hbuf)[i_] = mt_f32_to_bf16((src)[i_]);                                          \
+            else ((float *)hbuf)[i_] = (src)[i_];                                                                      \
+        }                                                                                                              \
+    } while (0)
+#define FROM_DT(dst, n)                                                                                                \
+    do {                                                                                                               \
+        for (size_t i_ = 0; i_ < (size_t)(n); i_++)                                                                   \
+            (dst)[i_] = dt_bf16 ? mt_bf16_to_f32(((uint16_t *)hbuf)[i_]) : ((float *)hbuf)[i_];                       \
+    } while (0)
+    TO_DT(x, T * C);
+    void *dx = up(hbuf, (size_t)T * C * es), *dxs = up(NULL, (size_t)R * C * es);
+    int32_t *drows = up(rows, sizeof rows), *dsr = up(sr, sizeof sr);
+    float *dw = up(w, sizeof w);
+    mt_cpu_moe_gather(xs, x, rows, R, K, C);
+    cr_assert_eq(mt_cu_moe_gather(NULL, dt, dxs, dx, drows, R, K, C), 0);
+    down(hbuf, dxs, (size_t)R * C * es);
+    FROM_DT(got, R * C);
+    cr_assert_eq(memcmp(got, xs, (size_t)R * C * 4), 0, "%s gather copies rows", dt_bf16 ? "bf16" : "fp32");
+    /* combine into out = 1 (act), and into an fp32 buffer from fp32 rows without weights */
+    for (int i = 0; i < T * C; i++) out[i] = 1.0f;
+    TO_DT(out, T * C);
+    void *dout = up(hbuf, (size_t)T * C * es);
+    mt_cpu_moe_combine(out, xs, w, sr, T, K, C);
+    cr_assert_eq(mt_cu_moe_combine(NULL, dt, dout, dt, dxs, dw, dsr, T, K, C), 0);
+    down(hbuf, dout, (size_t)T * C * es);
+    FROM_DT(got, T * C);
+    for (int i = 0; i < T * C; i++) {
+        const float want = dt_bf16 ? mt_bf16_to_f32(mt_f32_to_bf16(out[i])) : out[i];
+        cr_assert(fabsf(got[i] - want) <= (dt_bf16 ? 3.90625e-03f * fabsf(want) : 0.0f), "combine[%d] %.9g vs %.9g", i,
+                  got[i], want);
+    }
+    float *of = calloc((size_t)T * C, 4), *gof = malloc((size_t)T * C * 4);
+    float *df = up(of, (size_t)T * C * 4), *dxf = up(xs, (size_t)R * C * 4);
+    mt_cpu_moe_combine(of, xs, NULL, sr, T, K, C);
+    cr_assert_eq(mt_cu_moe_combine(NULL, MT_CU_F32, df, MT_CU_F32, dxf, NULL, dsr, T, K, C), 0);
+    down(gof, df, (size_t)T * C * 4);
+    cr_assert_eq(memcmp(gof, of, (size_t)T * C * 4), 0, "fp32 combine: the CPU's sums in the CPU's order");
+    /* dot_scale on (R, C) rows: x the gathered rows, y their reverse */
+    float *y = malloc((size_t)R * C * 4), *d = malloc((size_t)R * 4), *gd = malloc((size_t)R * 4);
+    for (int i = 0; i < R * C; i++) y[i] = xs[R * C - 1 - i];
+    TO_DT(y, R * C);
+    void *dy = up(hbuf, (size_t)R * C * es);
+    float *dd = up(NULL, (size_t)R * 4);
+    float *x2 = malloc((size_t)R * C * 4);
+    memcpy(x2, xs, (size_t)R * C * 4);
+    mt_cpu_moe_dot_scale(d, x2, y, w, rows, R, C);
+    cr_assert_eq(mt_cu_moe_dot_scale(NULL, dt, dd, dxs, dy, dw, drows, R, C), 0);
+    down(gd, dd, (size_t)R * 4);
+    for (int i = 0; i < R; i++) cr_assert(fabsf(gd[i] - d[i]) <= 2 * U24 * fabsf(d[i]) + 1e-7f, "dw[%d]", i);
+    down(hbuf, dy, (size_t)R * C * es);
+    FROM_DT(got, R * C);
+    for (int i = 0; i < R * C; i++) {
+        const float want = dt_bf16 ? mt_bf16_to_f32(mt_f32_to_bf16(y[i])) : y[i];
+        cr_assert(fabsf(got[i] - want) <= (dt_bf16 ? 3.90625e-03f * fabsf(want) : 0.0f), "scaled y[%d]", i);
+    }
+#undef TO_DT
+#undef FROM_DT
+    free(x), free(xs), free(out), free(got), free(hbuf), free(of), free(gof), free(y), free(d), free(gd), free(x2);
+    mt_device_free(dx), mt_device_free(dxs), mt_device_free(drows), mt_device_free(dsr), mt_device_free(dw);
+    mt_device_free(dout), mt_device_free(df), mt_device_free(dxf), mt_device_free(dy), mt_device_free(dd);
+}
+
+Test(cuda_kernels, moe_rows_fp32) { rows_check(0); }
+Test(cuda_kernels, moe_rows_bf16) { rows_check(1); }
+
+/* The load-balancing loss: E * sum_e c_e p_e over L rows, added to the device's loss sum */
+Test(cuda_kernels, moe_aux_loss)
+{
+    NEED_GPU();
+    enum { L = 5, E = 300 };
+    static float st[L * 2 * E];
+    unsigned s = 3;
+    for (int i = 0; i < L * 2 * E; i++) st[i] = (float)(lcg(&s) % 50);
+    const double want = 1.0 + 0.25 * mt_cpu_moe_aux_sum(st, L, E);
+    double one = 1.0, got = 0;
+    float *dst = up(st, sizeof st);
+    double *dl = up(&one, sizeof one);
+    cr_assert_eq(mt_cu_moe_aux_loss(NULL, dl, dst, L, E, 0.25), 0);
+    down(&got, dl, sizeof got);
+    cr_assert(fabs(got - want) <= 1e-12 * want, "%.17g vs %.17g", got, want); /* integer-valued sums: exact */
+    mt_device_free(dst), mt_device_free(dl);
+}
+
+/* ---- the backend -------------------------------------------------------------------------- */
+
+enum { V = 97 };
+
+/* A Qwen3-MoE (q/k norms, layer 1 dense) or Mixtral (every layer sparse, a window of 24) of head
+ * dimension 64 (the CUDA attention's), with the load-balancing loss on. */
+static mt_model_config moe_cfg(mt_arch arch, int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = arch;
+    c.vocab_size = V;
+    c.hidden_size = 128;
+    c.intermediate_size = 160;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 64;
+    c.max_position_embeddings = 256;
+    c.initializer_range = 0.1f;
+    c.seed = 5;
+    c.precision = (uint32_t)precision;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 48; /* rows of 96 bytes in bf16: expert blocks off 256-byte alignment */
+    c.norm_topk_prob = 1;
+    c.output_router_logits = 1;
+    c.router_aux_loss_coef = 0.1f;
+    if (arch == MT_ARCH_QWEN3_MOE) c.mlp_only_layers[0] = 1u << 1;
+    else c.sliding_window = 24, c.moe_intermediate_size = c.intermediate_size = 48;
+    return c;
+}
+
+static mt_model *make(const mt_model_config *c, int backend)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = (uint32_t)backend;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m = NULL;
+    mt_status st = mt_model_create(&m, c, &p);
+    if (st == MT_ERR_NO_DEVICE) MT_GPU_MISSING("no CUDA device: %s", mt_last_errmsg());
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed)
+{
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)((seed = seed * 1103515245u + 12345u) >> 16) % V;
+    for (int i = 0; i < n; i++) tg[i] = i % 7 == 3 ? MT_IGNORE_INDEX : tok[(i + 1) % n];
+}
+
+/* One step's gradients on both backends from the same weights, as tests/test_cuda_backend.c's
+ * step_matches_cpu: fp32, the loss to 1e-5 relative and every tensor's gradient (the stacked experts
+ * of a layer as one) to 1e-4 of its largest; the routing is the same on both sides unless two
+ * probabilities are within ~1e-6, which these seeds avoid. bf16: the GPU rounds the router's input
+ * and the experts' activations, so a token whose two best experts are within ~1% may choose
+ * differently from the CPU's fp32; each such token moves its experts' and the router's gradients by
+ * O(1/rows). Bounds (estimates, not yet measured on the H200): loss 1%, norm 3%, each tensor's
+ * relative L2 error 10%, and 25% for the stacked experts and the router. */
+static void step_matches_cpu(mt_arch arch, int precision)
+{
+    mt_model_config c = moe_cfg(arch, precision);
+    mt_model *gpu = make(&c, MT_BACKEND_CUDA), *cpu = make(&c, MT_BACKEND_CPU);
+    enum { B = 2, S = 77, M = 2, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3);
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = B, b.seq_len = S, b.num_micro_batches = M, b.tokens = tok, b.targets = tg;
+    uint64_t nt = 0;
+    for (int i = 0; i < N; i++) nt += tg[i] != MT_IGNORE_INDEX;
+    double lg, ng, lc, nc;
+    cr_assert_eq(mt_engine_grads(gpu, &b, nt, &lg, &ng, NULL), MT_OK, "%s", mt_model_errmsg(gpu));
+    cr_assert_eq(mt_engine_grads(cpu, &b, nt, &lc, &nc, NULL), MT_OK, "%s", mt_model_errmsg(cpu));
+    const int fp32 = precision == MT_PRECISION_FP32;
+    cr_log_info("loss %.7f vs %.7f, norm %.6f vs %.6f", lg, lc, ng, nc);
+    cr_assert(fabs(lg - lc) <= (fp32 ? 1e-5 : 1e-2) * fabs(lc), "loss %.7f (GPU) vs %.7f (CPU)", lg, lc);
+    cr_assert(fabs(ng - nc) <= (fp32 ? 1e-4 : 3e-2) * nc, "norm %.6f (GPU) vs %.6f (CPU)", ng, nc);
+    for (int u = 0; u < gpu->layout.n_units; u++) {
+        const mt_unit_desc *d = &gpu->layout.units[u];
+        for (int i = 0; i < d->n_tensors; i++) {
+            const mt_tensor_desc *td = &d->tensors[i];
+            double mx = 0, md = 0, dd = 0, bb = 0;
+            for (uint64_t e = td->offset; e < td->offset + td->numel; e++) {
+                float a, r;
+                if (d->grad_bytes) {
+                    a = mt_tile_grad_f32(&gpu->tiles.tile[u], d)[e], r = mt_tile_grad_f32(&cpu->tiles.tile[u], d)[e];
+                } else {
+                    a = mt_bf16_to_f32(mt_tile_weights_bf16(&gpu->tiles.tile[u], d)[e]);
+                    r = mt_bf16_to_f32(mt_tile_weights_bf16(&cpu->tiles.tile[u], d)[e]);
+                }
+                const double df = (double)a - r;
+                mx = fmax(mx, fabs(r)), md = fmax(md, fabs(df)), dd += df * df, bb += (double)r * r;
+            }
+            const double max_rel = mx > 0 ? md / mx : md, l2 = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
+            cr_log_info("  %-52s max %.3g, relative L2 %.3g", td->name, max_rel, l2);
+            if (fp32)
+                cr_assert(max_rel <= 1e-4, "%s: gradients differ by %.3g of the largest", td->name, max_rel);
+            else
+                cr_assert(l2 <= (td->experts || td->role == MT_T_ROUTER ? 0.25 : 0.1), "%s: relative L2 %.3g",
+                          td->name, l2);
+        }
+    }
+    mt_model_destroy(gpu);
+    mt_model_destroy(cpu);
+}
+
+Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_QWEN3_MOE, MT_PRECISION_FP32); }
+Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16); }
+Test(cuda_backend, moe_mixtral_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_MIXTRAL, MT_PRECISION_FP32); }
+Test(cuda_backend, moe_mixtral_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_MIXTRAL, MT_PRECISION_BF16); }
+
+/* Steps on the GPU are the same bits run to run (no atomics in the routing, the same GEMMs). */
+Test(cuda_backend, moe_steps_are_bit_identical)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16);
+    mt_model *a = make(&c, MT_BACKEND_CUDA), *b = make(&c, MT_BACKEND_CUDA);
+    enum { N = 2 * 64 * 2 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 3e-3f;
+    for (int s = 0; s < 3; s++) {
+        fill(tok, tg, N, 100u + (unsigned)s);
+        mt_batch x;
+        mt_batch_init(&x);
+        x.micro_batch_size = 2, x.seq_len = 64, x.num_micro_batches = 2, x.tokens = tok, x.targets = tg;
+        mt_step_stats sa, sb;
+        mt_step_stats_init(&sa), mt_step_stats_init(&sb);
+        cr_assert_eq(mt_step(a, &x, &o, &sa), MT_OK, "%s", mt_model_errmsg(a));
+        cr_assert_eq(mt_step(b, &x, &o, &sb), MT_OK, "%s", mt_model_errmsg(b));
+        cr_assert_eq(memcmp(&sa.loss, &sb.loss, sizeof sa.loss), 0, "step %d loss", s);
+    }
+    mt_optimizer_drain(&a->opt);
+    mt_optimizer_drain(&b->opt);
+    for (int u = 0; u < a->layout.n_units; u++)
+        cr_assert_eq(memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes), 0, "unit %d", u);
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+}
+
+/* The plan of an MoE model and shape on the CUDA backend is what a step reserves: device bytes
+ * (the routed rows' buffers, the statistics, the experts' offsets in the arena) and host bytes, as
+ * tests/test_backend.c checks for dense models. */
+Test(cuda_backend, moe_plan_is_the_allocation)
+{
+    for (int k = 0; k < 2; k++) {
+        mt_model_config c = moe_cfg(k ? MT_ARCH_MIXTRAL : MT_ARCH_QWEN3_MOE, k ? MT_PRECISION_FP32 : MT_PRECISION_BF16);
+        mt_offload_policy p;
+        mt_offload_policy_init(&p);
+        p.backend = MT_BACKEND_CUDA;
+        p.optimizer_threads = 2;
+        p.log_level = MT_LOG_ERROR;
+        p.gpu_budget_bytes = (uint64_t)8 << 30;
+        mt_batch_shape bs;
+        mt_batch_shape_init(&bs);
+        bs.micro_batch_size = 2, bs.seq_len = 64, bs.num_micro_batches = 2;
+        mt_memory_plan plan;
+        mt_memory_plan_init(&plan);
+        cr_assert_eq(mt_plan(&plan, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+        mt_model *m = NULL;
+        mt_status st = mt_model_create(&m, &c, &p);
+        if (st == MT_ERR_NO_DEVICE) MT_GPU_MISSING("no CUDA device: %s", mt_last_errmsg());
+        cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+        enum { N = 2 * 64 * 2 };
+        int32_t tok[N], tg[N];
+        fill(tok, tg, N, 7);
+        mt_batch b;
+        mt_batch_init(&b);
+        b.micro_batch_size = 2, b.seq_len = 64, b.num_micro_batches = 2, b.tokens = tok, b.targets = tg;
+        mt_optim_config o;
+        mt_optim_config_init(&o);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        const mt_be_needs *h = &m->be->held;
+        cr_assert_eq(plan.gpu_bytes, h->device_bytes, "config %d: device bytes planned %llu, allocated %llu", k,
+                     (unsigned long long)plan.gpu_bytes, (unsigned long long)h->device_bytes);
+        cr_assert_eq(plan.activation_bytes, h->checkpoint_bytes);
+        cr_assert_eq(plan.host_pinned_bytes + plan.host_pageable_bytes,
+                     m->layout.tile_bytes + h->host_bytes + h->pinned_bytes);
+        mt_model_destroy(m);
+    }
+}

@@ -1,0 +1,623 @@
+/* Mixture-of-experts models (Qwen3-MoE, Mixtral) on the CPU backend: the
+ * routing ops against plain references, whole-model gradients against finite
+ * differences with the load-balancing loss on and off, experts that get no
+ * token (zero gradient, AdamW's moments still decaying as torch's do), the
+ * layout against the parameter count, bit-identical resume, and the plan of
+ * the Qwen3-30B-A3B shape. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu/cpu_moe.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/backend.h"
+
+enum { V = 37 };
+
+static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
+static float uni(unsigned *s) { return ((float)(lcg(s) >> 8) / 16777216.0f) * 2.0f - 1.0f; }
+
+/* ---- the ops ---------------------------------------------------------------------------- */
+
+/* Routing of T tokens: probabilities against a float64 softmax (fp32 exp and one division, a few
+ * ulp: 1e-6 relative), the top-k against a sort of those, the weights renormalised or not, the
+ * routed rows grouped by expert in slot order with slot_row their inverse, and the statistics. */
+static void route_check(int norm)
+{
+    enum { T = 13, E = 6, K = 3, R = T * K };
+    float logits[T * E], probs[T * E], topw[R], stats[2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 5;
+    for (int i = 0; i < T * E; i++) logits[i] = 3.0f * uni(&s);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, K, norm);
+    int count[E] = {0};
+    double psum[E] = {0};
+    for (int t = 0; t < T; t++) {
+        double mx = -INFINITY, z = 0, p[E];
+        for (int e = 0; e < E; e++) mx = fmax(mx, logits[t * E + e]);
+        for (int e = 0; e < E; e++) z += p[e] = exp(logits[t * E + e] - mx);
+        for (int e = 0; e < E; e++) {
+            p[e] /= z;
+            psum[e] += p[e];
+            cr_assert(fabs(probs[t * E + e] - p[e]) <= 1e-6 * p[e], "p[%d][%d] %.9g vs %.9g", t, e, probs[t * E + e], p[e]);
+        }
+        double kept = 0;
+        for (int j = 0; j < K; j++) { /* the j-th largest: exactly j others are larger */
+            const int e = topi[t * K + j];
+            int larger = 0;
+            for (int f = 0; f < E; f++) larger += p[f] > p[e];
+            cr_assert_eq(larger, j, "token %d: choice %d is expert %d, with %d larger", t, j, e, larger);
+            kept += p[e];
+            count[e]++;
+        }
+        for (int j = 0; j < K; j++) {
+            const double want = p[topi[t * K + j]] / (norm ? kept : 1.0);
+            cr_assert(fabs(topw[t * K + j] - want) <= 1e-6 * want, "w[%d][%d] %.9g vs %.9g", t, j, topw[t * K + j], want);
+        }
+    }
+    cr_assert_eq(offs[0], 0);
+    cr_assert_eq(offs[E], R);
+    for (int e = 0; e < E; e++) {
+        cr_assert_eq(offs[e + 1] - offs[e], count[e], "expert %d: %d rows, %d routed", e, offs[e + 1] - offs[e], count[e]);
+        cr_assert_eq(stats[e], (float)count[e]);
+        cr_assert(fabs(stats[E + e] - psum[e]) <= 1e-6 * psum[e] + 1e-7);
+        for (int r = offs[e]; r < offs[e + 1]; r++) {
+            cr_assert_eq(topi[rows[r]], e, "row %d of expert %d's block came from slot %d", r, e, rows[r]);
+            if (r > offs[e]) cr_assert_lt(rows[r - 1], rows[r], "slot order within an expert's rows");
+        }
+    }
+    for (int sl = 0; sl < R; sl++) cr_assert_eq(rows[slot_row[sl]], sl, "slot_row inverts rows");
+}
+
+Test(moe_ops, route_matches_reference_renormalised) { route_check(1); }
+Test(moe_ops, route_matches_reference_plain) { route_check(0); }
+
+/* The routing's backward against central differences of the function it differentiates,
+ * f(z) = sum_j dw_j topw_j(z) + aux * sum_e c_e p_e(z), with the choice of experts held (steps of
+ * 1e-3 on logits of size ~1 keep every token's choice; float64 differences of fp32 evaluations:
+ * rounding ~1e-7 / 1e-3, so 2e-4 absolute + 1e-3 relative). */
+static void route_bwd_check(int norm, float aux)
+{
+    enum { T = 7, E = 5, K = 2, R = T * K, L = 3 };
+    float z[T * E], probs[T * E], topw[R], dw[R], dz[T * E], stats[L * 2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 9;
+    for (int i = 0; i < T * E; i++) z[i] = 2.0f * uni(&s);
+    for (int i = 0; i < R; i++) dw[i] = uni(&s);
+    for (int i = 0; i < L * 2 * E; i++) stats[i] = (float)(lcg(&s) % 7);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, norm);
+    mt_cpu_moe_route_bwd(dz, dw, probs, topw, topi, aux ? stats : NULL, L, aux, T, E, K, norm);
+    double c[E] = {0};
+    for (int e = 0; e < E; e++)
+        for (int l = 0; l < L; l++) c[e] += stats[l * 2 * E + e];
+    for (int i = 0; i < T * E; i++) {
+        const int t = i / E;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            float zz[E], p[E];
+            memcpy(zz, z + t * E, sizeof zz);
+            zz[i % E] += side ? -1e-3f : 1e-3f;
+            double mx = -INFINITY, sum = 0, kept = 0;
+            for (int e = 0; e < E; e++) mx = fmax(mx, zz[e]);
+            for (int e = 0; e < E; e++) sum += p[e] = (float)exp(zz[e] - mx);
+            for (int e = 0; e < E; e++) p[e] = (float)(p[e] / sum);
+            for (int j = 0; j < K; j++) kept += p[topi[t * K + j]];
+            f[side] = 0;
+            for (int j = 0; j < K; j++) f[side] += dw[t * K + j] * p[topi[t * K + j]] / (norm ? kept : 1.0);
+            for (int e = 0; e < E; e++) f[side] += aux * c[e] * p[e];
+        }
+        const double fd = (f[0] - f[1]) / 2e-3;
+        cr_assert(fabs(dz[i] - fd) <= 2e-4 + 1e-3 * fabs(fd), "dz[%d][%d] %.7g, difference %.7g", t, i % E, dz[i], fd);
+    }
+}
+
+Test(moe_ops, route_bwd_renormalised) { route_bwd_check(1, 0.0f); }
+Test(moe_ops, route_bwd_plain_with_aux) { route_bwd_check(0, 0.37f); }
+Test(moe_ops, route_bwd_renormalised_with_aux) { route_bwd_check(1, 0.37f); }
+
+/* gather, combine and dot_scale against their definitions (exact: copies, and sums in the order
+ * the contract states). */
+Test(moe_ops, gather_combine_dot_scale)
+{
+    enum { T = 5, K = 2, R = T * K, C = 3, E = 4 };
+    float z[T * E], probs[T * E], topw[R], x[T * C], xs[R * C], out[T * C], dw[R], a[R * C], b[R * C];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned s = 3;
+    for (int i = 0; i < T * E; i++) z[i] = uni(&s);
+    for (int i = 0; i < T * C; i++) x[i] = uni(&s);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, 1);
+    mt_cpu_moe_gather(xs, x, rows, R, K, C);
+    for (int r = 0; r < R; r++)
+        cr_assert_eq(memcmp(xs + r * C, x + (rows[r] / K) * C, sizeof(float) * C), 0, "row %d is its token's", r);
+    for (int i = 0; i < T * C; i++) out[i] = 1.0f;
+    mt_cpu_moe_combine(out, xs, topw, slot_row, T, K, C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) acc += topw[t * K + j] * x[t * C + c]; /* every routed row is its token's */
+            cr_assert_eq(out[t * C + c], 1.0f + acc);
+        }
+    for (int i = 0; i < R * C; i++) a[i] = uni(&s), b[i] = uni(&s);
+    float a0[R * C], b0[R * C];
+    memcpy(a0, a, sizeof a), memcpy(b0, b, sizeof b);
+    mt_cpu_moe_dot_scale(dw, a, b, topw, rows, R, C);
+    for (int r = 0; r < R; r++) {
+        double d = 0;
+        for (int c = 0; c < C; c++) d += (double)a0[r * C + c] * b0[r * C + c];
+        cr_assert_eq(dw[rows[r]], (float)d);
+        for (int c = 0; c < C; c++) {
+            cr_assert_eq(a[r * C + c], a0[r * C + c] * topw[rows[r]]);
+            cr_assert_eq(b[r * C + c], b0[r * C + c] * topw[rows[r]]);
+        }
+    }
+}
+
+/* ---- models ------------------------------------------------------------------------------- */
+
+/* A small Qwen3-MoE (q/k norms; experts of width 16; layer 1 dense through mlp_only_layers) or
+ * Mixtral (every layer sparse, always renormalised; a sliding window of 4). */
+static mt_model_config moe_cfg(mt_arch arch, int experts, int topk, int aux, int precision)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = arch;
+    c.vocab_size = V;
+    c.hidden_size = 24;
+    c.intermediate_size = 40;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.2f;
+    c.seed = 7;
+    c.precision = (uint32_t)precision;
+    c.num_experts = (uint32_t)experts;
+    c.num_experts_per_tok = (uint32_t)topk;
+    c.moe_intermediate_size = 16;
+    c.norm_topk_prob = 1;
+    c.output_router_logits = (uint32_t)(aux != 0);
+    c.router_aux_loss_coef = aux ? 0.5f : 0.0f; /* large, so that its gradient is a sizeable part */
+    if (arch == MT_ARCH_QWEN3_MOE) {
+        c.mlp_only_layers[0] = 1u << 1;
+    } else {
+        c.intermediate_size = 16;
+        c.sliding_window = 4;
+    }
+    return c;
+}
+
+static mt_model *make(const mt_model_config *c)
+{
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.log_level = MT_LOG_ERROR;
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, c, &p), MT_OK, "%s", mt_last_errmsg());
+    return m;
+}
+
+static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed)
+{
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)((lcg(&seed) >> 16) % V);
+    for (int i = 0; i < n; i++) tg[i] = i % 5 == 0 ? MT_IGNORE_INDEX : tok[(i + 1) % n];
+}
+
+static mt_batch batch_of(const int32_t *tok, const int32_t *tg, int b, int s, int m)
+{
+    mt_batch x;
+    mt_batch_init(&x);
+    x.micro_batch_size = (uint32_t)b, x.seq_len = (uint32_t)s, x.num_micro_batches = (uint32_t)m;
+    x.tokens = tok, x.targets = tg;
+    return x;
+}
+
+static uint64_t targets_of(const int32_t *tg, int n)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < n; i++) c += tg[i] != MT_IGNORE_INDEX;
+    return c;
+}
+
+/* The training loss (cross-entropy and, with output_router_logits, the load-balancing loss) and
+ * its gradients, left in the fp32 gradient blocks. */
+static double train_loss(mt_model *m, const mt_batch *b, uint64_t nt)
+{
+    double loss, norm;
+    cr_assert_eq(mt_engine_grads(m, b, nt, &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    return loss;
+}
+
+/* Whole-model gradient check in fp32, as tests/test_engine.c's: for every tensor (the stacked
+ * experts as one) the analytic derivative along a random direction against the central difference
+ * of the training loss, 2e-3 absolute + 2% relative. The routing is piecewise: a step that changes
+ * some token's choice of experts makes the loss jump (by ~4e-3 here), so eps is 3e-4, where no
+ * token of these seeds changes its choice (at 1e-3 one of the all-sparse models' tokens does, and
+ * the difference is off by ~2); fp32 rounding of a loss of ~3.9 is ~1e-3 in the difference. Two
+ * micro-batches: the load-balancing loss is their mean. */
+static void gradient_check(mt_model_config c)
+{
+    mt_model *m = make(&c);
+    enum { B = 2, S = 6, M = 2, N = B * S * M };
+    const float eps = 3e-4f;
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    const uint64_t nt = targets_of(tg, N);
+    train_loss(m, &b, nt);
+    uint64_t P = 0;
+    for (int ui = 0; ui < m->layout.n_units; ui++) P += m->layout.units[ui].padded;
+    float *grads = malloc(P * sizeof *grads);
+    for (int ui = 0, off = 0; ui < m->layout.n_units; off += (int)m->layout.units[ui].padded, ui++)
+        memcpy(grads + off, mt_tile_grad_f32(&m->tiles.tile[ui], &m->layout.units[ui]),
+               m->layout.units[ui].padded * sizeof *grads);
+    int checked = 0, experts = 0;
+    for (int ui = 0, off = 0; ui < m->layout.n_units; off += (int)m->layout.units[ui].padded, ui++) {
+        const mt_unit_desc *u = &m->layout.units[ui];
+        for (int ti = 0; ti < u->n_tensors; ti++) {
+            const mt_tensor_desc *td = &u->tensors[ti];
+            float *w = mt_tile_master(&m->tiles.tile[ui], u) + td->offset;
+            const float *g = grads + off + td->offset;
+            float *d = malloc(td->numel * sizeof *d), *w0 = malloc(td->numel * sizeof *w0);
+            double gd = 0;
+            unsigned seed = 99u + (unsigned)(ui * 16 + ti);
+            for (uint64_t i = 0; i < td->numel; i++) gd += (double)g[i] * (d[i] = uni(&seed));
+            memcpy(w0, w, td->numel * sizeof *w);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] + eps * d[i];
+            const double lp = train_loss(m, &b, nt);
+            for (uint64_t i = 0; i < td->numel; i++) w[i] = w0[i] - eps * d[i];
+            const double lm = train_loss(m, &b, nt);
+            memcpy(w, w0, td->numel * sizeof *w);
+            const double fd = (lp - lm) / (2.0 * eps);
+            cr_assert(fabs(fd - gd) <= 2e-3 + 2e-2 * fabs(fd), "%s: analytic %.6g, finite difference %.6g", td->name,
+                      gd, fd);
+            cr_assert(fabs(gd) > 1e-4, "%s carries gradient (%.3g)", td->name, gd);
+            checked++;
+            experts += td->experts != 0;
+            free(d);
+            free(w0);
+        }
+    }
+    const int sparse = mt_config_sparse_layers(&c);
+    cr_assert_eq(experts, 3 * sparse, "every sparse layer's stacked experts were checked");
+    cr_assert_gt(checked, 3 * sparse + 10);
+    free(grads);
+    mt_model_destroy(m);
+}
+
+Test(moe, gradient_check_qwen3_moe, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 0, MT_PRECISION_FP32)); }
+Test(moe, gradient_check_qwen3_moe_aux, .timeout = 240)
+{
+    gradient_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_FP32));
+}
+Test(moe, gradient_check_qwen3_moe_plain_topk_aux, .timeout = 240)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_FP32);
+    c.norm_topk_prob = 0;
+    gradient_check(c);
+}
+Test(moe, gradient_check_mixtral_aux_window, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
+
+/* ---- experts without tokens ------------------------------------------------------------------ */
+
+/* The block of expert e of stacked tensor t in the fp32 block `base` of its unit. */
+static float *block_of(float *base, const mt_tensor_desc *t, uint32_t e)
+{
+    return base + t->offset + (uint64_t)e * (t->numel / t->experts);
+}
+
+static int all_zero(const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) return 0;
+    return 1;
+}
+
+/* Three tokens routed to one of 8 experts each (k = 1, weights not renormalised, so that the router
+ * learns) leave at least 5 experts of every sparse layer without a token. Such an expert's gradient
+ * is exactly zero, and AdamW still updates it as torch.optim.AdamW does a parameter whose gradient is
+ * zero (transformers 5 holds the experts as one tensor, so every expert has a gradient): m and v
+ * decay by beta1 and beta2 (checked to 1 ulp-ish, 1e-6 relative: the optimizer's own roundings), and
+ * an expert that was routed before moves on its momentum. */
+Test(moe, experts_without_tokens, .timeout = 60)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 8, 1, 1, MT_PRECISION_FP32);
+    c.norm_topk_prob = 0;
+    mt_model *m = make(&c);
+    enum { N = 3 };
+    int32_t tok[N], tg[N];
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-2f, o.beta1 = 0.9f, o.beta2 = 0.95f, o.weight_decay = 0.0f, o.grad_clip = 0.0f;
+    fill(tok, tg, N, 21);
+    tg[0] = tok[1];
+    mt_batch a = batch_of(tok, tg, 1, N, 1);
+    cr_assert_eq(mt_step(m, &a, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    /* a second batch that leaves some expert routed by the first without a token */
+    int found = 0;
+    for (unsigned seed = 100; seed < 200 && !found; seed++) {
+        fill(tok, tg, N, seed);
+        tg[0] = tok[1];
+        mt_batch b = batch_of(tok, tg, 1, N, 1);
+        double loss, norm;
+        cr_assert_eq(mt_engine_grads(m, &b, N, &loss, &norm, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        for (int ui = 1; ui <= (int)c.num_hidden_layers && !found; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            const mt_tile *tl = &m->tiles.tile[ui];
+            int routed = 0, idle = 0;
+            for (int ti = 0; ti < u->n_tensors; ti++) {
+                const mt_tensor_desc *t = &u->tensors[ti];
+                if (t->role != MT_T_EXP_DOWN) continue;
+                const uint64_t n = t->numel / t->experts;
+                for (uint32_t e = 0; e < t->experts; e++) {
+                    const int zero = all_zero(block_of(mt_tile_grad_f32(tl, u), t, e), n);
+                    routed += !zero, idle += zero;
+                }
+            }
+            cr_assert_leq(routed, N, "at most one expert a token");
+            cr_assert_geq(idle, 8 - N);
+            for (int ti = 0; ti < u->n_tensors && !found; ti++) {
+                const mt_tensor_desc *t = &u->tensors[ti];
+                if (!t->experts) continue;
+                const uint64_t n = t->numel / t->experts;
+                for (uint32_t e = 0; e < t->experts && !found; e++) {
+                    float *g = block_of(mt_tile_grad_f32(tl, u), t, e), *m0 = block_of(mt_tile_m(tl, u), t, e);
+                    if (!all_zero(g, n) || all_zero(m0, n)) continue;
+                    found = 1;
+                    /* every matrix of this expert has no gradient */
+                    for (int tj = 0; tj < u->n_tensors; tj++)
+                        if (u->tensors[tj].experts)
+                            cr_assert(all_zero(block_of(mt_tile_grad_f32(tl, u), &u->tensors[tj], e), n),
+                                      "%s: expert %u", u->tensors[tj].name, e);
+                    float *mm = malloc(n * 4), *vv = malloc(n * 4), *ww = malloc(n * 4);
+                    memcpy(mm, m0, n * 4);
+                    memcpy(vv, block_of(mt_tile_v(tl, u), t, e), n * 4);
+                    memcpy(ww, block_of(mt_tile_master(tl, u), t, e), n * 4);
+                    cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+                    const float *m1 = block_of(mt_tile_m(tl, u), t, e), *v1 = block_of(mt_tile_v(tl, u), t, e);
+                    const float *w1 = block_of(mt_tile_master(tl, u), t, e);
+                    int moved = 0;
+                    for (uint64_t i = 0; i < n; i++) {
+                        cr_assert(fabsf(m1[i] - o.beta1 * mm[i]) <= 1e-6f * fabsf(mm[i]), "%s[%u]: m %g after %g",
+                                  t->name, e, m1[i], mm[i]);
+                        cr_assert(fabsf(v1[i] - o.beta2 * vv[i]) <= 1e-6f * fabsf(vv[i]), "%s[%u]: v %g after %g",
+                                  t->name, e, v1[i], vv[i]);
+                        moved += w1[i] != ww[i];
+                    }
+                    cr_assert_gt(moved, 0, "%s: expert %u moves on its momentum", t->name, e);
+                    free(mm), free(vv), free(ww);
+                }
+            }
+        }
+    }
+    cr_assert(found, "some batch leaves an expert of the first batch without a token");
+    mt_model_destroy(m);
+}
+
+/* ---- layout, resume, plan ----------------------------------------------------------------------- */
+
+/* The layout's units hold what mt_layout_count_params counts, a sparse layer at most
+ * MT_MAX_UNIT_TENSORS tensors (attention with biases and q/k norms, the router, three stacks). */
+Test(moe, layout_counts_its_parameters)
+{
+    mt_model_config cs[4] = {moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16),
+                             moe_cfg(MT_ARCH_MIXTRAL, 8, 2, 0, MT_PRECISION_FP32),
+                             moe_cfg(MT_ARCH_QWEN3_MOE, 16, 4, 0, MT_PRECISION_FP32),
+                             moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16)};
+    cs[2].decoder_sparse_step = 2, cs[2].mlp_only_layers[0] = 0, cs[2].attention_bias = 1;
+    cs[3].num_hidden_layers = 5, cs[3].mlp_only_layers[0] = 0x15; /* layers 0, 2, 4 dense */
+    for (int k = 0; k < 4; k++) {
+        mt_model *m = make(&cs[k]);
+        uint64_t n = 0;
+        int sparse = 0;
+        for (int ui = 0; ui < m->layout.n_units; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            uint64_t un = 0;
+            int router = 0;
+            for (int ti = 0; ti < u->n_tensors; ti++) un += u->tensors[ti].numel, router |= u->tensors[ti].role == MT_T_ROUTER;
+            cr_assert_eq(un, u->numel);
+            n += un;
+            if (u->kind == MT_UNIT_LAYER) {
+                cr_assert_eq(router, mt_config_layer_sparse(&m->cfg, u->layer), "layer %d", u->layer);
+                sparse += router;
+            }
+        }
+        cr_assert_eq(sparse, mt_config_sparse_layers(&m->cfg));
+        cr_assert_eq(n, m->layout.num_params);
+        cr_assert_eq(n, mt_layout_count_params(&m->cfg), "config %d: layout %llu, count %llu", k,
+                     (unsigned long long)n, (unsigned long long)mt_layout_count_params(&m->cfg));
+        mt_model_destroy(m);
+    }
+    cr_assert_eq(mt_config_sparse_layers(&cs[2]), 1, "decoder_sparse_step 2 of 3 layers: layer 1");
+    cr_assert_eq(mt_config_sparse_layers(&cs[3]), 2);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int f, struct FTW *w)
+{
+    (void)sb, (void)f, (void)w;
+    return remove(p);
+}
+
+static void train(mt_model *m, int steps, unsigned *seed)
+{
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 5e-3f;
+    enum { N = 2 * 8 * 2 };
+    int32_t tok[N], tg[N];
+    for (int s = 0; s < steps; s++) {
+        fill(tok, tg, N, (*seed)++);
+        mt_batch b = batch_of(tok, tg, 2, 8, 2);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    }
+}
+
+/* Four steps straight and two + a resume checkpoint + two in a fresh model give the same bits:
+ * every expert's weights and moments go through the checkpoint as per-expert tensors. */
+static void resume_check(mt_model_config c)
+{
+    mt_model *ref = make(&c);
+    unsigned sr = 1;
+    train(ref, 4, &sr);
+    mt_model *a = make(&c);
+    unsigned sa = 1;
+    train(a, 2, &sa);
+    char dir[] = "/tmp/mt_moe_ckpt_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    mt_checkpoint_info info;
+    mt_checkpoint_info_init(&info);
+    cr_assert_eq(mt_checkpoint_save(a, dir, &info), MT_OK, "%s", mt_model_errmsg(a));
+    mt_model_destroy(a);
+    mt_model_config c2 = c;
+    c2.seed = 1234;
+    mt_model *b = make(&c2);
+    cr_assert_eq(mt_checkpoint_load(b, dir, &info), MT_OK, "%s", mt_model_errmsg(b));
+    train(b, 2, &sa);
+    for (int u = 0; u < ref->layout.n_units; u++) {
+        const mt_unit_desc *d = &ref->layout.units[u];
+        const mt_tile *x = &ref->tiles.tile[u], *y = &b->tiles.tile[u];
+        cr_assert_eq(memcmp(mt_tile_master(x, d), mt_tile_master(y, d), d->padded * 4), 0, "unit %d master", u);
+        cr_assert_eq(memcmp(mt_tile_m(x, d), mt_tile_m(y, d), d->padded * 4), 0, "unit %d m", u);
+        cr_assert_eq(memcmp(mt_tile_v(x, d), mt_tile_v(y, d), d->padded * 4), 0, "unit %d v", u);
+    }
+    mt_model_destroy(ref);
+    mt_model_destroy(b);
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+Test(moe, resume_is_bit_identical_qwen3_moe, .timeout = 60) { resume_check(moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_BF16)); }
+Test(moe, resume_is_bit_identical_mixtral, .timeout = 60) { resume_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
+
+/* mt_plan of the Qwen3-30B-A3B shape in bf16: 30,532,122,624 parameters in 50 units, 2 + 4 + 8
+ * bytes a parameter for the streamed weights, the master and the moments (padding: each tensor
+ * rounded to 128 elements, under 1e-5 of the total here), each layer unit 622 M parameters. */
+Test(moe, plan_qwen3_30b_a3b)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.arch = MT_ARCH_QWEN3_MOE;
+    c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 48;
+    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128, c.max_position_embeddings = 40960;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768, c.norm_topk_prob = 1;
+    c.rms_norm_eps = 1e-6f, c.rope_theta = 1e6f;
+    mt_offload_policy p;
+    mt_offload_policy_init(&p);
+    p.backend = MT_BACKEND_CPU;
+    p.host_budget_bytes = (uint64_t)1 << 40;
+    mt_memory_plan plan;
+    mt_memory_plan_init(&plan);
+    cr_assert_eq(mt_plan(&plan, &c, &p, NULL), MT_OK, "%s", mt_last_errmsg());
+    const uint64_t P = 30532122624ull;
+    cr_assert_eq(plan.num_params, P);
+    cr_assert_eq(plan.num_units, 50);
+    const uint64_t layer = 2 * 2048 + 4096 * 2048 + 2 * 512 * 2048 + 2048 * 4096 + 2 * 128 + 128 * 2048 +
+                           128ull * 3 * 768 * 2048;
+    cr_assert_eq(plan.largest_unit_params, layer, "a layer unit: %llu", (unsigned long long)plan.largest_unit_params);
+    cr_assert(plan.weight_bytes >= 2 * P && plan.weight_bytes <= 2 * P + P / 50000);
+    cr_assert(plan.master_bytes >= 4 * P && plan.master_bytes <= 4 * P + P / 25000);
+    cr_assert(plan.optim_bytes >= 8 * P && plan.optim_bytes <= 8 * P + P / 12500);
+    cr_assert_eq(plan.grad_bytes, 0, "bf16 mode lands gradients in the weight block");
+}
+
+/* The load-balancing loss's value, independently of the routing code's own arithmetic: with the
+ * routers' weights zero every probability is 1/E, every token picks experts 0 .. k-1 (ties go to the
+ * lower index) and transformers' formula gives E * sum_{e<k} (N/N) (1/E) = k whatever the shapes
+ * (tokens_per_expert is a mean over the N rows of (k, E) one-hots, summed over k). mt_step's loss is
+ * then mt_eval's cross-entropy plus the coefficient times k, for each micro-batch and so for their
+ * mean; without output_router_logits the two are equal. (Relative 1e-6: the two runs' cross-entropies
+ * are the same computation, the loss ~3.6.) */
+Test(moe, aux_loss_of_a_uniform_router_is_k)
+{
+    for (int aux = 0; aux < 2; aux++) {
+        mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 6, 3, aux, MT_PRECISION_FP32);
+        mt_model *m = make(&c);
+        for (int ui = 0; ui < m->layout.n_units; ui++) {
+            const mt_unit_desc *u = &m->layout.units[ui];
+            for (int ti = 0; ti < u->n_tensors; ti++)
+                if (u->tensors[ti].role == MT_T_ROUTER)
+                    memset(mt_tile_master(&m->tiles.tile[ui], u) + u->tensors[ti].offset, 0, u->tensors[ti].numel * 4);
+        }
+        enum { B = 2, S = 7, M = 3, N = B * S * M };
+        int32_t tok[N], tg[N];
+        fill(tok, tg, N, 17);
+        mt_batch b = batch_of(tok, tg, B, S, M);
+        mt_eval_stats es;
+        mt_eval_stats_init(&es);
+        cr_assert_eq(mt_eval(m, &b, &es), MT_OK, "%s", mt_model_errmsg(m));
+        const double step_loss = train_loss(m, &b, targets_of(tg, N));
+        const double want = es.loss + (aux ? (double)c.router_aux_loss_coef * c.num_experts_per_tok : 0.0);
+        cr_assert(fabs(step_loss - want) <= 1e-6 * want, "aux %d: step loss %.9g, cross-entropy %.9g + %g x %u", aux,
+                  step_loss, es.loss, (double)c.router_aux_loss_coef, c.num_experts_per_tok);
+        mt_model_destroy(m);
+    }
+}
+
+/* The plan of an MoE model and shape is what a step then reserves (the routed rows' buffers and the
+ * routing statistics included), as tests/test_backend.c checks for dense models. */
+Test(moe, cpu_plan_is_the_allocation)
+{
+    const int shapes[][3] = {{1, 16, 1}, {2, 32, 3}};
+    for (int k = 0; k < 2; k++) {
+        mt_model_config c = moe_cfg(k ? MT_ARCH_MIXTRAL : MT_ARCH_QWEN3_MOE, 8, 2, 1, k ? MT_PRECISION_FP32 : MT_PRECISION_BF16);
+        mt_offload_policy p;
+        mt_offload_policy_init(&p);
+        p.backend = MT_BACKEND_CPU;
+        p.optimizer_threads = 2;
+        p.log_level = MT_LOG_ERROR;
+        mt_batch_shape bs;
+        mt_batch_shape_init(&bs);
+        bs.micro_batch_size = (uint32_t)shapes[k][0], bs.seq_len = (uint32_t)shapes[k][1];
+        bs.num_micro_batches = (uint32_t)shapes[k][2];
+        mt_memory_plan plan;
+        mt_memory_plan_init(&plan);
+        cr_assert_eq(mt_plan(&plan, &c, &p, &bs), MT_OK, "%s", mt_last_errmsg());
+        mt_model *m = NULL;
+        cr_assert_eq(mt_model_create(&m, &c, &p), MT_OK, "%s", mt_last_errmsg());
+        const int n = shapes[k][0] * shapes[k][1] * shapes[k][2];
+        int32_t *tok = malloc((size_t)n * sizeof *tok), *tg = malloc((size_t)n * sizeof *tg);
+        fill(tok, tg, n, 5);
+        mt_batch b = batch_of(tok, tg, shapes[k][0], shapes[k][1], shapes[k][2]);
+        mt_optim_config o;
+        mt_optim_config_init(&o);
+        cr_assert_eq(mt_step(m, &b, &o, NULL), MT_OK, "%s", mt_model_errmsg(m));
+        const mt_be_needs *h = &m->be->held;
+        cr_assert_eq(plan.host_pageable_bytes + plan.host_pinned_bytes, m->layout.tile_bytes + h->host_bytes,
+                     "config %d: planned %llu, allocated %llu", k,
+                     (unsigned long long)(plan.host_pageable_bytes + plan.host_pinned_bytes),
+                     (unsigned long long)(m->layout.tile_bytes + h->host_bytes));
+        cr_assert_eq(plan.activation_bytes + plan.workspace_bytes, h->host_bytes);
+        free(tok), free(tg);
+        mt_model_destroy(m);
+    }
+}
+
+/* A micro-batch whose routed rows (tokens x k) pass 2^31 is refused before anything runs: the
+ * experts' GEMMs and the routing count rows in int. */
+Test(moe, too_many_routed_rows_are_refused)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 1024, 1024, 0, MT_PRECISION_FP32);
+    c.max_position_embeddings = 1u << 22;
+    c.moe_intermediate_size = 1;
+    c.num_hidden_layers = 1, c.mlp_only_layers[0] = 0;
+    mt_model *m = make(&c);
+    int32_t tok[1] = {0};
+    mt_batch b = batch_of(tok, tok, 1, (1 << 21) + 1, 1); /* never read: refused first */
+    mt_step_stats st;
+    mt_step_stats_init(&st);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    cr_assert_eq(mt_step(m, &b, &o, &st), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(m), "routed to 1024 experts"), "%s", mt_model_errmsg(m));
+    cr_assert_eq(mt_model_step_count(m), 0);
+    mt_model_destroy(m);
+}
