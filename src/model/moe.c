@@ -41,17 +41,16 @@
  * micro-batches a step's loss is the cross-entropy over all its targets plus
  * the coefficient times the mean of the micro-batches' aux losses, and the
  * gradients are those of that sum. mt_eval reports the cross-entropy alone. */
-#include "model/template.h"
+#include "model/blocks.h"
 
 #include <stddef.h>
 
-static void *at(const mt_dims *d, const void *p, size_t i) { return (char *)p + i * d->es; }
 
 #define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
 
 static int moe_work(const mt_dims *d, int want_grad, mt_work_buf *out)
 {
-    int k = mt_template_llama.work(d, want_grad, out); /* the attention's, and the dense layers' MLP */
+    int k = mt_block_work(d, want_grad, out); /* the attention's, and the dense layers' MLP */
     const uint64_t T = (uint64_t)d->T, E = (uint64_t)d->E, R = T * (uint64_t)d->topk, C = (uint64_t)d->C;
     const uint64_t FE = (uint64_t)d->FE;
     BUF(rlog, T * E, 1);
@@ -78,7 +77,7 @@ static int moe_work(const mt_dims *d, int want_grad, mt_work_buf *out)
 }
 
 /* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32. */
-static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return at(d, W, (size_t)e * n); }
+static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return mt_at(d, W, (size_t)e * n); }
 static float *expert_f32(float *G, int e, size_t n) { return G + (size_t)e * n; }
 
 /* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
@@ -96,10 +95,10 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (!n) continue;
-        const void *xs = at(d, b->xs, (size_t)offs[e] * C);
-        k->linear(kc, at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C), NULL,
+        const void *xs = mt_at(d, b->xs, (size_t)offs[e] * C);
+        k->linear(kc, mt_at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C), NULL,
                   n, C, FE, 0);
-        k->linear(kc, at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C), NULL, n,
+        k->linear(kc, mt_at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C), NULL, n,
                   C, FE, 0);
     }
     k->glu(kc, b->ea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
@@ -123,7 +122,7 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (n)
-            k->linear(kc, at(d, b->ys, (size_t)offs[e] * C), 0, at(d, b->ea, (size_t)offs[e] * FE),
+            k->linear(kc, mt_at(d, b->ys, (size_t)offs[e] * C), 0, mt_at(d, b->ea, (size_t)offs[e] * FE),
                       expert(d, w[MT_T_EXP_DOWN], e, (size_t)C * FE), NULL, n, FE, C, 0);
     }
     k->copy(kc, out, a->h, (size_t)T * C);
@@ -151,7 +150,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     for (int e = 0; e < E; e++) { /* da = dys Wd, unweighted */
         const int n = offs[e + 1] - offs[e];
         if (n)
-            k->linear_dx(kc, at(d, b->dea, (size_t)offs[e] * FE), 0, at(d, b->ys, (size_t)offs[e] * C),
+            k->linear_dx(kc, mt_at(d, b->dea, (size_t)offs[e] * FE), 0, mt_at(d, b->ys, (size_t)offs[e] * C),
                          expert(d, w[MT_T_EXP_DOWN], e, GU), n, FE, C, 0);
     }
     /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight */
@@ -161,9 +160,9 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         const int n = offs[e + 1] - offs[e];
         if (!n) continue; /* no rows: no gradient, the accumulator's zeros stay */
         const size_t r0 = (size_t)offs[e];
-        const void *dys = at(d, b->ys, r0 * C), *xs = at(d, b->xs, r0 * C);
-        const void *dg = at(d, b->deg, r0 * FE), *du = at(d, b->deu, r0 * FE);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, at(d, b->ea, r0 * FE), n, FE, C);
+        const void *dys = mt_at(d, b->ys, r0 * C), *xs = mt_at(d, b->xs, r0 * C);
+        const void *dg = mt_at(d, b->deg, r0 * FE), *du = mt_at(d, b->deu, r0 * FE);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, mt_at(d, b->ea, r0 * FE), n, FE, C);
         k->linear_dx(kc, b->dxs + r0 * C, 1, dg, expert(d, w[MT_T_EXP_GATE], e, GU), n, C, FE, 0);
         k->linear_dx(kc, b->dxs + r0 * C, 1, du, expert(d, w[MT_T_EXP_UP], e, GU), n, C, FE, 1);
         k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), NULL, dg, xs, n, C, FE);
@@ -186,7 +185,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
 static void head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,
                  const int32_t *targets, float loss_scale, float *dy)
 {
-    mt_template_llama.head(x, w, lm, gw, glm, in, targets, loss_scale, dy);
+    mt_block_head(x, w, lm, gw, glm, in, targets, loss_scale, dy);
     const mt_dims *d = x->d;
     /* the load-balancing loss once the forward has routed every layer: the step's loss sum is divided
      * by its targets (1 / loss_scale), and the loss is the mean over the micro-batches. Training only:
@@ -197,29 +196,13 @@ static void head(const mt_exec *x, void *const *w, const void *lm, float *const 
     }
 }
 
-/* The embedding and the last positions' logits are Llama's. */
-static void embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
-{
-    mt_template_llama.embed_forward(x, w, tokens, out);
-}
-
-static void embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy)
-{
-    mt_template_llama.embed_backward(x, gwte, tokens, dy);
-}
-
-static void head_logits(const mt_exec *x, void *const *w, const void *lm, const void *in, float *out)
-{
-    mt_template_llama.head_logits(x, w, lm, in, out);
-}
-
 const mt_template mt_template_moe = {
     .name = "moe",
     .work = moe_work,
-    .embed_forward = embed_forward,
-    .embed_backward = embed_backward,
+    .embed_forward = mt_block_embed_forward, /* the embedding and the last positions' logits are Llama's */
+    .embed_backward = mt_block_embed_backward,
     .layer_forward = layer_forward,
     .layer_backward = layer_backward,
     .head = head,
-    .head_logits = head_logits,
+    .head_logits = mt_block_head_logits,
 };
