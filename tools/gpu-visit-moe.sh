@@ -7,8 +7,9 @@
 # run from the root).
 #   tools/gpu-visit-moe.sh                      everything
 #   tools/gpu-visit-moe.sh fixtures parity_cpu  only the parts named
-# The fixtures part writes tests/fixtures/qwen3_moe and tests/fixtures/mixtral
-# (copy them back and commit them); the parity parts read them.
+# The fixtures part writes tests/fixtures/qwen3_moe, mixtral and their _routed
+# variants (copy them back and commit them); the parity parts read them (the
+# _routed ones are the bf16 and CUDA suites' MoE fixtures: docs/parity.md).
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -27,8 +28,8 @@ T=build/tests/mt_tests
 run moe_kernels env MT_REQUIRE_GPU=1 $T --jobs 1 --verbose --filter 'cuda_kernels/moe*'
 run moe_backend env MT_REQUIRE_GPU=1 $T --jobs 1 --verbose --filter 'cuda_backend/moe*'
 run moe_cpu $T --jobs 4 --filter 'moe*/*'
-run fixtures python3 tools/fixtures/make_fixtures.py --out tests/fixtures --only qwen3_moe mixtral
-for f in qwen3_moe mixtral; do
+run fixtures python3 tools/fixtures/make_fixtures.py --out tests/fixtures --only qwen3_moe mixtral qwen3_moe_routed mixtral_routed
+for f in qwen3_moe mixtral qwen3_moe_routed mixtral_routed; do
   run parity_cpu_$f $T --jobs 1 --verbose --filter "parity/$f"
   run parity_bf16_$f $T --jobs 1 --verbose --filter "parity_bf16_cpu/$f"
   run cuda_parity_$f env MT_REQUIRE_GPU=1 $T --jobs 1 --verbose --filter "cuda_parity/${f}_*"
@@ -45,7 +46,7 @@ run sanitizer sh -c "compute-sanitizer --tool memcheck $T --jobs 1 --filter 'cud
 # 12 of Qwen3-30B-A3B's 48 layers fit a 125 GiB host (8.7 GB a layer, 8.7 GB of embedding and head);
 # 5 of Mixtral-8x7B's 32 (19.7 GB a layer)
 RUN_TIMEOUT=${RUN_TIMEOUT:-580} run step_30b_a3b build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 \
-  --micro-batch 1 --grad-accum 4 --steps 3 --host-budget 118 --timeline
+  --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
 RUN_TIMEOUT=${RUN_TIMEOUT:-580} run step_8x7b build/bench/step --preset mixtral-8x7b --layers 5 --seq-len 4096 \
   --micro-batch 1 --grad-accum 4 --steps 3 --host-budget 118 --timeline
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
