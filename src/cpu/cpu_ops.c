@@ -583,17 +583,12 @@ void mt_cpu_swiglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, 
 
 #define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_K1 0.044715f
-
-typedef struct {
-    float *out, *dgate, *dup;
-    const float *gate, *up, *dout;
-    size_t n, nt;
-} geglu_args;
+/* the arguments are SwiGLU's (swiglu_args) */
 
 /* out = 0.5 g (1 + tanh(k0 (g + k1 g^3))) * u, as torch's gelu(approximate="tanh") */
 static void geglu_task(void *ctx, size_t task, int thread)
 {
-    const geglu_args *a = ctx;
+    const swiglu_args *a = ctx;
     size_t lo, hi;
     mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
@@ -605,7 +600,7 @@ static void geglu_task(void *ctx, size_t task, int thread)
 /* d gelu / dg = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2) */
 static void geglu_bwd_task(void *ctx, size_t task, int thread)
 {
-    const geglu_args *a = ctx;
+    const swiglu_args *a = ctx;
     size_t lo, hi;
     mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
@@ -619,14 +614,14 @@ static void geglu_bwd_task(void *ctx, size_t task, int thread)
 
 void mt_cpu_geglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n)
 {
-    geglu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14)};
+    swiglu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14)};
     mt_pool_run(p, a.nt, geglu_task, &a);
 }
 
 void mt_cpu_geglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                       size_t n)
 {
-    geglu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
+    swiglu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
                     .nt = n_tasks(p, n, 1 << 14)};
     mt_pool_run(p, a.nt, geglu_bwd_task, &a);
 }
