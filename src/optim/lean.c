@@ -51,3 +51,14 @@ int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, ui
     *sm = sm2, *sv = sv2;
     return 0;
 }
+
+mt_lean_block_fn mt_lean_kernel(mt_adamw_isa isa)
+{
+    if (!mt_adamw_kernel(isa)) return NULL; /* out of range, or not on this CPU */
+    switch (isa) {
+    case MT_ADAMW_SCALAR:
+        return mt_lean_step_block;
+    default:
+        return NULL; /* the SIMD kernels are not written yet */
+    }
+}

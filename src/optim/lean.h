@@ -1,7 +1,8 @@
 /* The lean mode's AdamW step (docs/lean-optimizer.md): bf16 weights updated
  * in place with stochastic rounding, the moments kept as 8-bit block codes
- * (optim/q8.h). The scalar reference kernel of that mode; nothing calls it
- * yet. */
+ * (optim/q8.h). The scalar kernel is the reference; the AVX2 and AVX-512 ones
+ * give the same bits (the random bits are a function of the parameter's
+ * index, not of the lane). */
 #ifndef MT_OPTIM_LEAN_H
 #define MT_OPTIM_LEAN_H
 
@@ -27,5 +28,19 @@ uint16_t mt_bf16_round_stochastic(float x, uint32_t r16);
  * gradient). */
 int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n, uint16_t *w,
                        const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv);
+
+typedef int (*mt_lean_block_fn)(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n,
+                                uint16_t *w, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv);
+
+/* The same step on AVX2 and AVX-512 (F, BW, VL, DQ): only call one after
+ * mt_lean_kernel said this CPU has it. */
+int mt_lean_step_block_avx2(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n,
+                            uint16_t *w, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv);
+int mt_lean_step_block_avx512(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n,
+                              uint16_t *w, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv);
+
+/* The kernel of isa (MT_ADAMW_AVX512BF16 gives the AVX-512 one); NULL when
+ * this CPU cannot run it or isa is out of range. */
+mt_lean_block_fn mt_lean_kernel(mt_adamw_isa isa);
 
 #endif
