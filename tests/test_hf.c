@@ -1453,6 +1453,18 @@ Test(hf, config_round_trip_moe)
             cr_assert_eq(cJSON_GetObjectItem(j, "num_local_experts")->valueint, 3);
             cr_assert_eq(cJSON_GetObjectItem(j, "intermediate_size")->valueint, (int)cases[k].moe_intermediate_size);
             cr_assert_null(cJSON_GetObjectItem(j, "num_experts"));
+            /* a float as Python writes one: transformers 5's typed config refuses the integer 0 */
+            char path[600], text[8192] = "";
+            snprintf(path, sizeof path, "%s/config.json", dir);
+            FILE *f = fopen(path, "rb");
+            cr_assert_not_null(f);
+            text[fread(text, 1, sizeof text - 1, f)] = '\0';
+            fclose(f);
+            const char *at = strstr(text, "\"router_jitter_noise\":");
+            cr_assert_not_null(at);
+            at += strlen("\"router_jitter_noise\":");
+            while (*at == ' ' || *at == '\t') at++;
+            cr_assert(!strncmp(at, "0.0", 3) && (at[3] == ',' || at[3] == '\n'), "router_jitter_noise: %.8s", at);
         } else {
             const cJSON *ml = cJSON_GetObjectItem(j, "mlp_only_layers");
             cr_assert(cJSON_IsArray(ml));

@@ -623,7 +623,7 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     } else if (c->arch == MT_ARCH_MIXTRAL) {
         cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
-        cJSON_AddNumberToObject(j, "router_jitter_noise", 0);
+        cJSON_AddItemToObject(j, "router_jitter_noise", float_number(0.0f));
     }
     if (c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL) {
         cJSON_AddItemToObject(j, "router_aux_loss_coef", float_number(c->router_aux_loss_coef));
