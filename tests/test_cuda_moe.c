@@ -287,9 +287,10 @@ static mt_model *make(const mt_model_config *c, int backend)
 }
 
 /* Routing clear of ties by construction (as tools/fixtures/make_fixtures.py's decisive_routing): the
- * embedding's first E channels carry each token's k experts (2 in those, damped elsewhere) and each
- * router reads mostly its own channel, so a token's k experts lead the others by several units of
- * logit. Random routers put some token's k-th and next experts within 1e-5 of each other among a few
+ * embedding's first E channels carry each token's k experts (2 in those, damped elsewhere), the
+ * attention's and MLPs' output rows into those channels are damped (x0.02: at initializer_range 0.1
+ * their outputs are about a unit per channel and would bury the marks) and each router reads mostly its
+ * own channel (6), so a token's k experts lead the others by several units of logit. Random routers put some token's k-th and next experts within 1e-5 of each other among a few
  * hundred routings, and the GPU's bf16 then chose another expert than the CPU's fp32: the comparison
  * measured the tie, not the arithmetic. The same weights on both models (set before any step). */
 static void set_weight(mt_model *m, int unit, const mt_tensor_desc *t, uint64_t i, float x)
@@ -318,7 +319,12 @@ static void decisive_routing(mt_model *m)
             } else if (t->role == MT_T_ROUTER) {
                 for (uint32_t e = 0; e < E; e++)
                     for (uint32_t c = 0; c < C; c++)
-                        set_weight(m, unit, t, (uint64_t)e * C + c, 0.01f * uni(&s) + (c == e ? 1.5f : 0.0f));
+                        set_weight(m, unit, t, (uint64_t)e * C + c, 0.01f * uni(&s) + (c == e ? 6.0f : 0.0f));
+            } else if (t->role == MT_T_O || t->role == MT_T_DOWN || t->role == MT_T_EXP_DOWN) {
+                /* rows of C outputs (each expert's block of C rows for the stacked down projections) */
+                for (uint64_t r = 0; r < t->rows; r++)
+                    if (r % C < E)
+                        for (uint64_t i = r * t->cols; i < (r + 1) * t->cols; i++) set_weight(m, unit, t, i, 0.02f * w[i]);
             }
         }
     }
