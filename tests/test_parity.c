@@ -60,7 +60,8 @@ static const parity_tol TOL = {
 
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
-                                       "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral"};
+                                       "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
+                                       "qwen3_moe_routed", "mixtral_routed"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -90,6 +91,9 @@ Test(parity, gemma3_window) { run_fixture("gemma3_window"); }
  * with the load-balancing loss */
 Test(parity, qwen3_moe) { run_fixture("qwen3_moe"); }
 Test(parity, mixtral) { run_fixture("mixtral"); }
+/* the same two with routing clear of ties by construction: the bf16 and CUDA suites' MoE fixtures */
+Test(parity, qwen3_moe_routed) { run_fixture("qwen3_moe_routed"); }
+Test(parity, mixtral_routed) { run_fixture("mixtral_routed"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
