@@ -3,6 +3,7 @@
  * float64 reference of the same algorithm; NaN gradients refused without
  * writing; the same inputs give the same bits. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -143,4 +144,266 @@ Test(lean, nan_gradient_refused_without_writing_and_runs_repeat)
     cr_assert_eq(mt_lean_step_block(&h, 5, 2, 0, 8, w, g, qm, &sm, qv, &sv), -1);
     cr_assert(!memcmp(w, before, sizeof w) && !memcmp(qm, qm2, 8) && !memcmp(qv, qv2, 8) && sm == sm2 && sv == sv2,
               "nothing written");
+}
+
+/* ---- the SIMD kernels against the scalar one ------------------------------------
+ * Every kernel mt_lean_kernel gives must compute the scalar kernel's bits:
+ * weights, codes, scales and the return value, and nothing written (nor
+ * anything outside [0, n) ever) when it returns -1. Blocks of every kind of
+ * tail, gradients over many orders of magnitude (codes of both ranges,
+ * subnormal codes, fp32 subnormal moments), zeros and negative zeros, blocks
+ * of zeros (scale 0), a gradient whose square overflows (-1), NaN weights (a
+ * NaN stays a NaN), random codes of every value (0x80, a negative zero,
+ * among them), through several steps each. */
+
+static const mt_adamw_isa lean_isas[] = {MT_ADAMW_SCALAR, MT_ADAMW_AVX2, MT_ADAMW_AVX512, MT_ADAMW_AVX512BF16};
+
+Test(lean, kernels_of_each_isa)
+{
+    cr_assert_eq(mt_lean_kernel(MT_ADAMW_SCALAR), mt_lean_step_block, "the scalar kernel is always there");
+    cr_assert_null(mt_lean_kernel(MT_ADAMW_ISA_COUNT));
+    cr_assert_null(mt_lean_kernel((mt_adamw_isa)-1));
+    const mt_adamw_hyper h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                              .bias_correction1 = 0.1f, .bias_correction2 = 0.05f, .grad_scale = 1.0f};
+    for (int i = 0; i < MT_ADAMW_ISA_COUNT; i++) {
+        const mt_lean_block_fn k = mt_lean_kernel((mt_adamw_isa)i);
+        cr_assert_eq(k != NULL, mt_adamw_kernel((mt_adamw_isa)i) != NULL,
+                     "a lean kernel for %s exactly when there is an AdamW one", mt_adamw_isa_name((mt_adamw_isa)i));
+        if (!k) continue;
+        /* an empty block: scales 0, as the scalar kernel's; more than a block: refused, nothing written */
+        uint16_t w[MT_Q8_BLOCK + 1] = {0x3f80}, g[MT_Q8_BLOCK + 1] = {0x3c00};
+        uint8_t qm[MT_Q8_BLOCK + 1] = {1}, qv[MT_Q8_BLOCK + 1] = {2};
+        float sm = 1.0f, sv = 1.0f;
+        cr_assert_eq(k(&h, 1, 1, 0, 0, w, g, qm, &sm, qv, &sv), 0);
+        cr_assert(sm == 0.0f && sv == 0.0f && !signbit(sm) && !signbit(sv) && w[0] == 0x3f80 && qm[0] == 1 &&
+                  qv[0] == 2, "%s: n = 0", mt_adamw_isa_name((mt_adamw_isa)i));
+        sm = 1.0f, sv = 1.0f;
+        cr_assert_eq(k(&h, 1, 1, 0, MT_Q8_BLOCK + 1, w, g, qm, &sm, qv, &sv), -1);
+        cr_assert(sm == 1.0f && sv == 1.0f && w[0] == 0x3f80 && qm[0] == 1 && qv[0] == 2, "%s: n > MT_Q8_BLOCK",
+                  mt_adamw_isa_name((mt_adamw_isa)i));
+    }
+}
+
+/* One block's arrays, n elements from `off` of a padded allocation whose
+ * guard bytes must stay as they are. */
+enum { GUARD = 40 };
+typedef struct {
+    size_t n;
+    uint16_t w[MT_Q8_BLOCK + 2 * GUARD], g[MT_Q8_BLOCK + 2 * GUARD];
+    uint8_t qm[MT_Q8_BLOCK + 2 * GUARD], qv[MT_Q8_BLOCK + 2 * GUARD];
+    float sm, sv;
+    size_t off;
+} lean_block;
+
+static void block_guards(lean_block *b, size_t off)
+{
+    b->off = off;
+    memset(b->w, 0xa5, sizeof b->w), memset(b->g, 0x5a, sizeof b->g);
+    memset(b->qm, 0xc3, sizeof b->qm), memset(b->qv, 0x3c, sizeof b->qv);
+}
+
+static int block_run(mt_lean_block_fn k, const mt_adamw_hyper *h, uint64_t sd, uint64_t step, uint64_t index0,
+                     lean_block *b)
+{
+    return k(h, sd, step, index0, b->n, b->w + b->off, b->g + b->off, b->qm + b->off, &b->sm, b->qv + b->off,
+             &b->sv);
+}
+
+static int same_block(const lean_block *a, const lean_block *b)
+{
+    return !memcmp(a->w, b->w, sizeof a->w) && !memcmp(a->g, b->g, sizeof a->g) &&
+           !memcmp(a->qm, b->qm, sizeof a->qm) && !memcmp(a->qv, b->qv, sizeof a->qv) &&
+           !memcmp(&a->sm, &b->sm, sizeof a->sm) && !memcmp(&a->sv, &b->sv, sizeof a->sv);
+}
+
+static void report_difference(const lean_block *a, const lean_block *b, const char *isa, int trial, int t)
+{
+    for (size_t i = 0; i < MT_Q8_BLOCK + 2 * GUARD; i++) {
+        cr_expect_eq(a->w[i], b->w[i], "%s, trial %d step %d: w[%zd] %#06x, scalar %#06x", isa, trial, t,
+                     (ptrdiff_t)i - (ptrdiff_t)a->off, b->w[i], a->w[i]);
+        cr_expect_eq(a->qm[i], b->qm[i], "%s, trial %d step %d: qm[%zd] %#04x, scalar %#04x", isa, trial, t,
+                     (ptrdiff_t)i - (ptrdiff_t)a->off, b->qm[i], a->qm[i]);
+        cr_expect_eq(a->qv[i], b->qv[i], "%s, trial %d step %d: qv[%zd] %#04x, scalar %#04x", isa, trial, t,
+                     (ptrdiff_t)i - (ptrdiff_t)a->off, b->qv[i], a->qv[i]);
+    }
+    cr_assert_fail("%s, trial %d step %d (n %zu): not the scalar kernel's bits (scales %a %a, scalar %a %a)", isa,
+                   trial, t, a->n, (double)b->sm, (double)b->sv, (double)a->sm, (double)a->sv);
+}
+
+/* A bf16 gradient of kind: 0 log-uniform over 12 decades, 1 the same with a
+ * third zeros or negative zeros, 2 all zero, 3 log-uniform over 50 decades
+ * (1e-35 .. 1e15: fp32 subnormal squares, codes at both ends; top unused). */
+static uint16_t lean_grad(int kind, double top)
+{
+    const double sign = uniform01() < 0.5 ? -1.0 : 1.0;
+    switch (kind) {
+    case 0:
+        return mt_f32_to_bf16((float)(sign * top * pow(10.0, -12.0 * uniform01())));
+    case 1:
+        if (uniform01() < 0.33) return sign < 0 ? 0x8000 : 0;
+        return mt_f32_to_bf16((float)(sign * top * pow(10.0, -12.0 * uniform01())));
+    case 2:
+        return sign < 0 ? 0x8000 : 0;
+    default:
+        return mt_f32_to_bf16((float)(sign * pow(10.0, -35.0 + 50.0 * uniform01())));
+    }
+}
+
+static mt_adamw_hyper lean_hyper(int t, float lr, float wd, float grad_scale, float eps, float beta2)
+{
+    mt_adamw_hyper h = {.lr = lr, .beta1 = 0.9f, .beta2 = beta2, .eps = eps, .weight_decay = wd,
+                        .bias_correction1 = 0, .bias_correction2 = 0, .grad_scale = grad_scale};
+    h.bias_correction1 = (float)(1 - pow(h.beta1, t));
+    h.bias_correction2 = (float)(1 - pow(h.beta2, t));
+    return h;
+}
+
+ParameterizedTestParameters(lean, same_bits_as_scalar)
+{
+    return cr_make_param_array(mt_adamw_isa, lean_isas, sizeof lean_isas / sizeof lean_isas[0]);
+}
+
+ParameterizedTest(mt_adamw_isa *isa, lean, same_bits_as_scalar)
+{
+    const mt_lean_block_fn k = mt_lean_kernel(*isa);
+    if (!k) cr_skip_test("this CPU cannot run the %s kernel", mt_adamw_isa_name(*isa));
+    const char *name = mt_adamw_isa_name(*isa);
+    static const size_t sizes[] = {1, 7, 16, 17, 255, 256, 8, 9, 31, 33, 100, 249};
+    static lean_block a, b; /* the scalar kernel's and this one's */
+    seed(23 + (uint64_t)*isa);
+    int refused = 0, zero_scales = 0, nan_weights = 0, sub_m = 0, sub_v = 0, neg_sub_m = 0;
+    for (int trial = 0; trial < 48 * 12 * 5; trial++) {
+        const size_t n = sizes[trial % 12];
+        const int kind = (trial / 12) % 4, variant = (trial / 48) % 12; /* 12 of each size and kind */
+        block_guards(&a, (size_t)trial % 5);
+        a.n = n;
+        const double top = pow(10.0, -20.0 + 25.0 * uniform01()); /* the block's largest gradient */
+        const double wtop = pow(10.0, -30.0 + 32.0 * uniform01());
+        uint16_t *w = a.w + a.off;
+        for (size_t i = 0; i < n; i++) w[i] = mt_f32_to_bf16((float)(wtop * normal01()));
+        if (variant == 3) w[n / 2] = 0x7fc0, w[0] = 0xffa1; /* NaN weights: quiet, signalling */
+        if (variant == 4) w[n - 1] = 0x8000, w[0] = 0x0001;  /* -0, a bf16 subnormal */
+        nan_weights += variant == 3;
+        if (variant % 2 == 0) { /* moments from zero */
+            memset(a.qm + a.off, 0, n), memset(a.qv + a.off, 0, n);
+            a.sm = 0, a.sv = 0;
+        } else { /* codes of every value, scales of any size */
+            for (size_t i = 0; i < n; i++) a.qm[a.off + i] = (uint8_t)next_u64(), a.qv[a.off + i] = (uint8_t)next_u64();
+            a.sm = (float)pow(10.0, -25.0 + 24.0 * uniform01());
+            a.sv = (float)pow(10.0, -25.0 + 24.0 * uniform01());
+        }
+        const float wd = variant % 3 == 0 ? 0.0f : 0.1f, gs = variant % 4 == 1 ? 0.37f : variant == 6 ? 3.0f : 1.0f;
+        /* eps 0, or as large as sqrt(v): the denominator's sum rounds in earnest */
+        const float eps = variant == 8 ? 0.0f : variant >= 10 ? (float)(0.3 * top) : 1e-8f;
+        const float lr = variant == 9 || variant == 11 ? 0.5f : 3e-3f;
+        const uint64_t sd = next_u64(), index0 = variant == 7 ? UINT64_MAX - 100 : next_u64() >> (trial % 64);
+        for (int t = 1; t <= 6; t++) {
+            /* beta2 > 1: 1 - beta2 < 0, a negative v is refused */
+            const mt_adamw_hyper h = lean_hyper(t, lr, wd, gs, eps, variant == 5 && kind == 0 ? 1.5f : 0.95f);
+            uint16_t *g = a.g + a.off;
+            for (size_t i = 0; i < n; i++) g[i] = lean_grad(t == 6 && kind == 2 ? 1 : kind, top);
+            if (t == 4 && kind == 3) g[n - 1 - n / 3] = mt_f32_to_bf16(-3e19f); /* its square overflows */
+            b = a;
+            const int ra = block_run(mt_lean_step_block, &h, sd, (uint64_t)t, index0, &a);
+            const int rb = block_run(k, &h, sd, (uint64_t)t, index0, &b);
+            cr_assert_eq(rb, ra, "%s, trial %d step %d: returned %d, scalar %d", name, trial, t, rb, ra);
+            if (!same_block(&a, &b)) report_difference(&a, &b, name, trial, t);
+            refused += ra != 0;
+            zero_scales += ra == 0 && a.sm == 0 && a.sv == 0;
+            for (size_t i = 0; ra == 0 && i < n; i++) {
+                const unsigned cm = a.qm[a.off + i] & 0x7fu, cv = a.qv[a.off + i];
+                sub_m += cm > 0 && cm < 8, sub_v += cv > 0 && cv < 16;
+                neg_sub_m += cm > 0 && cm < 8 && a.qm[a.off + i] >= 0x80;
+            }
+        }
+    }
+    /* the inputs reached the paths they are there for */
+    cr_assert_gt(refused, 0, "some block overflowed");
+    cr_assert_gt(zero_scales, 0, "some block was all zeros");
+    cr_assert_gt(nan_weights, 0);
+    cr_assert(sub_m > 0 && neg_sub_m > 0 && sub_v > 0, "subnormal codes: %d m (%d negative), %d v", sub_m, neg_sub_m,
+              sub_v);
+}
+
+/* A NaN or infinite gradient anywhere (a full vector, the tail) makes every
+ * kernel return -1 and leave the block as it was. */
+ParameterizedTestParameters(lean, nan_or_inf_gradient_refused_like_scalar)
+{
+    return cr_make_param_array(mt_adamw_isa, lean_isas, sizeof lean_isas / sizeof lean_isas[0]);
+}
+
+ParameterizedTest(mt_adamw_isa *isa, lean, nan_or_inf_gradient_refused_like_scalar)
+{
+    const mt_lean_block_fn k = mt_lean_kernel(*isa);
+    if (!k) cr_skip_test("this CPU cannot run the %s kernel", mt_adamw_isa_name(*isa));
+    static const size_t sizes[] = {1, 7, 16, 17, 255, 256};
+    static const uint16_t bad[] = {0x7fc0, 0xffc0, 0x7f81, 0x7f80, 0xff80};
+    static lean_block a, before;
+    seed(31);
+    for (size_t si = 0; si < 6; si++)
+        for (size_t bi = 0; bi < 5; bi++)
+            for (int where = 0; where < 3; where++) {
+                const size_t n = sizes[si];
+                block_guards(&a, bi);
+                a.n = n;
+                for (size_t i = 0; i < n; i++) {
+                    a.w[a.off + i] = mt_f32_to_bf16((float)(0.02 * normal01()));
+                    a.g[a.off + i] = lean_grad(0, 1e-3);
+                    a.qm[a.off + i] = (uint8_t)next_u64(), a.qv[a.off + i] = (uint8_t)next_u64();
+                }
+                a.sm = 1e-4f, a.sv = 1e-3f;
+                a.g[a.off + (where == 0 ? 0 : where == 1 ? n / 2 : n - 1)] = bad[bi];
+                const mt_adamw_hyper h = lean_hyper(3, 1e-3f, 0.1f, 1.0f, 1e-8f, 0.95f);
+                before = a;
+                cr_assert_eq(block_run(mt_lean_step_block, &h, 1, 2, 3, &a), -1);
+                cr_assert(same_block(&a, &before), "scalar: nothing written");
+                cr_assert_eq(block_run(k, &h, 1, 2, 3, &a), -1, "%s, n %zu, gradient %#06x at %d",
+                             mt_adamw_isa_name(*isa), n, bad[bi], where);
+                cr_assert(same_block(&a, &before), "%s, n %zu: nothing written", mt_adamw_isa_name(*isa), n);
+            }
+}
+
+/* Ties: with beta1 = beta2 = 0 the new m is the gradient and sqrt(v) its
+ * magnitude, exactly; a block whose largest gradient is the largest code's
+ * value has scale 1, so gradients halfway between two codes' values (bf16
+ * holds them) are exact ties, which round to the even code. Every pair of
+ * neighbouring codes, the subnormal ones included, both signs for m. */
+ParameterizedTestParameters(lean, ties_like_scalar)
+{
+    return cr_make_param_array(mt_adamw_isa, lean_isas, sizeof lean_isas / sizeof lean_isas[0]);
+}
+
+ParameterizedTest(mt_adamw_isa *isa, lean, ties_like_scalar)
+{
+    const mt_lean_block_fn k = mt_lean_kernel(*isa);
+    if (!k) cr_skip_test("this CPU cannot run the %s kernel", mt_adamw_isa_name(*isa));
+    const mt_adamw_hyper h = {.lr = 1e-3f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 1e-8f, .weight_decay = 0.0f,
+                              .bias_correction1 = 1.0f, .bias_correction2 = 1.0f, .grad_scale = 1.0f};
+    static lean_block a, b;
+    for (int sq = 0; sq < 2; sq++) {
+        block_guards(&a, 1);
+        a.n = MT_Q8_BLOCK;
+        uint16_t *g = a.g + a.off, *w = a.w + a.off;
+        g[0] = mt_f32_to_bf16(sq ? MT_Q8_MAX_SQRT : MT_Q8_MAX_SIGNED);
+        for (int c = 0; c < 255; c++) {
+            const float lo = sq ? mt_q8_value_sqrt((uint8_t)c) : mt_q8_value_signed((uint8_t)(c % 127));
+            const float hi = sq ? mt_q8_value_sqrt((uint8_t)(c + 1)) : mt_q8_value_signed((uint8_t)(c % 127 + 1));
+            const float mid = 0.5f * (lo + hi);
+            g[1 + c] = mt_f32_to_bf16(!sq && c >= 127 ? -mid : mid);
+            cr_assert_eq(mt_bf16_to_f32(g[1 + c]), !sq && c >= 127 ? -mid : mid, "bf16 holds the tie");
+        }
+        for (int i = 0; i < MT_Q8_BLOCK; i++) w[i] = mt_f32_to_bf16(0.01f * (float)(i - 128));
+        memset(a.qm + a.off, 0, MT_Q8_BLOCK), memset(a.qv + a.off, 0, MT_Q8_BLOCK);
+        a.sm = 0, a.sv = 0;
+        b = a;
+        cr_assert_eq(block_run(mt_lean_step_block, &h, 9, 1, 0, &a), 0);
+        cr_assert_eq(sq ? a.sv : a.sm, 1.0f, "scale 1: the quotients are the ties themselves");
+        for (int c = 0; c < 255; c++) { /* the scalar kernel rounds ties to the even code */
+            const unsigned got = sq ? a.qv[a.off + 1 + c] : a.qm[a.off + 1 + c] & 0x7fu;
+            const unsigned lo = sq ? (unsigned)c : (unsigned)(c % 127);
+            cr_assert_eq(got, lo % 2 ? lo + 1 : lo, "tie above code %#x", lo);
+        }
+        cr_assert_eq(block_run(k, &h, 9, 1, 0, &b), 0);
+        if (!same_block(&a, &b)) report_difference(&a, &b, mt_adamw_isa_name(*isa), sq, 1);
+    }
 }

@@ -58,7 +58,12 @@ mt_lean_block_fn mt_lean_kernel(mt_adamw_isa isa)
     switch (isa) {
     case MT_ADAMW_SCALAR:
         return mt_lean_step_block;
+    case MT_ADAMW_AVX2:
+        return mt_lean_step_block_avx2;
+    case MT_ADAMW_AVX512:
+    case MT_ADAMW_AVX512BF16: /* nothing in the step for the BF16 instructions to do */
+        return mt_lean_step_block_avx512;
     default:
-        return NULL; /* the SIMD kernels are not written yet */
+        return NULL;
     }
 }

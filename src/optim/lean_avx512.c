@@ -1,0 +1,174 @@
+/* The lean mode's AdamW step, AVX-512 (F, BW, VL, DQ): 16 parameters per
+ * vector, masked loads and stores for the tail. The same bits as the scalar
+ * mt_lean_step_block (lean.c), for every input:
+ *
+ * - the update is the scalar kernel's sequence of fp32 operations, each a
+ *   separate multiply, add, IEEE sqrt or division (no fused multiply-add);
+ * - decoding builds a code's value from its bit fields (the subnormal codes
+ *   as an integer times an exact power of two), as exact as ldexpf, then
+ *   multiplies by the scale once;
+ * - encoding takes the same absmax (a maximum is exact), the same one
+ *   division for the scale and per element, and rounds the quotient with the
+ *   same integer arithmetic as q8.c's encode_mag (below 2^-14: a multiply by
+ *   an exact power of two and a conversion that rounds to nearest even, as
+ *   lrintf does under the default rounding mode);
+ * - sqrt(v) is taken once per element and serves both the denominator and
+ *   the code: sqrt is monotone, so the largest sqrt(v) is sqrtf of the
+ *   largest v, the scale the scalar kernel computes;
+ * - the random bits of parameter index0 + i come from mt_lean_random's hash
+ *   in 64-bit lanes (VPMULLQ), element by element, whatever the lane.
+ *
+ * Two passes over the block, as the scalar kernel: the update into local
+ * arrays with the block's absmax and finiteness, then (only if every moment
+ * is finite) the codes and the rounded weights written out. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "optim/lean.h"
+#include "optim/q8.h"
+
+/* The value of each magnitude code (e << mbits | f, at most 8 bits) in units
+ * of the scale: (2^mbits + f) 2^(e - 15 - mbits) for e > 0, f 2^(-14 - mbits)
+ * for e = 0. The first is the float with exponent field e - 15 + 127 and the
+ * mantissa f in its top mbits bits. */
+static inline __m512 decode_mag(__m512i q, int mbits)
+{
+    const __m512 normal =
+        _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(q, 23 - mbits), _mm512_set1_epi32(112 << 23)));
+    const __m512 sub =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_castsi512_ps(_mm512_set1_epi32((113 - mbits) << 23)));
+    return _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(q, _mm512_set1_epi32(1 << mbits)), sub, normal);
+}
+
+/* q8.c's encode_mag on 16 lanes of x >= 0 (or -0): the code's exponent
+ * field e = x's exponent + 15; e >= 1: x's bits less 112 << 23 are the code
+ * above its dropped mantissa bits, rounded to nearest even by adding half an
+ * ulp less one plus the kept lowest bit (a carry moves into the exponent);
+ * e < 1: x 2^(14 + mbits), exact, to an integer rounding to nearest even. */
+static inline __m512i encode_mag(__m512 x, int mbits, int max_code)
+{
+    const int shift = 23 - mbits;
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i t = _mm512_sub_epi32(u, _mm512_set1_epi32(112 << 23));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(t, shift), _mm512_set1_epi32(1));
+    const __m512i normal = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(t, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb), shift);
+    const __m512i sub =
+        _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32((127 + 14 + mbits) << 23))));
+    const __m512i q = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(113 << 23)), sub, normal);
+    return _mm512_min_epi32(q, _mm512_set1_epi32(max_code));
+}
+
+/* a * b mod 2^64 in each lane */
+static inline __m512i mul64(__m512i a, uint64_t b) { return _mm512_mullo_epi64(a, _mm512_set1_epi64((long long)b)); }
+
+/* mt_lean_random's finaliser on 8 lanes of z, to bits 48..63 (its last
+ * z ^= z >> 31 leaves those bits as they are). */
+static inline __m512i mix_top16(__m512i z)
+{
+    z = mul64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), 0xBF58476D1CE4E5B9ull);
+    return mul64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+}
+
+typedef struct {
+    mt_adamw_consts c;
+    float sm, sv;
+} step_in;
+
+/* The update of the 16 parameters at i (lanes of k): the new m, sqrt(v) and
+ * the unrounded weight into the local arrays; folds |m| and sqrt(v) (+0 for
+ * -0: only the bits of a NaN, an infinity or a negative value reach
+ * 0x7f800000) into the running unsigned maxima. */
+static inline void update16(const step_in *s, size_t i, __mmask16 k, const uint16_t *w, const uint16_t *g,
+                            const uint8_t *qm, const uint8_t *qv, float *m, float *sq, float *p, __m512i *max_m,
+                            __m512i *max_sq)
+{
+    const mt_adamw_consts *c = &s->c;
+    const __m512i cm = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, qm + i));
+    const __m512i cv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, qv + i));
+    const __m512 mag = decode_mag(_mm512_and_si512(cm, _mm512_set1_epi32(0x7f)), 3);
+    const __m512 m0 = _mm512_mul_ps(
+        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag),
+                                            _mm512_slli_epi32(_mm512_and_si512(cm, _mm512_set1_epi32(0x80)), 24))),
+        _mm512_set1_ps(s->sm));
+    const __m512 r0 = _mm512_mul_ps(decode_mag(cv, 4), _mm512_set1_ps(s->sv));
+    const __m512 v0 = _mm512_mul_ps(r0, r0);
+    __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, g + i)), 16));
+    gi = _mm512_mul_ps(gi, _mm512_set1_ps(c->grad_scale));
+    const __m512 pi = _mm512_mul_ps(
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, w + i)), 16)),
+        _mm512_set1_ps(c->decay));
+    const __m512 mi =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c->beta1), m0), _mm512_mul_ps(_mm512_set1_ps(c->omb1), gi));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c->beta2), v0),
+                                    _mm512_mul_ps(_mm512_set1_ps(c->omb2), _mm512_mul_ps(gi, gi)));
+    const __m512 si = _mm512_sqrt_ps(vi);
+    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(si, _mm512_set1_ps(c->inv_sqrt_bc2)), _mm512_set1_ps(c->eps));
+    const __m512 pn = _mm512_sub_ps(pi, _mm512_mul_ps(_mm512_set1_ps(c->step), _mm512_div_ps(mi, denom)));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(sq + i, si);
+    _mm512_storeu_ps(p + i, pn);
+    *max_m = _mm512_mask_max_epu32(*max_m, k, *max_m,
+                                   _mm512_and_si512(_mm512_castps_si512(mi), _mm512_set1_epi32(0x7fffffff)));
+    *max_sq = _mm512_mask_max_epu32(*max_sq, k, *max_sq,
+                                    _mm512_castps_si512(_mm512_add_ps(si, _mm512_setzero_ps())));
+}
+
+int mt_lean_step_block_avx512(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n,
+                              uint16_t *w, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv)
+{
+    if (n > MT_Q8_BLOCK) return -1;
+    const step_in s = {mt_adamw_consts_of(h), *sm, *sv};
+    float m[MT_Q8_BLOCK], sq[MT_Q8_BLOCK], p[MT_Q8_BLOCK];
+    __m512i max_m = _mm512_setzero_si512(), max_sq = max_m;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) update16(&s, i, 0xffff, w, g, qm, qv, m, sq, p, &max_m, &max_sq);
+    const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+    if (tail) update16(&s, i, tail, w, g, qm, qv, m, sq, p, &max_m, &max_sq);
+
+    /* every |m| and sqrt(v) finite (and v not negative), or nothing is written */
+    const uint32_t am = (uint32_t)_mm512_reduce_max_epu32(max_m), asq = (uint32_t)_mm512_reduce_max_epu32(max_sq);
+    if (am >= 0x7f800000u || asq >= 0x7f800000u) return -1;
+    float amax_m, amax_sq;
+    memcpy(&amax_m, &am, sizeof am);
+    memcpy(&amax_sq, &asq, sizeof asq);
+    const float sm2 = amax_m / MT_Q8_MAX_SIGNED, sv2 = amax_sq / MT_Q8_MAX_SQRT;
+
+    /* the codes and the new weights */
+    const uint64_t z0 = seed ^ (step * 0x9E3779B97F4A7C15ull);
+    const uint64_t c2 = 0xD1B54A32D192ED03ull; /* index * c2: (index0 + i) * c2 + lane's offset * c2 */
+    const __m512i z0v = _mm512_set1_epi64((long long)z0);
+    const __m512i off_even = mul64(_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), c2); /* the even elements */
+    const __m512i off_odd = mul64(_mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), c2);  /* the odd ones */
+    for (i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail;
+        const __m512 mi = _mm512_maskz_loadu_ps(k, m + i), si = _mm512_maskz_loadu_ps(k, sq + i);
+        __m512i cm = _mm512_setzero_si512(), cv = cm;
+        if (sm2 > 0.0f) {
+            const __m512i mag = encode_mag(_mm512_div_ps(_mm512_abs_ps(mi), _mm512_set1_ps(sm2)), 3, 0x7f);
+            /* the sign only with a nonzero magnitude: zero has one code */
+            const __mmask16 neg = _mm512_test_epi32_mask(mag, mag) &
+                                  _mm512_test_epi32_mask(_mm512_castps_si512(mi), _mm512_set1_epi32((int)0x80000000u));
+            cm = _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x80));
+        }
+        if (sv2 > 0.0f) cv = encode_mag(_mm512_div_ps(si, _mm512_set1_ps(sv2)), 4, 0xff);
+        _mm_mask_storeu_epi8(qm + i, k, _mm512_cvtepi32_epi8(cm));
+        _mm_mask_storeu_epi8(qv + i, k, _mm512_cvtepi32_epi8(cv));
+
+        /* 16 random bits per element: even elements' in the low halves of the 64-bit lanes, odd ones' in
+         * the high halves, so the 32-bit lanes come out in element order */
+        const __m512i idx = _mm512_set1_epi64((long long)((index0 + i) * c2));
+        const __m512i ze = mix_top16(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_even)));
+        const __m512i zo = mix_top16(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_odd)));
+        const __m512i r = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(ze, 48), _mm512_srli_epi64(zo, 16));
+        /* mt_bf16_round_stochastic: NaN quieted, else the 16 random bits added below the kept ones */
+        const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + i));
+        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, r), 16);
+        const __mmask16 nan =
+            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+        _mm256_mask_storeu_epi16(w + i, k, _mm512_cvtepi32_epi16(b));
+    }
+    *sm = sm2, *sv = sv2;
+    return 0;
+}
