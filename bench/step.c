@@ -11,9 +11,9 @@
  * does not fit a 125 GiB host (14 bytes a parameter: 8.7 GB for the embedding
  * and head, 8.7 GB a layer); --layers 12 (113 GB) does.
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b]
  *                    [--layers N] [--seq-len N]
- *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K]
+ *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
  *
@@ -77,6 +77,7 @@ static int preset(mt_model_config *c, const char *name)
         {"1.5b", 32000, 2048, 5632, 32, 32, 4, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* 1.5 B: 21.6 GB of state, 10x a 2 GiB GPU budget */
         {"7b", 32000, 4096, 11008, 32, 32, 32, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* Llama-2-7B */
         {"qwen7b", 152064, 3584, 18944, 28, 28, 4, MT_ARCH_QWEN2, 0, 0, 0, 0},   /* Qwen2.5-7B */
+        {"qwen14b", 152064, 5120, 13824, 48, 40, 8, MT_ARCH_QWEN2, 0, 0, 0, 0},  /* Qwen2.5-14B: 14.77 B */
         {"8b", 128256, 4096, 14336, 32, 32, 8, MT_ARCH_LLAMA, 0, 0, 0, 0},       /* Llama-3-8B: 8.03 B, 112 GB of state */
         {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, MT_ARCH_QWEN3, 0, 0, 0, 0}, /* Qwen3-8B: 8.19 B, 115 GB of state */
         /* Qwen3-30B-A3B: 30.5 B, 3.3 B active; 128 experts top-8, renormalised */
@@ -102,7 +103,8 @@ static int preset(mt_model_config *c, const char *name)
 int main(int argc, char **argv)
 {
     const char *backend = "cuda", *pre = "tiny";
-    int steps = 5, S = 2048, B = 1, M = 1, fp32 = 0, slots = 2;
+    int steps = 5, S = 2048, B = 1, M = 1, slots = 2;
+    mt_precision precision = MT_PRECISION_BF16;
     double host_gib = 0, gpu_gib = 0;
     int timeline = 0, full_recompute = 0, layers = 0, warmup = 1, nondet = 0;
     uint32_t attention = MT_ATTENTION_AUTO;
@@ -120,7 +122,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--slots") && v) slots = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-budget") && v) host_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--gpu-budget") && v) gpu_gib = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--fp32")) fp32 = 1;
+        else if (!strcmp(argv[i], "--fp32")) precision = MT_PRECISION_FP32;
+        else if (!strcmp(argv[i], "--lean")) precision = MT_PRECISION_LEAN;
         else if (!strcmp(argv[i], "--timeline")) timeline = 1;
         else if (!strcmp(argv[i], "--recompute") && v) full_recompute = !strcmp(argv[++i], "full");
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
@@ -131,8 +134,8 @@ int main(int argc, char **argv)
                         : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
         }
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
-                            "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
+                            "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
                             "[--nondeterministic]\n");
             return 2;
@@ -146,7 +149,7 @@ int main(int argc, char **argv)
     }
     if (layers) c.num_hidden_layers = (uint32_t)layers; /* the preset's layer shape, fewer of them (profiling) */
     c.max_position_embeddings = (uint32_t)S;
-    c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+    c.precision = precision;
     mt_offload_policy p;
     mt_offload_policy_init(&p);
     p.backend = !strcmp(backend, "cpu") ? MT_BACKEND_CPU : MT_BACKEND_CUDA;
@@ -225,7 +228,7 @@ int main(int argc, char **argv)
     if (c.num_experts) snprintf(active, sizeof active, " (%.2f B active)", P / 1e9);
     printf("%s %s, %.2f B parameters%s, %d x %d x %d = %zu tokens per step, K=%d: median %.3f s, %.0f tokens/s, "
            "%.1f model TFLOP/s (forward %.0f%%, backward %.0f%%, optimizer %.0f%%)\n",
-           pre, fp32 ? "fp32" : "bf16", P_all / 1e9, active, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
+           pre, precision == MT_PRECISION_FP32 ? "fp32" : precision == MT_PRECISION_LEAN ? "lean" : "bf16", P_all / 1e9, active, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
            100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
     mt_model_destroy(m);
     free(tok), free(tg), free(t), free(sorted), free(tls), free(vis);

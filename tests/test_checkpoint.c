@@ -75,13 +75,20 @@ static void train(mt_model *m, int steps, uint64_t *pos)
 }
 
 /* The training state: step, master weights, moments and the bf16 copy (not
- * fp32 mode's gradient block, which is scratch between steps). */
+ * fp32 and lean modes' gradient blocks, which are scratch between steps).
+ * Lean mode: the bf16 weights and the moments' codes and scales. */
 static int same_state(const mt_model *a, const mt_model *b)
 {
     if (a->step != b->step) return 0;
     for (int u = 0; u < a->layout.n_units; u++) {
         const mt_unit_desc *d = &a->layout.units[u];
         const mt_tile *x = &a->tiles.tile[u], *y = &b->tiles.tile[u];
+        if (d->lean) { /* [weights | grad | codes of m, v | scales of m, v]: all but the gradients */
+            if (memcmp(x->base, y->base, d->weight_bytes) || memcmp(x->base + d->m_off, y->base + d->m_off,
+                                                                   d->tile_bytes - d->m_off))
+                return 0;
+            continue;
+        }
         if (memcmp(mt_tile_master(x, d), mt_tile_master(y, d), d->padded * 4) ||
             memcmp(mt_tile_m(x, d), mt_tile_m(y, d), d->padded * 4) ||
             memcmp(mt_tile_v(x, d), mt_tile_v(y, d), d->padded * 4))
@@ -176,6 +183,53 @@ static void resume_is_bit_identical(int precision) { resume_is_bit_identical_arc
 
 Test(checkpoint, resume_is_bit_identical_bf16, .timeout = 60) { resume_is_bit_identical(MT_PRECISION_BF16); }
 Test(checkpoint, resume_is_bit_identical_fp32, .timeout = 60) { resume_is_bit_identical(MT_PRECISION_FP32); }
+/* lean mode: the bf16 weights, the moments' codes and scales; the stochastic rounding's bits follow the step */
+Test(checkpoint, resume_is_bit_identical_lean, .timeout = 60) { resume_is_bit_identical(MT_PRECISION_LEAN); }
+
+static void truncate_file(const char *path, off_t keep);
+
+/* A lean checkpoint holds 2 bytes of weights and 2.03 of moments per parameter (the default mode's holds
+ * 12); it is refused by a model of another precision, and a damaged one changes nothing. */
+Test(checkpoint, lean_checkpoint_size_and_refusals)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_LEAN, 32);
+    char *dir = tmpdir();
+    mt_model *m = make(&c, 1, 1), *target = make(&c, 2, 1), *ref = make(&c, 2, 1);
+    uint64_t pos = 0;
+    train(m, 2, &pos);
+    cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    char path[4200];
+    struct stat sm, so;
+    snprintf(path, sizeof path, "%s/step-00000002/model.safetensors", dir);
+    cr_assert_eq(stat(path, &sm), 0);
+    snprintf(path, sizeof path, "%s/step-00000002/optimizer.safetensors", dir);
+    cr_assert_eq(stat(path, &so), 0);
+    const double P = (double)mt_model_num_params(m); /* and headers of a few KiB */
+    cr_assert(sm.st_size >= 2 * P && sm.st_size < 2 * P + 16384, "weights: %lld bytes for %.0f parameters",
+              (long long)sm.st_size, P);
+    cr_assert(so.st_size < 2.1 * P + 16384 && so.st_size > 2 * P, "moments: %lld bytes for %.0f parameters",
+              (long long)so.st_size, P);
+
+    mt_model_config b16 = cfg_of(MT_PRECISION_BF16, 32);
+    mt_model *bm = make(&b16, 1, 1);
+    cr_assert_eq(mt_checkpoint_load(bm, dir, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(bm), "saved in lean, this model is bf16"), "%s", mt_model_errmsg(bm));
+    char *dir2 = tmpdir();
+    cr_assert_eq(mt_checkpoint_save(bm, dir2, NULL), MT_OK);
+    cr_assert_eq(mt_checkpoint_load(target, dir2, NULL), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(mt_model_errmsg(target), "saved in bf16, this model is lean"), "%s", mt_model_errmsg(target));
+    mt_model_destroy(bm);
+    rmdir_all(dir2);
+
+    truncate_file(path, so.st_size - 100);
+    cr_assert_eq(mt_checkpoint_load(target, dir, NULL), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_model_errmsg(target), "optimizer.safetensors"), "%s", mt_model_errmsg(target));
+    cr_assert(same_state(target, ref), "a failed load leaves the model as it was");
+    mt_model_destroy(m);
+    mt_model_destroy(target);
+    mt_model_destroy(ref);
+    rmdir_all(dir);
+}
 /* Phi-3: weights and moments of q, k, v and gate, up written and read as the fused matrices */
 Test(checkpoint, resume_is_bit_identical_phi3, .timeout = 60)
 {

@@ -1353,13 +1353,12 @@ static void cu_send_grads(mt_be *be, int unit)
     const float *src = grads_of(b, unit);
     const int i = b->gbuf;
     OK(b, mt_cu_sumsq(b->comp, b->d_sumsq, src, u->padded, b->red_scratch), "sum of squares");
-    if (b->dt == MT_CU_BF16) { // rounded on the device, landing in the tile's weight block
+    if (b->dt == MT_CU_BF16) { // rounded on the device, landing in the tile's weight block (lean: gradient block)
         OK(b, mt_cu_convert(b->comp, MT_CU_BF16, b->stage[i], MT_CU_F32, src, u->padded), "convert");
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->grad_ready[i], 0));
-        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->weight_bytes);
-        CU(b, cudaMemcpyAsync(mt_tile_weights_bf16(t, u), b->stage[i], u->weight_bytes, cudaMemcpyDeviceToHost,
-                              b->d2h));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->padded * 2);
+        CU(b, cudaMemcpyAsync(mt_tile_grad_bf16(t, u), b->stage[i], u->padded * 2, cudaMemcpyDeviceToHost, b->d2h));
         copy_end(b, c, b->d2h);
     } else {
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));

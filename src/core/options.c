@@ -206,7 +206,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
     if (st) return st;
     if (c->arch > MT_ARCH_MIXTRAL) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
-    if (c->precision > MT_PRECISION_FP32)
+    if (c->precision > MT_PRECISION_LEAN)
         return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
     if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)
         return BAD("vocab_size %u is outside [2, %u]", c->vocab_size, MAX_VOCAB);

@@ -557,8 +557,8 @@ static void cpu_send_grads(mt_be *be, int unit)
     const mt_tile *t = &b->m->tiles.tile[unit];
     const float *src = unit == 0 && b->tied_acc ? b->tied_acc : b->acc;
     b->sumsq += mt_sumsq_f32(b->pool, src, u->padded);
-    /* bf16 mode: into the weight block, which this step no longer reads */
-    uint16_t *w = mt_tile_weights_bf16(t, u);
+    /* bf16 mode: into the weight block, which this step no longer reads; lean mode: the gradient block */
+    uint16_t *w = mt_tile_grad_bf16(t, u);
     if (w) mt_cpu_convert(b->pool, w, 1, src, 0, u->padded);
     else mt_cpu_convert(b->pool, mt_tile_grad_f32(t, u), 0, src, 0, u->padded);
 }

@@ -269,14 +269,15 @@ static void stage_tokens(mt_model *m, const mt_batch *b)
 }
 
 /* After a failed step in bf16 mode the weight blocks hold gradients: put
- * the weights back from the master copy. */
+ * the weights back from the master copy. (Lean mode's gradients have a block
+ * of their own.) */
 static void restore_weights(mt_model *m)
 {
     for (int ui = 0; ui < m->layout.n_units; ui++) {
         const mt_unit_desc *u = &m->layout.units[ui];
         const mt_tile *tl = &m->tiles.tile[ui];
         uint16_t *w = mt_tile_weights_bf16(tl, u);
-        if (w) mt_tile_weights_from_master(m->pool, tl, u, w);
+        if (w && !u->lean) mt_tile_weights_from_master(m->pool, tl, u, w);
     }
 }
 
@@ -357,8 +358,8 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     /* With a GPU the update runs behind the next step's forward, which waits
      * for each unit before loading it; the CPU backend needs the cores itself. */
     mt_optimizer_drain(&m->opt);
-    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(&m->opt, &h, o.weight_decay, 1) != 0)
-        mt_optimizer_run(&m->opt, &h, o.weight_decay, 0);
+    if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(&m->opt, &h, o.weight_decay, m->step + 1, 1) != 0)
+        mt_optimizer_run(&m->opt, &h, o.weight_decay, m->step + 1, 0);
     m->step++;
     const double t_end = now();
     if (m->trace.level == MT_TRACE_FULL) {

@@ -34,14 +34,14 @@ static void init_task(void *ctx, size_t task, int thread)
     while (j->task_tensor[ti + 1] <= task) ti++;
     const mt_tensor_desc *t = &j->unit->tensors[ti];
     uint64_t lo = (uint64_t)(task - j->task_tensor[ti]) * INIT_CHUNK, hi = MT_MIN(lo + INIT_CHUNK, t->numel);
-    float *master = mt_tile_master(j->tile, j->unit) + t->offset;
+    float *master = mt_tile_master(j->tile, j->unit); /* NULL in lean mode */
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit);
     const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
     const double std = j->cfg->initializer_range;
     const float norm = mt_config_is_gemma(j->cfg) ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
     for (uint64_t i = lo; i < hi; i++) {
         float x = is_norm ? norm : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));
-        master[i] = x;
+        if (master) master[t->offset + i] = x;
         if (w) w[t->offset + i] = mt_f32_to_bf16(x);
     }
 }
@@ -111,7 +111,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     if ((st = mt_tiles_map(&m->tiles, &m->layout, node, err))) goto fail;
-    mt_optimizer_bind(&m->opt, m->pool, &m->layout, &m->tiles);
+    mt_optimizer_bind(&m->opt, m->pool, &m->layout, &m->tiles, m->cfg.seed);
     init_weights(m);
     const int pin = m->pol.pin_host == MT_PIN_ALWAYS || (m->pol.pin_host == MT_PIN_AUTO && m->backend == MT_BACKEND_CUDA);
     if (pin && (st = mt_tiles_pin(&m->tiles, m->pol.pin_host == MT_PIN_ALWAYS, &m->log, err))) goto fail;

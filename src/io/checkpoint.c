@@ -1,8 +1,11 @@
 /* Resume checkpoints: dir/step-NNNNNNNN/ folders and a dir/latest pointer.
  *
  *   step-00000042/config.json            the model's shape
- *   step-00000042/model.safetensors      fp32 master weights (Hugging Face names)
- *   step-00000042/optimizer.safetensors  <name>.exp_avg, <name>.exp_avg_sq (fp32)
+ *   step-00000042/model.safetensors      fp32 master weights (Hugging Face names); lean mode: the bf16
+ *                                        weights, its only copy
+ *   step-00000042/optimizer.safetensors  <name>.exp_avg, <name>.exp_avg_sq (fp32); lean mode: each unit's
+ *                                        8-bit codes and block scales, unit.<u>.exp_avg.codes (U8)
+ *                                        and the like (lean_part), as the tiles hold them
  *   step-00000042/trainer_state.json     step, data position, caller's RNG state
  *   latest                               "step-00000042"
  *
@@ -35,7 +38,7 @@
 /* trainer_state.json's keys that are the library's; the caller's JSON
  * (mt_checkpoint_info.caller_json) may use any other. */
 static const char *const STATE_KEYS[] = {"format", "version", "library", "precision", "step", "data_position",
-                                         "rng_state"};
+                                         "rng_state", "rounding_seed"};
 
 static int is_state_key(const char *name)
 {
@@ -83,6 +86,75 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 static void rm_rf(const char *path) { (void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* trainer_state.json; takes caller (the caller's members, may be NULL) */
+static const char *precision_name(const mt_model *m)
+{
+    return m->cfg.precision == MT_PRECISION_FP32 ? "fp32" : m->cfg.precision == MT_PRECISION_LEAN ? "lean" : "bf16";
+}
+
+/* Lean mode's moments, four arrays a unit: the codes of m and v (U8, one a
+ * parameter, padding included) and their blocks' scales (F32). */
+enum { LEAN_PARTS = 4 };
+
+static void lean_part(const mt_model *m, int u, int p, char *name, size_t len, void **data, uint64_t *numel,
+                      int *dtype)
+{
+    static const char *const what[LEAN_PARTS] = {"exp_avg.codes", "exp_avg_sq.codes", "exp_avg.scales",
+                                                 "exp_avg_sq.scales"};
+    const mt_unit_desc *ud = &m->layout.units[u];
+    const mt_tile *tl = &m->tiles.tile[u];
+    snprintf(name, len, "unit.%d.%s", u, what[p]);
+    *dtype = p < 2 ? MT_ST_U8 : MT_ST_F32;
+    *numel = p < 2 ? ud->padded : ud->padded / MT_LEAN_BLOCK_ELEMS;
+    *data = p == 0 ? (void *)mt_tile_qm(tl, ud) : p == 1 ? (void *)mt_tile_qv(tl, ud)
+          : p == 2 ? (void *)mt_tile_sm(tl, ud) : (void *)mt_tile_sv(tl, ud);
+}
+
+static mt_status write_lean_moments(mt_err err, const mt_model *m, const char *path)
+{
+    const size_t n = (size_t)m->layout.n_units * LEAN_PARTS;
+    mt_st_write_req *r = calloc(n, sizeof *r);
+    char(*names)[64] = calloc(n, sizeof *names);
+    mt_status st;
+    if (r && names) {
+        for (size_t k = 0; k < n; k++) {
+            void *data;
+            lean_part(m, (int)(k / LEAN_PARTS), (int)(k % LEAN_PARTS), names[k], sizeof names[k], &data, &r[k].numel,
+                      &r[k].dtype);
+            r[k].name = names[k], r[k].ndim = 1, r[k].dims[0] = r[k].numel, r[k].n_parts = 1;
+            r[k].part[0] = data, r[k].part_numel[0] = r[k].numel, r[k].src = r[k].dtype;
+        }
+        st = mt_st_write(err, path, r, n);
+    } else {
+        st = mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory writing %s", path);
+    }
+    free(names);
+    free(r);
+    return st;
+}
+
+/* Checks every array of lean_part in s (dry_run), or copies them into the tiles. */
+static mt_status read_lean_moments(mt_err err, mt_model *m, mt_st_set *s, const char *where, int dry_run)
+{
+    for (int u = 0; u < m->layout.n_units; u++)
+        for (int p = 0; p < LEAN_PARTS; p++) {
+            char name[64];
+            void *data;
+            uint64_t numel;
+            int dtype;
+            mt_st_tensor *t;
+            lean_part(m, u, p, name, sizeof name, &data, &numel, &dtype);
+            mt_status st = mt_st_expect(err, s, name, &numel, 1, where, &t);
+            if (st) return st;
+            if (t->dtype != dtype)
+                return mt_fail(err, MT_ERR_FORMAT, "%s: %s is not %s", where, name, dtype == MT_ST_U8 ? "U8" : "F32");
+            if (!dry_run) memcpy(data, t->data, numel * mt_st_esize(dtype));
+        }
+    for (size_t i = 0; dry_run && i < s->n; i++)
+        if (!s->t[i].used)
+            return mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", where, s->t[i].name);
+    return MT_OK;
+}
+
 static mt_status write_state(mt_err err, const char *dir, const mt_model *m, const mt_checkpoint_info *info,
                              cJSON *caller)
 {
@@ -91,7 +163,7 @@ static mt_status write_state(mt_err err, const char *dir, const mt_model *m, con
     cJSON_AddStringToObject(j, "format", STATE_FORMAT);
     cJSON_AddNumberToObject(j, "version", STATE_VERSION);
     cJSON_AddStringToObject(j, "library", mt_version_string());
-    cJSON_AddStringToObject(j, "precision", m->cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
+    cJSON_AddStringToObject(j, "precision", precision_name(m));
     /* 64-bit values as decimal strings: JSON numbers are doubles */
     snprintf(num, sizeof num, "%" PRIu64, m->step);
     cJSON_AddStringToObject(j, "step", num);
@@ -101,6 +173,10 @@ static mt_status write_state(mt_err err, const char *dir, const mt_model *m, con
     for (int i = 0; i < 4; i++) {
         snprintf(num, sizeof num, "%" PRIu64, info->rng_state[i]);
         cJSON_AddItemToArray(rng, cJSON_CreateString(num));
+    }
+    if (m->cfg.precision == MT_PRECISION_LEAN) { /* the stochastic rounding's bits: the run's, not the loader's seed */
+        snprintf(num, sizeof num, "%" PRIu64, m->opt.seed);
+        cJSON_AddStringToObject(j, "rounding_seed", num);
     }
     while (caller && caller->child) {
         cJSON *e = cJSON_DetachItemViaPointer(caller, caller->child);
@@ -194,7 +270,11 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         return st;
     }
     mt_path_join(path, sizeof path, tmp, "model.safetensors");
-    if (!(st = mt_save_tensors(err, m, path, 0, MT_ST_F32))) {
+    const int lean = m->cfg.precision == MT_PRECISION_LEAN;
+    if (lean && !(st = mt_save_tensors(err, m, path, 0, MT_ST_BF16))) {
+        mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
+        st = write_lean_moments(err, m, path);
+    } else if (!lean && !(st = mt_save_tensors(err, m, path, 0, MT_ST_F32))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
         size_t n = mt_tensor_count(m), na = 0, nb = 0;
         char(*names)[128] = malloc(2 * n * sizeof *names);
@@ -332,7 +412,7 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(j, "version");
     const cJSON *prec = cJSON_GetObjectItemCaseSensitive(j, "precision");
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(j, "rng_state");
-    const char *want_prec = m->cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16";
+    const char *want_prec = precision_name(m);
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, STATE_FORMAT))
         st = mt_fail(err, MT_ERR_FORMAT, "%s is not a megatrain checkpoint state", path);
     else if (!cJSON_IsNumber(ver) || ver->valueint != STATE_VERSION)
@@ -348,6 +428,10 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     for (int i = 0; !st && i < 4; i++)
         if (parse_u64(cJSON_GetArrayItem(rng, i), &info.rng_state[i]))
             st = mt_fail(err, MT_ERR_FORMAT, "%s: rng_state[%d] is not an unsigned integer", path, i);
+    uint64_t rounding_seed = m->opt.seed;
+    if (!st && m->cfg.precision == MT_PRECISION_LEAN &&
+        parse_u64(cJSON_GetObjectItemCaseSensitive(j, "rounding_seed"), &rounding_seed))
+        st = mt_fail(err, MT_ERR_FORMAT, "%s lacks a valid rounding_seed (lean mode's stochastic rounding)", path);
     /* the caller's members, handed back once the load has succeeded */
     char *caller_text = NULL;
     if (!st) {
@@ -373,10 +457,11 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     if (!st) st = mt_st_index(err, &model);
     if (!st) st = mt_st_index(err, &opt);
     /* everything validated before anything is written */
+    const int lean = m->cfg.precision == MT_PRECISION_LEAN;
     if (!st) st = mt_load_tensors(err, m, &model, &weights, 1, where_model, 1, 1);
-    if (!st) st = mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 1);
+    if (!st) st = lean ? read_lean_moments(err, m, &opt, where_opt, 1) : mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 1);
     if (!st) st = mt_load_tensors(err, m, &model, &weights, 1, where_model, 1, 0);
-    if (!st) st = mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 0);
+    if (!st) st = lean ? read_lean_moments(err, m, &opt, where_opt, 0) : mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 0);
     mt_st_free(&model);
     mt_st_free(&opt);
     if (st) {
@@ -384,6 +469,7 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
         return st;
     }
     m->step = info.step;
+    m->opt.seed = rounding_seed;
     free(m->caller_json);
     m->caller_json = NULL;
     if (caller_text) { /* a copy the model frees with free() */

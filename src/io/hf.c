@@ -651,12 +651,18 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
     for (int u = 0; u < m->layout.n_units; u++) {
         const mt_unit_desc *ud = &m->layout.units[u];
         const mt_tile *tl = &m->tiles.tile[u];
-        const float *base = which == 0 ? mt_tile_master(tl, ud) : which == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
+        /* lean mode: the bf16 weights as they are (it has no master; its moments are written per unit) */
+        const int src = ud->lean ? MT_ST_BF16 : MT_ST_F32;
+        const unsigned char *base = ud->lean ? (const unsigned char *)mt_tile_weights_bf16(tl, ud)
+                                  : (const unsigned char *)(which == 0   ? mt_tile_master(tl, ud)
+                                                            : which == 1 ? mt_tile_m(tl, ud)
+                                                                         : mt_tile_v(tl, ud));
+        const uint64_t es = mt_st_esize(src);
         for (int i = 0; i < ud->n_tensors; i++) {
             const mt_tensor_desc *t = &ud->tensors[i];
             if (t->fused_rows && t->fused_row0) { /* a later block of the fused matrix before it */
                 mt_st_write_req *f = &r[k - 1];
-                f->part[f->n_parts] = base + t->offset;
+                f->part[f->n_parts] = base + t->offset * es;
                 f->part_numel[f->n_parts++] = t->numel;
                 f->numel += t->numel;
                 continue;
@@ -669,7 +675,7 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
                 mt_tensor_name_of(name, sizeof name, t, e);
                 snprintf(names[k], sizeof names[k], "%s%s", name, suffix[which]);
                 r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
-                                         {base + t->offset + e * numel}, {numel}};
+                                         {base + (t->offset + e * numel) * es}, {numel}, src};
             }
         }
     }
@@ -774,8 +780,9 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
         for (int u = 0; u < m->layout.n_units && !st; u++) {
             const mt_unit_desc *ud = &m->layout.units[u];
             const mt_tile *tl = &m->tiles.tile[u];
+            /* lean mode: the bf16 weights only (no master; moments per unit, checkpoint.c) */
             float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
-            uint16_t *bf = write_bf16 && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
+            uint16_t *bf = (write_bf16 || ud->lean) && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
             for (int i = 0; i < ud->n_tensors && !st; i++) {
                 const mt_tensor_desc *t = &ud->tensors[i];
                 /* stacked experts: each expert's block from its own checkpoint tensor */
@@ -789,8 +796,8 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
                     const uint64_t off = t->offset + e * numel;
                     mt_st_tensor *src;
                     st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
-                    req[k] = (mt_st_read_req){src, base + off, bf ? bf + off : NULL, (uint64_t)t->fused_row0 * t->cols,
-                                              numel};
+                    req[k] = (mt_st_read_req){src, base ? base + off : NULL, bf ? bf + off : NULL,
+                                              (uint64_t)t->fused_row0 * t->cols, numel};
                 }
             }
         }
@@ -811,8 +818,16 @@ static void zero_moments(mt_model *m)
 {
     for (int u = 0; u < m->layout.n_units; u++) {
         const mt_unit_desc *ud = &m->layout.units[u];
-        memset(mt_tile_m(&m->tiles.tile[u], ud), 0, ud->padded * 4);
-        memset(mt_tile_v(&m->tiles.tile[u], ud), 0, ud->padded * 4);
+        const mt_tile *tl = &m->tiles.tile[u];
+        if (ud->lean) { /* codes and scales: a block of scale 0 is zeros */
+            memset(mt_tile_qm(tl, ud), 0, ud->padded);
+            memset(mt_tile_qv(tl, ud), 0, ud->padded);
+            memset(mt_tile_sm(tl, ud), 0, ud->padded / MT_LEAN_BLOCK_ELEMS * 4);
+            memset(mt_tile_sv(tl, ud), 0, ud->padded / MT_LEAN_BLOCK_ELEMS * 4);
+            continue;
+        }
+        memset(mt_tile_m(tl, ud), 0, ud->padded * 4);
+        memset(mt_tile_v(tl, ud), 0, ud->padded * 4);
     }
 }
 

@@ -103,8 +103,9 @@ static mt_status st_open_file(mt_err err, mt_st_set *s, int fi)
         if (!strcmp(dt->valuestring, "BF16")) t.dtype = MT_ST_BF16, esize = 2;
         else if (!strcmp(dt->valuestring, "F16")) t.dtype = MT_ST_F16, esize = 2;
         else if (!strcmp(dt->valuestring, "F32")) t.dtype = MT_ST_F32, esize = 4;
+        else if (!strcmp(dt->valuestring, "U8")) t.dtype = MT_ST_U8, esize = 1;
         else {
-            st = mt_fail(err, MT_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (BF16, F16 and F32 are supported)",
+            st = mt_fail(err, MT_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (BF16, F16, F32 and U8 are supported)",
                          f->path, name, dt->valuestring);
             goto done;
         }
@@ -298,6 +299,10 @@ mt_status mt_st_expect(mt_err err, mt_st_set *s, const char *name, const uint64_
 static void convert_range(const mt_st_tensor *t, uint64_t off, float *dst, uint16_t *bf, uint64_t lo, uint64_t hi)
 {
     const unsigned char *p = t->data + off * (t->dtype == MT_ST_F32 ? 4 : 2);
+    if (!dst && t->dtype == MT_ST_BF16) { /* bf16 into bf16: the bits as they are */
+        memcpy(bf + lo, p + 2 * lo, (hi - lo) * 2);
+        return;
+    }
     for (uint64_t i = lo; i < hi; i++) {
         float x;
         if (t->dtype == MT_ST_F32) {
@@ -307,7 +312,7 @@ static void convert_range(const mt_st_tensor *t, uint64_t off, float *dst, uint1
             memcpy(&h, p + 2 * i, 2);
             x = t->dtype == MT_ST_BF16 ? mt_bf16_to_f32(h) : f16_to_f32(h);
         }
-        dst[i] = x;
+        if (dst) dst[i] = x;
         if (bf) bf[i] = mt_f32_to_bf16(x);
     }
 }
@@ -358,12 +363,12 @@ static char *header_json(const mt_st_write_req *t, size_t n, size_t *len)
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
         cJSON *e = cJSON_AddObjectToObject(j, t[i].name);
-        cJSON_AddStringToObject(e, "dtype", t[i].dtype == MT_ST_F32 ? "F32" : "BF16");
+        cJSON_AddStringToObject(e, "dtype", t[i].dtype == MT_ST_F32 ? "F32" : t[i].dtype == MT_ST_U8 ? "U8" : "BF16");
         cJSON *shape = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < t[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].dims[d]));
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += t[i].numel * (t[i].dtype == MT_ST_F32 ? 4 : 2);
+        off += t[i].numel * mt_st_esize(t[i].dtype);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
     char *s = cJSON_PrintUnformatted(j);
@@ -386,15 +391,26 @@ static int write_data(int fd, const mt_st_write_req *t, size_t n, void *buf)
     const size_t per = IO_CHUNK / 4;
     for (size_t i = 0; i < n; i++)
         for (int p = 0; p < t[i].n_parts; p++) {
-            const float *src = t[i].part[p];
+            const int from = t[i].src, to = t[i].dtype;
+            const unsigned char *src = t[i].part[p];
+            const uint64_t es = mt_st_esize(from);
             for (uint64_t k = 0; k < t[i].part_numel[p]; k += per) {
                 size_t c = (size_t)MT_MIN((uint64_t)per, t[i].part_numel[p] - k);
-                if (t[i].dtype == MT_ST_F32) {
-                    if (mt_write_all(fd, src + k, c * 4)) return -1; /* little-endian host (x86-64) */
-                } else {
+                if (from == to) {
+                    if (mt_write_all(fd, src + k * es, c * es)) return -1; /* little-endian host (x86-64) */
+                } else if (from == MT_ST_F32 && to == MT_ST_BF16) {
                     uint16_t *b = buf;
-                    for (size_t e = 0; e < c; e++) b[e] = mt_f32_to_bf16(src[k + e]);
+                    const float *f = (const float *)src + k;
+                    for (size_t e = 0; e < c; e++) b[e] = mt_f32_to_bf16(f[e]);
                     if (mt_write_all(fd, buf, c * 2)) return -1;
+                } else if (from == MT_ST_BF16 && to == MT_ST_F32) {
+                    float *w = buf;
+                    const uint16_t *h = (const uint16_t *)src + k;
+                    for (size_t e = 0; e < c; e++) w[e] = mt_bf16_to_f32(h[e]);
+                    if (mt_write_all(fd, buf, c * 4)) return -1;
+                } else {
+                    errno = EINVAL; /* no such conversion: a caller's mistake */
+                    return -1;
                 }
             }
         }

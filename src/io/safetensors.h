@@ -8,7 +8,10 @@
 
 #include <stdint.h>
 
-enum { MT_ST_BF16, MT_ST_F16, MT_ST_F32 };
+enum { MT_ST_F32, MT_ST_BF16, MT_ST_F16, MT_ST_U8 }; /* U8: lean mode's checkpoints of 8-bit moments */
+
+/* Bytes per element of a dtype. */
+static inline uint64_t mt_st_esize(int dtype) { return dtype == MT_ST_F32 ? 4 : dtype == MT_ST_U8 ? 1 : 2; }
 
 typedef struct mt_st_tensor {
     char *name; /* owned */
@@ -50,7 +53,9 @@ void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd);
 
 /* One tensor converted into fp32 (and, if bf16 is not NULL, its bf16 rounding):
  * its numel elements from offset (numel 0: all of it), e.g. some rows of a
- * checkpoint's fused matrix. */
+ * checkpoint's fused matrix. dst may be NULL (lean mode: bf16 only; a BF16
+ * tensor is then copied bit for bit). A U8 tensor is not converted: read it
+ * through mt_st_tensor.data. */
 typedef struct mt_st_read_req {
     const mt_st_tensor *src;
     float *dst;
@@ -61,17 +66,20 @@ mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_
 
 #define MT_ST_MAX_PARTS 3
 
-/* One tensor to write, from fp32 values (rounded to nearest even for BF16):
- * the concatenation of n_parts arrays (a fused matrix from its row blocks). */
+/* One tensor to write: the concatenation of n_parts arrays (a fused matrix
+ * from its row blocks) of src values. fp32 values written as BF16 are rounded
+ * to nearest even, bf16 values written as F32 widened; anything else is
+ * written as it is (src == dtype). */
 typedef struct mt_st_write_req {
     const char *name;
-    int dtype; /* MT_ST_F32 or MT_ST_BF16 */
+    int dtype; /* MT_ST_F32, MT_ST_BF16 or MT_ST_U8 */
     int ndim;
     uint64_t dims[2];
     uint64_t numel; /* of all the parts */
     int n_parts;
-    const float *part[MT_ST_MAX_PARTS];
+    const void *part[MT_ST_MAX_PARTS];
     uint64_t part_numel[MT_ST_MAX_PARTS];
+    int src; /* what the parts hold: MT_ST_F32 (0), MT_ST_BF16 or MT_ST_U8 */
 } mt_st_write_req;
 /* Writes path.tmp tensor by tensor, fsyncs it and renames it to path. */
 mt_status mt_st_write(mt_err err, const char *path, const mt_st_write_req *t, size_t n);

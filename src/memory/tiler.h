@@ -33,19 +33,41 @@ mt_status mt_tiles_map(mt_tiles *ts, const mt_layout *lo, int numa_node, mt_err 
 mt_status mt_tiles_pin(mt_tiles *ts, int must, const mt_logger *lg, mt_err err);
 void mt_tiles_free(mt_tiles *ts);
 
-static inline float *mt_tile_master(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->master_off); }
-static inline float *mt_tile_m(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->m_off); }
-static inline float *mt_tile_v(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->v_off); }
+/* The fp32 master weights; NULL in lean mode, which has none. */
+static inline float *mt_tile_master(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->lean ? NULL : (float *)(t->base + u->master_off);
+}
+/* The fp32 moments; NULL in lean mode (mt_tile_qm and the others below). */
+static inline float *mt_tile_m(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->lean ? NULL : (float *)(t->base + u->m_off);
+}
+static inline float *mt_tile_v(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->lean ? NULL : (float *)(t->base + u->v_off);
+}
 /* The streamed bf16 copy; NULL in fp32 mode. */
 static inline uint16_t *mt_tile_weights_bf16(const mt_tile *t, const mt_unit_desc *u)
 {
     return u->weight_bytes ? (uint16_t *)(t->base + u->weight_off) : NULL;
 }
-/* fp32 gradients; NULL in bf16 mode, where they land in the weight block. */
+/* fp32 gradients; NULL in bf16 and lean modes. */
 static inline float *mt_tile_grad_f32(const mt_tile *t, const mt_unit_desc *u)
 {
-    return u->grad_bytes ? (float *)(t->base + u->grad_off) : NULL;
+    return u->grad_bytes && !u->lean ? (float *)(t->base + u->grad_off) : NULL;
 }
+/* Where bf16 gradients land: the weight block in bf16 mode, the gradient
+ * block in lean mode; NULL in fp32 mode. */
+static inline uint16_t *mt_tile_grad_bf16(const mt_tile *t, const mt_unit_desc *u)
+{
+    return u->lean ? (uint16_t *)(t->base + u->grad_off) : mt_tile_weights_bf16(t, u);
+}
+/* Lean mode: the 8-bit codes of m and v, and their blocks' scales. */
+static inline uint8_t *mt_tile_qm(const mt_tile *t, const mt_unit_desc *u) { return t->base + u->m_off; }
+static inline uint8_t *mt_tile_qv(const mt_tile *t, const mt_unit_desc *u) { return t->base + u->v_off; }
+static inline float *mt_tile_sm(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->sm_off); }
+static inline float *mt_tile_sv(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->sv_off); }
 
 /* The streamed bf16 weights w of unit u rounded again from its fp32
  * master (bf16 mode): after a failed step left gradients in that block. */

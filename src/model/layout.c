@@ -16,7 +16,7 @@ static void add_tensor(mt_unit_desc *u, mt_tensor_role role, const char *name, u
     t->offset = u->padded;
     t->decay = decay;
     u->numel += t->numel;
-    u->padded += MT_ALIGN_UP(t->numel, MT_TENSOR_ALIGN_ELEMS);
+    u->padded += MT_ALIGN_UP(t->numel, u->lean ? MT_LEAN_BLOCK_ELEMS : MT_TENSOR_ALIGN_ELEMS);
 }
 
 /* Tensors first .. first + n - 1 of u are row blocks, in order, of one matrix of the checkpoint. */
@@ -111,11 +111,25 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
  * master | m | v], gradients landing in the weight block once the unit's
  * backward is done (14 bytes per parameter). fp32 mode: the master weights are
  * what is streamed, and gradients need their own fp32 block: [grad | master |
- * m | v] (16 bytes per parameter). */
+ * m | v] (16 bytes per parameter). Lean mode: no master, so the gradients
+ * need their own bf16 block: [bf16 weights | bf16 grad | m codes | v codes |
+ * m scales | v scales] (6.03 bytes per parameter). */
 static void place_blocks(mt_unit_desc *u, int fp32)
 {
     uint64_t off = 0, f32 = u->padded * 4;
 #define BLOCK(field_off, bytes) (field_off = off, off = MT_ALIGN_UP(off + (bytes), MT_BLOCK_ALIGN_BYTES))
+    if (u->lean) {
+        const uint64_t scales = u->padded / MT_LEAN_BLOCK_ELEMS * 4;
+        u->weight_bytes = u->grad_bytes = u->padded * 2;
+        BLOCK(u->weight_off, u->weight_bytes);
+        BLOCK(u->grad_off, u->grad_bytes);
+        BLOCK(u->m_off, u->padded);
+        BLOCK(u->v_off, u->padded);
+        BLOCK(u->sm_off, scales);
+        BLOCK(u->sv_off, scales);
+        u->tile_bytes = off;
+        return;
+    }
     if (fp32) {
         u->weight_bytes = 0;
         u->grad_bytes = f32;
@@ -143,6 +157,7 @@ int mt_layout_build(mt_layout *lo, const mt_model_config *c)
     for (int i = 0; i < lo->n_units; i++) {
         mt_unit_desc *u = &lo->units[i];
         u->layer = -1;
+        u->lean = c->precision == MT_PRECISION_LEAN;
         if (i == 0) {
             u->kind = MT_UNIT_EMBED;
             add_tensor(u, MT_T_EMBED, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, 1);
@@ -161,8 +176,8 @@ int mt_layout_build(mt_layout *lo, const mt_model_config *c)
         lo->tile_bytes += u->tile_bytes;
         lo->weight_bytes += u->weight_bytes;
         lo->grad_bytes += u->grad_bytes;
-        lo->master_bytes += u->padded * 4;
-        lo->optim_bytes += u->padded * 8;
+        lo->master_bytes += u->lean ? 0 : u->padded * 4;
+        lo->optim_bytes += u->lean ? u->padded * 2 + u->padded / MT_LEAN_BLOCK_ELEMS * 8 : u->padded * 8;
         lo->largest_unit_padded = MT_MAX(lo->largest_unit_padded, u->padded);
     }
     return 0;

@@ -47,7 +47,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->embed_scale = 1.0f;
     if (gemma) {
         d->embed_scale = (float)sqrt((double)c->hidden_size);
-        if (c->precision == MT_PRECISION_BF16) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));
+        if (c->precision != MT_PRECISION_FP32) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));
     }
     d->attn_softcap = c->attn_logit_softcapping;
     d->final_softcap = c->final_logit_softcapping;

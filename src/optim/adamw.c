@@ -83,10 +83,7 @@ const char *mt_adamw_isa_name(mt_adamw_isa isa)
 #define MAX_SHARES 256 /* threads beyond this only help */
 
 typedef struct {
-    mt_adamw_kernel_fn k;
-    const mt_adamw_hyper *h;
-    const mt_adamw_segment *segs;
-    size_t n_segs;
+    const mt_chunked *job;
     int n_shares;
     _Atomic uint64_t cursor[MAX_SHARES];
 } apply_ctx;
@@ -100,20 +97,21 @@ void mt_adamw_share(size_t n, int n_threads, int part, size_t *lo, size_t *hi)
  * Returns 0 when that share is done. */
 static int claim(apply_ctx *c, int owner, size_t *s, size_t *lo, size_t *hi)
 {
+    const mt_chunked *j = c->job;
     uint64_t cur = atomic_load_explicit(&c->cursor[owner], memory_order_relaxed);
     for (;;) {
         size_t seg = (size_t)(cur >> CHUNK_BITS), chunk = (size_t)(cur & CHUNK_MASK), a = 0, b = 0;
-        for (; seg < c->n_segs; seg++, chunk = 0) { /* skip finished or empty shares */
-            mt_adamw_share(c->segs[seg].n, c->n_shares, owner, &a, &b);
-            if (a + chunk * MT_ADAMW_CHUNK < b) break;
+        for (; seg < j->n_segs; seg++, chunk = 0) { /* skip finished or empty shares */
+            mt_split_range(j->seg_len(j->ctx, seg), (size_t)c->n_shares, (size_t)owner, j->align, &a, &b);
+            if (a + chunk * j->chunk < b) break;
         }
-        if (seg >= c->n_segs) return 0;
+        if (seg >= j->n_segs) return 0;
         uint64_t next = ((uint64_t)seg << CHUNK_BITS) | (chunk + 1);
         if (atomic_compare_exchange_weak_explicit(&c->cursor[owner], &cur, next, memory_order_relaxed,
                                                   memory_order_relaxed)) {
             *s = seg;
-            *lo = a + chunk * MT_ADAMW_CHUNK;
-            *hi = b - *lo < MT_ADAMW_CHUNK ? b : *lo + MT_ADAMW_CHUNK;
+            *lo = a + chunk * j->chunk;
+            *hi = b - *lo < j->chunk ? b : *lo + j->chunk;
             return 1;
         }
     }
@@ -128,30 +126,46 @@ static void apply_task(void *ctxp, size_t task, int thread)
     for (int i = 0; i < c->n_shares; i++) {
         int owner = (thread + i) % c->n_shares;
         size_t s, lo, hi;
-        while (claim(c, owner, &s, &lo, &hi)) {
-            const mt_adamw_segment *sg = &c->segs[s];
-            mt_adamw_hyper h = *c->h;
-            h.weight_decay = sg->weight_decay;
-            const void *g = sg->grad_is_bf16 ? (const void *)((const uint16_t *)sg->grad + lo)
-                                             : (const void *)((const float *)sg->grad + lo);
-            c->k(&h, hi - lo, sg->master + lo, sg->m + lo, sg->v + lo, g, sg->grad_is_bf16,
-                 sg->w_bf16 ? sg->w_bf16 + lo : NULL);
-        }
+        while (claim(c, owner, &s, &lo, &hi)) c->job->run(c->job->ctx, s, lo, hi);
     }
+}
+
+void mt_apply_chunked(mt_pool *pool, const mt_chunked *job)
+{
+    int n_threads = mt_pool_size(pool);
+    apply_ctx c;
+    c.job = job;
+    c.n_shares = n_threads < MAX_SHARES ? n_threads : MAX_SHARES;
+    for (int i = 0; i < c.n_shares; i++) atomic_init(&c.cursor[i], 0);
+    mt_pool_run(pool, (size_t)n_threads, apply_task, &c);
+}
+
+typedef struct {
+    mt_adamw_kernel_fn k;
+    const mt_adamw_hyper *h;
+    const mt_adamw_segment *segs;
+} adamw_job;
+
+static size_t adamw_len(const void *ctx, size_t s) { return ((const adamw_job *)ctx)->segs[s].n; }
+
+static void adamw_run(void *ctx, size_t s, size_t lo, size_t hi)
+{
+    const adamw_job *j = ctx;
+    const mt_adamw_segment *sg = &j->segs[s];
+    mt_adamw_hyper h = *j->h;
+    h.weight_decay = sg->weight_decay;
+    const void *g = sg->grad_is_bf16 ? (const void *)((const uint16_t *)sg->grad + lo)
+                                     : (const void *)((const float *)sg->grad + lo);
+    j->k(&h, hi - lo, sg->master + lo, sg->m + lo, sg->v + lo, g, sg->grad_is_bf16,
+         sg->w_bf16 ? sg->w_bf16 + lo : NULL);
 }
 
 void mt_adamw_apply(mt_pool *pool, mt_adamw_kernel_fn k, const mt_adamw_hyper *h, const mt_adamw_segment *segs,
                     size_t n_segs)
 {
-    int n_threads = mt_pool_size(pool);
-    apply_ctx c;
-    c.k = k;
-    c.h = h;
-    c.segs = segs;
-    c.n_segs = n_segs;
-    c.n_shares = n_threads < MAX_SHARES ? n_threads : MAX_SHARES;
-    for (int i = 0; i < c.n_shares; i++) atomic_init(&c.cursor[i], 0);
-    mt_pool_run(pool, (size_t)n_threads, apply_task, &c);
+    adamw_job a = {k, h, segs};
+    const mt_chunked job = {n_segs, MT_ADAMW_ALIGN, MT_ADAMW_CHUNK, adamw_len, adamw_run, &a};
+    mt_apply_chunked(pool, &job);
 }
 
 /* ---- sums of squares ---------------------------------------------------------

@@ -76,6 +76,19 @@ typedef struct mt_adamw_segment {       /* one tensor (or part) to update */
     float weight_decay;                 /* replaces h->weight_decay for this segment */
 } mt_adamw_segment;
 
+/* An elementwise job over segments, spread over a pool's threads (mt_adamw_apply's driver, also the lean
+ * mode's): thread p of P owns the share mt_split_range(seg_len(s), P, p, align) of every segment s and runs
+ * it in chunks of `chunk` elements (chunk a multiple of align); a thread that runs out of its own chunks
+ * takes the ones its peers have not started yet. */
+typedef struct mt_chunked {
+    size_t n_segs;                                   /* below 2^24 */
+    size_t align, chunk;
+    size_t (*seg_len)(const void *ctx, size_t seg);
+    void (*run)(void *ctx, size_t seg, size_t lo, size_t hi);
+    void *ctx;
+} mt_chunked;
+void mt_apply_chunked(mt_pool *pool, const mt_chunked *job);
+
 /* Shares and chunks of mt_adamw_apply, in elements. */
 #define MT_ADAMW_ALIGN 64
 #define MT_ADAMW_CHUNK 16384

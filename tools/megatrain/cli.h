@@ -27,6 +27,9 @@ int cmd_info(int argc, char **argv);
 void cli_config_load(mt_model_config *cfg, const char *path);
 /* "u16", "u32", "llmc" or "auto" as an mt_token_format; exits on others. */
 uint32_t cli_token_format(const char *s);
+/* "bf16", "fp32" or "lean" as an mt_precision; exits on others. */
+uint32_t cli_precision(const char *s);
+const char *cli_precision_name(uint32_t precision);
 
 /* Option parsing: "--name value" or "--name=value". Returns 1 and sets *val
  * when argv[*i] is the option (advancing *i past its value), 0 otherwise;

@@ -122,6 +122,19 @@ void cli_config_load(mt_model_config *cfg, const char *path)
     cli_die("%.*s%s%s", (int)(at - msg), msg, path, at + skip);
 }
 
+uint32_t cli_precision(const char *s)
+{
+    if (!strcmp(s, "bf16")) return MT_PRECISION_BF16;
+    if (!strcmp(s, "fp32")) return MT_PRECISION_FP32;
+    if (!strcmp(s, "lean")) return MT_PRECISION_LEAN;
+    cli_die("--precision takes bf16, fp32 or lean, not '%s'", s);
+}
+
+const char *cli_precision_name(uint32_t precision)
+{
+    return precision == MT_PRECISION_FP32 ? "fp32" : precision == MT_PRECISION_LEAN ? "lean" : "bf16";
+}
+
 uint32_t cli_token_format(const char *s)
 {
     static const struct { const char *name; uint32_t format; } f[] = {

@@ -15,9 +15,9 @@ typedef struct train_args {
     const char *data, *model_dir, *config, *tokenizer, *out, *resume, *checkpoints, *log_file;
     int steps, seq_len, micro_batch, grad_accum, log_every, save_every, eval_every, eval_batches;
     int layers, hidden, heads, kv_heads, ffn, vocab;
-    uint32_t format;
+    uint32_t format, precision;
     double lr, min_lr_ratio, weight_decay, clip;
-    int warmup, slots, threads, fp32, cpu, restart, force, attention, nondet_attention;
+    int warmup, slots, threads, cpu, restart, force, attention, nondet_attention;
     uint64_t seed;
     int argc;
     char **argv;
@@ -38,7 +38,9 @@ static const char train_help[] =
     "  --vocab N          the vocabulary of a new model (default 32000; with --tokenizer, its own)\n"
     "  --tokenizer DIR    the tokenizer of a new model (a tokenizer.json or its folder): saved with the model\n"
     "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model (over --config)\n"
-    "  --fp32             train in fp32 instead of bf16\n"
+    "  --precision P      bf16 (the default: 14 bytes of host state per parameter), fp32 (16), or lean\n"
+    "                     (6.03: bf16 weights with stochastic rounding, 8-bit AdamW moments)\n"
+    "  --fp32             the same as --precision fp32\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
     "\n"
     "schedule:\n"
@@ -130,7 +132,8 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--threads", &v)) a->threads = (int)cli_int("--threads", v, 1, 4096);
         else if (cli_opt(argc, argv, &i, "--seed", &v)) a->seed = (uint64_t)cli_int("--seed", v, 0, INT64_MAX);
         else if (cli_opt(argc, argv, &i, "--log-every", &v)) a->log_every = (int)cli_int("--log-every", v, 1, 1 << 30);
-        else if (cli_flag(argv, i, "--fp32")) a->fp32 = 1;
+        else if (cli_flag(argv, i, "--fp32")) a->precision = MT_PRECISION_FP32;
+        else if (cli_opt(argc, argv, &i, "--precision", &v)) a->precision = cli_precision(v);
         else if (cli_flag(argv, i, "--cpu")) a->cpu = 1;
         else if (cli_opt(argc, argv, &i, "--attention", &v)) {
             if (!strcmp(v, "auto")) a->attention = MT_ATTENTION_AUTO;
@@ -430,7 +433,8 @@ static cJSON *identity_of(const train_args *a, const mt_model_config *cfg, const
     cJSON *j = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(j, "model"), *b = cJSON_AddObjectToObject(j, "batch"),
           *s = cJSON_AddObjectToObject(j, "schedule"), *d = cJSON_AddObjectToObject(j, "data");
     if (!d) cli_die("out of memory");
-    static const char *const arch[] = {"llama", "qwen2", "mistral", "qwen3", "phi3"};
+    static const char *const arch[] = {"llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe",
+                                       "mixtral"};
     cJSON_AddStringToObject(m, "arch", cfg->arch < sizeof arch / sizeof arch[0] ? arch[cfg->arch] : "?");
     cJSON_AddNumberToObject(m, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(m, "hidden_size", cfg->hidden_size);
@@ -438,7 +442,7 @@ static cJSON *identity_of(const train_args *a, const mt_model_config *cfg, const
     cJSON_AddNumberToObject(m, "num_hidden_layers", cfg->num_hidden_layers);
     cJSON_AddNumberToObject(m, "num_attention_heads", cfg->num_attention_heads);
     cJSON_AddNumberToObject(m, "num_key_value_heads", cfg->num_key_value_heads);
-    cJSON_AddStringToObject(m, "precision", cfg->precision == MT_PRECISION_FP32 ? "fp32" : "bf16");
+    cJSON_AddStringToObject(m, "precision", cli_precision_name(cfg->precision));
     cJSON_AddStringToObject(m, "init", a->model_dir ? a->model_dir : a->config ? a->config : "random");
     cJSON_AddNumberToObject(b, "seq_len", S);
     cJSON_AddNumberToObject(b, "micro_batch", B);
@@ -558,7 +562,7 @@ static int train_demo(train_args *a)
     cfg.num_key_value_heads = (uint32_t)DEFAULT(a->kv_heads, 4);
     cfg.intermediate_size = (uint32_t)DEFAULT(a->ffn, 384);
     cfg.max_position_embeddings = (uint32_t)r.S;
-    cfg.precision = a->fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+    cfg.precision = a->precision;
     cfg.seed = a->seed;
     run_ckpt_prepare(&r.ck, a->resume, a->checkpoints, r.out, a->restart, a->force);
     mt_offload_policy pol = policy_of(a);
@@ -575,7 +579,7 @@ static int train_demo(train_args *a)
     printf("megatrain demo: learning two-digit addition (%d..%d + %d..%d)\n", DEMO_LO, DEMO_HI, DEMO_LO, DEMO_HI);
     printf("  %d training problems, %d held out and never trained on\n", d.n_train, d.n_heldout);
     printf("  model: %u layers, hidden %u, %u heads, %.2f M parameters, %s, %s backend\n", cfg.num_hidden_layers,
-           cfg.hidden_size, cfg.num_attention_heads, mt_model_num_params(r.m) / 1e6, a->fp32 ? "fp32" : "bf16",
+           cfg.hidden_size, cfg.num_attention_heads, mt_model_num_params(r.m) / 1e6, cli_precision_name(a->precision),
            gpu ? "CUDA" : "CPU");
     printf("  %d steps of %d x %d x %d tokens\n\n", r.steps, r.M, r.B, r.S);
     fflush(stdout);
@@ -637,7 +641,7 @@ static int train_data(train_args *a)
         if (a->ffn > 0) cfg.intermediate_size = (uint32_t)a->ffn;
         if (a->hidden > 0 || a->heads > 0) cfg.head_dim = 0; /* derived from the new shape */
     }
-    cfg.precision = a->fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+    cfg.precision = a->precision;
     cfg.seed = a->seed;
     if (cfg.max_position_embeddings < (uint32_t)r.S) cfg.max_position_embeddings = (uint32_t)r.S;
     mt_dataset_options dopt;

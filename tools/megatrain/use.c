@@ -382,17 +382,18 @@ static const char *family_of(uint32_t arch)
 static int print_families(void)
 {
     const family *f = FAMILIES;
-    printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
-           "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param");
+    printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
+           "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param", "lean GiB", "B/param");
+    static const uint32_t precisions[3] = {MT_PRECISION_BF16, MT_PRECISION_FP32, MT_PRECISION_LEAN};
     for (size_t i = 0; i < N_FAMILIES; i++) {
-        double host[2] = {0, 0}, bpp[2] = {0, 0}, params = 0;
-        for (int fp32 = 0; fp32 < 2; fp32++) {
+        double host[3] = {0, 0, 0}, bpp[3] = {0, 0, 0}, params = 0;
+        for (int k = 0; k < 3; k++) {
             mt_model_config c;
             mt_model_config_init(&c);
             c.arch = f[i].arch, c.vocab_size = f[i].V, c.hidden_size = f[i].C, c.intermediate_size = f[i].F;
             c.num_hidden_layers = f[i].L, c.num_attention_heads = f[i].H, c.num_key_value_heads = f[i].Hkv;
             c.head_dim = f[i].D, c.sliding_window = f[i].window, c.attention_bias = f[i].bias;
-            c.tie_word_embeddings = f[i].tied, c.precision = fp32 ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
+            c.tie_word_embeddings = f[i].tied, c.precision = precisions[k];
             for (size_t e = 0; e < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; e++)
                 if (MOE_SHAPES[e].arch == f[i].arch) {
                     c.num_experts = MOE_SHAPES[e].E, c.num_experts_per_tok = MOE_SHAPES[e].K;
@@ -406,14 +407,14 @@ static int print_families(void)
             mt_memory_plan_init(&p);
             if (mt_plan(&p, &c, &pol, NULL) != MT_OK) cli_die("%s", mt_last_errmsg());
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
-            host[fp32] = gib(state), bpp[fp32] = (double)state / (double)p.num_params, params = (double)p.num_params;
+            host[k] = gib(state), bpp[k] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f\n", f[i].family, f[i].architecture, f[i].what,
-               f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1]);
+        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", f[i].family, f[i].architecture,
+               f[i].what, f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1], host[2], bpp[2]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
-         "moments) in bf16 and in fp32 training; activations and the GPU's share come on top (plan a shape\n"
-         "to see them).");
+         "moments) in bf16, fp32 and lean training (--precision lean: bf16 weights with stochastic rounding and\n"
+         "8-bit moments); activations and the GPU's share come on top (plan a shape to see them).");
     return 0;
 }
 
@@ -430,7 +431,8 @@ int cmd_plan(int argc, char **argv)
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
             puts("usage: megatrain plan [--model DIR|FILE | --config DIR|FILE] [--layers N --hidden N --heads N\n"
                  "                      --kv-heads N --ffn N --vocab N] [--seq-len N] [--micro-batch N]\n"
-                 "                      [--grad-accum N] [--fp32] [--cpu | --gpu-memory GIB]\n"
+                 "                      [--grad-accum N] [--precision bf16|fp32|lean] [--fp32]\n"
+                 "                      [--cpu | --gpu-memory GIB]\n"
                  "                      [--host-budget GIB] [--gpu-budget GIB]\n"
                  "       megatrain plan --families\n\n"
                  "Prints the bytes each memory tier would hold, without allocating anything.\n"
@@ -461,6 +463,7 @@ int cmd_plan(int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--host-budget", &v)) pol.host_budget_bytes = (uint64_t)(cli_float("--host-budget", v, 0, 1e6) * (1u << 30));
         else if (cli_opt(argc, argv, &i, "--gpu-budget", &v)) pol.gpu_budget_bytes = (uint64_t)(cli_float("--gpu-budget", v, 0, 1e6) * (1u << 30));
         else if (cli_flag(argv, i, "--fp32")) cfg.precision = MT_PRECISION_FP32;
+        else if (cli_opt(argc, argv, &i, "--precision", &v)) cfg.precision = cli_precision(v);
         else if (cli_flag(argv, i, "--cpu")) pol.backend = MT_BACKEND_CPU;
         else cli_die("plan: unknown option '%s'", argv[i]);
     }
@@ -472,7 +475,7 @@ int cmd_plan(int argc, char **argv)
     /* a plan that does not fit is printed with the reason; any other failure has no plan to print */
     if (st != MT_OK && st != MT_ERR_HOST_BUDGET && st != MT_ERR_GPU_BUDGET) cli_die("%s", mt_last_errmsg());
     printf("model:       %.3f B parameters in %u units, %s, %s\n", p.num_params / 1e9, p.num_units,
-           cfg.precision == MT_PRECISION_FP32 ? "fp32" : "bf16", family_of(cfg.arch));
+           cli_precision_name(cfg.precision), family_of(cfg.arch));
     if (cfg.sliding_window) {
         printf("attention:   a sliding window of %u keys from layer %u on", cfg.sliding_window, cfg.max_window_layers);
         if (cfg.sliding_window_pattern) printf(", one layer in %u attending fully", cfg.sliding_window_pattern);
@@ -488,7 +491,7 @@ int cmd_plan(int argc, char **argv)
            sh.seq_len, p.backend == MT_BACKEND_CUDA ? "CUDA" : "CPU");
     printf("host:        %8.2f GiB pinned + %8.2f GiB pageable (budget %.2f GiB)\n", gib(p.host_pinned_bytes),
            gib(p.host_pageable_bytes), gib(p.host_budget_bytes));
-    printf("  weights %.2f, gradients %.2f, master %.2f, AdamW %.2f GiB (%.1f bytes per parameter)\n",
+    printf("  weights %.2f, gradients %.2f, master %.2f, AdamW %.2f GiB (%.2f bytes per parameter)\n",
            gib(p.weight_bytes), gib(p.grad_bytes), gib(p.master_bytes), gib(p.optim_bytes),
            (double)(p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes) / (double)p.num_params);
     char where[128] = "in host memory";
