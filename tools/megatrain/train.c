@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "run.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -181,6 +182,7 @@ typedef struct run {
     int32_t *tok, *tg;
     mt_batch batch;
     uint64_t saved_step; /* the step of the last checkpoint written, or resumed from */
+    int n_saves;         /* checkpoints this process wrote */
 } run;
 
 static void next_batch(batch_source *src, int n_seq, int seq_len, int32_t *tok, int32_t *tg)
@@ -220,8 +222,24 @@ static double heldout_loss(run *r)
     return count ? sum / (double)count : NAN;
 }
 
+/* The bytes of the files in dir (a checkpoint's step folder). */
+static uint64_t folder_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t total = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char path[4600];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) total += (uint64_t)sb.st_size;
+    }
+    if (d) closedir(d);
+    return total;
+}
+
 /* A resume checkpoint of the model's step, with the run's settings and log
- * history in its trainer_state.json. 0, or 1 with the problem reported. */
+ * history in its trainer_state.json, and its size (a line: the first time,
+ * then each 10th). 0, or 1 with the problem reported. */
 static int save_checkpoint(run *r)
 {
     cJSON *c = cJSON_CreateObject();
@@ -244,6 +262,15 @@ static int save_checkpoint(run *r)
         return 1;
     }
     r->saved_step = step;
+    if (r->n_saves++ % 10 == 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/step-%08llu", r->ck.dir, (unsigned long long)step);
+        const uint64_t bytes = folder_bytes(dir);
+        const int gib = bytes >= (1u << 30);
+        printf("checkpoint %s: %.2f %s, %.2f bytes per parameter (%s)\n", dir,
+               (double)bytes / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB",
+               (double)bytes / (double)mt_model_num_params(r->m), cli_precision_name(r->a->precision));
+    }
     return 0;
 }
 

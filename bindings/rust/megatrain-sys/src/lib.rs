@@ -82,6 +82,7 @@ c_enum!(mt_arch {
 c_enum!(mt_precision {
     MT_PRECISION_BF16 = 0,
     MT_PRECISION_FP32 = 1,
+    MT_PRECISION_LEAN = 2,
     MT_PRECISION_MAX_ENUM = 0x7FFF_FFFF,
 });
 

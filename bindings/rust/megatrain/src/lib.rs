@@ -146,6 +146,7 @@ c_enum!(Arch {
 c_enum!(Precision {
     BF16 = sys::MT_PRECISION_BF16,
     FP32 = sys::MT_PRECISION_FP32,
+    LEAN = sys::MT_PRECISION_LEAN,
 });
 
 c_enum!(RopeScaling {
