@@ -189,7 +189,9 @@ test: $(TEST_BIN)
 # leave no summary and are not counted). "Possibly lost" blocks are shown
 # but do not count: Criterion's own runner leaves some when a test skips.
 # Two jobs, for the two cores of the CI machine: CI took 11 minutes, not 19.
-# The fuzz corpus replays run under it too.
+# MT_MEMCHECK=1 tells the parity tests to skip their one-ulp re-trainings (the
+# same code three times more, which `make check` runs): 21 minutes had become
+# most of CI. The fuzz corpus replays run under it too.
 VALGRIND := valgrind --leak-check=full --show-leak-kinds=definite,indirect,possible \
   --errors-for-leak-kinds=definite,indirect --suppressions=tests/valgrind.supp --trace-children=yes \
   --log-file=build/memcheck/%p.log
