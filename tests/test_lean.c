@@ -1,7 +1,9 @@
 /* The lean mode's AdamW step (src/optim/lean.h): stochastic rounding to bf16
  * is unbiased and only ever picks a neighbour; a block's step against a
- * float64 reference of the same algorithm; NaN gradients refused without
- * writing; the same inputs give the same bits. */
+ * float64 reference of the same algorithm; a slowly decaying second moment
+ * decays as the exact one does on average (the codes' stochastic rounding);
+ * NaN gradients refused without writing; the same inputs give the same bits;
+ * the SIMD kernels give the scalar kernel's bits. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <float.h>
@@ -60,10 +62,11 @@ Test(lean, stochastic_rounding_is_unbiased)
  * algorithm in float64 from the same decoded moments: the new weight is one
  * of the two bf16 neighbours of the exact one (fp32's rounding of the update,
  * ~1e-7 relative, moves it across a neighbour only within that distance:
- * allowed), and the new moments decode within half a code step of the exact
- * ones (2^-4 relative for m, 2^-5 for sqrt(v), half the smallest subnormal
- * step times the scale below the normal range; plus 2^-16 relative for the
- * fp32 update and the scale's rounding). */
+ * allowed), and the new moments decode within one code step of the exact
+ * ones (the codes are stochastically rounded, to either neighbour: 2^-3
+ * relative for m, 2^-4 for sqrt(v), the smallest subnormal step times the
+ * scale below the normal range; plus 2^-16 relative for the fp32 update and
+ * the scale's rounding). */
 Test(lean, step_against_a_float64_reference)
 {
     seed(19);
@@ -110,15 +113,81 @@ Test(lean, step_against_a_float64_reference)
                 const double s = (double)mt_q8_value_sqrt(qv[i]) * sv;
                 const double em = fabs(m - rm[i]), es = fabs(s - sqrt(rv[i]));
                 if (fabs(rm[i]) >= ldexp(sm, -14))
-                    cr_assert_leq(em, fabs(rm[i]) * (0x1p-4 + 0x1p-16), "m [%zu]: %g for %g", i, m, rm[i]);
+                    cr_assert_leq(em, fabs(rm[i]) * (0x1p-3 + 0x1p-16), "m [%zu]: %g for %g", i, m, rm[i]);
                 else
-                    cr_assert_leq(em, ldexp(sm, -18) * (1 + 0x1p-16) + fabs(rm[i]) * 0x1p-16, "m [%zu]", i);
+                    cr_assert_leq(em, ldexp(sm, -17) * (1 + 0x1p-16) + fabs(rm[i]) * 0x1p-16, "m [%zu]", i);
                 if (sqrt(rv[i]) >= ldexp(sv, -14))
-                    cr_assert_leq(es, sqrt(rv[i]) * (0x1p-5 + 0x1p-16), "sqrt v [%zu]: %g for %g", i, s, sqrt(rv[i]));
+                    cr_assert_leq(es, sqrt(rv[i]) * (0x1p-4 + 0x1p-16), "sqrt v [%zu]: %g for %g", i, s, sqrt(rv[i]));
                 else
-                    cr_assert_leq(es, ldexp(sv, -19) * (1 + 0x1p-16) + sqrt(rv[i]) * 0x1p-16, "sqrt v [%zu]", i);
+                    cr_assert_leq(es, ldexp(sv, -18) * (1 + 0x1p-16) + sqrt(rv[i]) * 0x1p-16, "sqrt v [%zu]", i);
             }
         }
+    }
+}
+
+/* A second moment decaying slowly, as a quiet parameter's does: v = 0.95 v a
+ * step, sqrt(v) 2.5% a step, less than half a step of the v code (3.1% to
+ * 1.6% of the value, by its mantissa). Rounded to nearest, every code in the
+ * lower quarter of an octave (mantissa 0 to 3) would keep its value forever
+ * (sqrt(0.95) c rounds back to c), and the other codes would fall to there
+ * and stay; rounded stochastically, each sqrt(v) is a martingale: its
+ * expectation decays as the exact recurrence's. m likewise: 0.9 m a step is
+ * 0.8 to 1.5 steps of its 3-bit code, which rounding to nearest makes whole
+ * steps, and none at all for the subnormal codes below 5.
+ *
+ * A block of 256: element 0 keeps a gradient of 1 and moments of 1 (0.95 +
+ * 0.05 and 0.9 + 0.1 are 1 in fp32), so the block's scales stay where they
+ * are (were every element to decay, every quotient by the scale would stay
+ * the same and no code would need to move); 255 distinct gradients at the
+ * first step (sqrt(v) / scale from 2^-4 to 1.9: normal codes throughout the
+ * 200 steps), then 0. Over the 255 elements, the mean of sqrt(v) over the
+ * exact sqrt(v) (0.95^(t/2) times that of the first step's codes) is within
+ * 5% of 1 after 50 steps and within 10% after 100, 150 and 200, and the
+ * mean of m over the exact m (0.9^t) within 7.5% after 50 (m reaches the
+ * subnormal codes soon after). The means random-walk: over 200 seeds their
+ * root mean square distances from 1 were 1.0% after 50 steps, 2.2% after
+ * 200 (sqrt(v)) and 1.5% after 50 (m), the bounds 4.5 to 5 of them.
+ *
+ * Encoded to nearest instead (mt_q8_encode_signed and mt_q8_encode_sqrt in
+ * mt_lean_step_block, tried), the test fails: the means after 50 steps are
+ * 2.96 for sqrt(v) and 1.36 for m, and 139 for sqrt(v) after 200 (of
+ * 0.95^-100 = 169 were it not to move at all). */
+Test(lean, slowly_decaying_moments_decay_as_the_exact_ones)
+{
+    const mt_adamw_hyper h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f,
+                              .bias_correction1 = 1.0f, .bias_correction2 = 1.0f, .grad_scale = 1.0f};
+    enum { N = MT_Q8_BLOCK };
+    uint16_t w[N] = {0}, g[N];
+    uint8_t qm[N], qv[N];
+    float m0[N] = {1.0f}, v0[N] = {1.0f}, sm, sv;
+    cr_assert_eq(mt_q8_encode_signed(m0, N, qm, &sm), 0);
+    cr_assert_eq(mt_q8_encode_sqrt(v0, N, qv, &sv), 0);
+    g[0] = mt_f32_to_bf16(1.0f);
+    for (int i = 1; i < N; i++) {
+        g[i] = mt_f32_to_bf16((float)(0.15 * pow(29.0, (double)(i - 1) / (N - 2))) * (i % 2 ? 1.0f : -1.0f));
+        cr_assert_neq(g[i] & 0x7fff, g[i - 1] & 0x7fff, "distinct gradients");
+    }
+    cr_assert_eq(mt_lean_step_block(&h, 3, 1, 512, N, w, g, qm, &sm, qv, &sv), 0);
+    double m1[N], s1[N];
+    for (int i = 1; i < N; i++) {
+        m1[i] = (double)mt_q8_value_signed(qm[i]) * sm, s1[i] = (double)mt_q8_value_sqrt(qv[i]) * sv;
+        cr_assert(fabs(s1[i]) / sv >= 0x1p-5 && fabs(s1[i]) / sv <= MT_Q8_MAX_SQRT, "[%d]", i);
+        g[i] = 0;
+    }
+    for (int t = 2; t <= 201; t++) {
+        cr_assert_eq(mt_lean_step_block(&h, 3, (uint64_t)t, 512, N, w, g, qm, &sm, qv, &sv), 0);
+        const int after = t - 1;
+        if (after % 50) continue;
+        double mean_s = 0, mean_m = 0;
+        for (int i = 1; i < N; i++) {
+            mean_s += (double)mt_q8_value_sqrt(qv[i]) * sv / (s1[i] * pow(0.95, after / 2.0)) / (N - 1);
+            mean_m += (double)mt_q8_value_signed(qm[i]) * sm / (m1[i] * pow(0.9, after)) / (N - 1);
+        }
+        cr_log_info("after %d steps: mean sqrt(v) / exact %.4f, m %.4f (scales %g %g)", after, mean_s, mean_m,
+                    (double)sv, (double)sm);
+        cr_assert(fabs(mean_s - 1) <= (after == 50 ? 0.05 : 0.1), "after %d steps sqrt(v) decayed to %.4f of the exact",
+                  after, mean_s);
+        if (after == 50) cr_assert(fabs(mean_m - 1) <= 0.075, "after 50 steps m decayed to %.4f of the exact", mean_m);
     }
 }
 
@@ -363,47 +432,56 @@ ParameterizedTest(mt_adamw_isa *isa, lean, nan_or_inf_gradient_refused_like_scal
             }
 }
 
-/* Ties: with beta1 = beta2 = 0 the new m is the gradient and sqrt(v) its
- * magnitude, exactly; a block whose largest gradient is the largest code's
- * value has scale 1, so gradients halfway between two codes' values (bf16
- * holds them) are exact ties, which round to the even code. Every pair of
- * neighbouring codes, the subnormal ones included, both signs for m. */
-ParameterizedTestParameters(lean, ties_like_scalar)
+/* Halfway between codes: with beta1 = beta2 = 0 the new m is the gradient
+ * and sqrt(v) its magnitude, exactly; a block whose largest gradient is the
+ * largest code's value has scale 1, so gradients halfway between two codes'
+ * values (bf16 holds them) drop exactly half a step, and round up exactly
+ * when the element's 16 random bits for that code are at least 0x8000: bits
+ * 0..15 of mt_lean_random64 for m, 16..31 for v. Every pair of neighbouring
+ * codes, the subnormal ones included, both signs for m. */
+ParameterizedTestParameters(lean, halfway_like_scalar)
 {
     return cr_make_param_array(mt_adamw_isa, lean_isas, sizeof lean_isas / sizeof lean_isas[0]);
 }
 
-ParameterizedTest(mt_adamw_isa *isa, lean, ties_like_scalar)
+ParameterizedTest(mt_adamw_isa *isa, lean, halfway_like_scalar)
 {
     const mt_lean_block_fn k = mt_lean_kernel(*isa);
     if (!k) cr_skip_test("this CPU cannot run the %s kernel", mt_adamw_isa_name(*isa));
     const mt_adamw_hyper h = {.lr = 1e-3f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 1e-8f, .weight_decay = 0.0f,
                               .bias_correction1 = 1.0f, .bias_correction2 = 1.0f, .grad_scale = 1.0f};
     static lean_block a, b;
-    for (int sq = 0; sq < 2; sq++) {
-        block_guards(&a, 1);
-        a.n = MT_Q8_BLOCK;
-        uint16_t *g = a.g + a.off, *w = a.w + a.off;
-        g[0] = mt_f32_to_bf16(sq ? MT_Q8_MAX_SQRT : MT_Q8_MAX_SIGNED);
-        for (int c = 0; c < 255; c++) {
-            const float lo = sq ? mt_q8_value_sqrt((uint8_t)c) : mt_q8_value_signed((uint8_t)(c % 127));
-            const float hi = sq ? mt_q8_value_sqrt((uint8_t)(c + 1)) : mt_q8_value_signed((uint8_t)(c % 127 + 1));
-            const float mid = 0.5f * (lo + hi);
-            g[1 + c] = mt_f32_to_bf16(!sq && c >= 127 ? -mid : mid);
-            cr_assert_eq(mt_bf16_to_f32(g[1 + c]), !sq && c >= 127 ? -mid : mid, "bf16 holds the tie");
+    int ups = 0;
+    for (int sq = 0; sq < 2; sq++)
+        for (uint64_t sd = 9; sd < 12; sd++) {
+            block_guards(&a, 1);
+            a.n = MT_Q8_BLOCK;
+            uint16_t *g = a.g + a.off, *w = a.w + a.off;
+            g[0] = mt_f32_to_bf16(sq ? MT_Q8_MAX_SQRT : MT_Q8_MAX_SIGNED);
+            for (int c = 0; c < 255; c++) {
+                const float lo = sq ? mt_q8_value_sqrt((uint8_t)c) : mt_q8_value_signed((uint8_t)(c % 127));
+                const float hi = sq ? mt_q8_value_sqrt((uint8_t)(c + 1)) : mt_q8_value_signed((uint8_t)(c % 127 + 1));
+                const float mid = 0.5f * (lo + hi);
+                g[1 + c] = mt_f32_to_bf16(!sq && c >= 127 ? -mid : mid);
+                cr_assert_eq(mt_bf16_to_f32(g[1 + c]), !sq && c >= 127 ? -mid : mid, "bf16 holds the midpoint");
+            }
+            for (int i = 0; i < MT_Q8_BLOCK; i++) w[i] = mt_f32_to_bf16(0.01f * (float)(i - 128));
+            memset(a.qm + a.off, 0, MT_Q8_BLOCK), memset(a.qv + a.off, 0, MT_Q8_BLOCK);
+            a.sm = 0, a.sv = 0;
+            b = a;
+            const uint64_t index0 = 1000 * sd;
+            cr_assert_eq(block_run(mt_lean_step_block, &h, sd, 1, index0, &a), 0);
+            cr_assert_eq(sq ? a.sv : a.sm, 1.0f, "scale 1: the quotients are the midpoints themselves");
+            for (int c = 0; c < 255; c++) {
+                const uint64_t z = mt_lean_random64(sd, 1, index0 + 1 + (uint64_t)c);
+                const unsigned r = (unsigned)(sq ? (z >> 16) & 0xffff : z & 0xffff);
+                const unsigned got = sq ? a.qv[a.off + 1 + c] : a.qm[a.off + 1 + c] & 0x7fu;
+                const unsigned lo = sq ? (unsigned)c : (unsigned)(c % 127);
+                cr_assert_eq(got, r >= 0x8000 ? lo + 1 : lo, "halfway above code %#x, random bits %#x", lo, r);
+                ups += got > lo;
+            }
+            cr_assert_eq(block_run(k, &h, sd, 1, index0, &b), 0);
+            if (!same_block(&a, &b)) report_difference(&a, &b, mt_adamw_isa_name(*isa), sq, 1);
         }
-        for (int i = 0; i < MT_Q8_BLOCK; i++) w[i] = mt_f32_to_bf16(0.01f * (float)(i - 128));
-        memset(a.qm + a.off, 0, MT_Q8_BLOCK), memset(a.qv + a.off, 0, MT_Q8_BLOCK);
-        a.sm = 0, a.sv = 0;
-        b = a;
-        cr_assert_eq(block_run(mt_lean_step_block, &h, 9, 1, 0, &a), 0);
-        cr_assert_eq(sq ? a.sv : a.sm, 1.0f, "scale 1: the quotients are the ties themselves");
-        for (int c = 0; c < 255; c++) { /* the scalar kernel rounds ties to the even code */
-            const unsigned got = sq ? a.qv[a.off + 1 + c] : a.qm[a.off + 1 + c] & 0x7fu;
-            const unsigned lo = sq ? (unsigned)c : (unsigned)(c % 127);
-            cr_assert_eq(got, lo % 2 ? lo + 1 : lo, "tie above code %#x", lo);
-        }
-        cr_assert_eq(block_run(k, &h, 9, 1, 0, &b), 0);
-        if (!same_block(&a, &b)) report_difference(&a, &b, mt_adamw_isa_name(*isa), sq, 1);
-    }
+    cr_assert(ups > 2 * 255 && ups < 4 * 255, "about half of 6 x 255 round up: %d", ups);
 }

@@ -8,13 +8,17 @@
 #include <math.h>
 #include <string.h>
 
-uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index)
+uint64_t mt_lean_random64(uint64_t seed, uint64_t step, uint64_t index)
 {
     uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ull) ^ (index * 0xD1B54A32D192ED03ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; /* splitmix64's finaliser */
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 48);
+    return z ^ (z >> 31);
+}
+
+uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index)
+{
+    return (uint32_t)(mt_lean_random64(seed, step, index) >> 48);
 }
 
 uint16_t mt_bf16_round_stochastic(float x, uint32_t r16)
@@ -43,10 +47,17 @@ int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, ui
         const float denom = sqrtf(v[i]) * c.inv_sqrt_bc2 + c.eps;
         p[i] = pi - c.step * (m[i] / denom);
     }
+    /* one hash per element: bits 0..15 round its m code, 16..31 its v code, 48..63 its weight */
+    uint64_t z[MT_Q8_BLOCK];
+    uint16_t rm[MT_Q8_BLOCK], rv[MT_Q8_BLOCK];
+    for (size_t i = 0; i < n; i++) {
+        z[i] = mt_lean_random64(seed, step, index0 + i);
+        rm[i] = (uint16_t)(z[i] & 0xffffu), rv[i] = (uint16_t)((z[i] >> 16) & 0xffffu);
+    }
     uint8_t qm2[MT_Q8_BLOCK], qv2[MT_Q8_BLOCK];
     float sm2, sv2;
-    if (mt_q8_encode_signed(m, n, qm2, &sm2) || mt_q8_encode_sqrt(v, n, qv2, &sv2)) return -1;
-    for (size_t i = 0; i < n; i++) w[i] = mt_bf16_round_stochastic(p[i], mt_lean_random(seed, step, index0 + i));
+    if (mt_q8_encode_signed_sr(m, n, rm, qm2, &sm2) || mt_q8_encode_sqrt_sr(v, n, rv, qv2, &sv2)) return -1;
+    for (size_t i = 0; i < n; i++) w[i] = mt_bf16_round_stochastic(p[i], (uint32_t)(z[i] >> 48));
     memcpy(qm, qm2, n), memcpy(qv, qv2, n);
     *sm = sm2, *sv = sv2;
     return 0;

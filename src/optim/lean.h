@@ -1,8 +1,8 @@
 /* The lean mode's AdamW step (docs/lean-optimizer.md): bf16 weights updated
  * in place with stochastic rounding, the moments kept as 8-bit block codes
- * (optim/q8.h). The scalar kernel is the reference; the AVX2 and AVX-512 ones
- * give the same bits (the random bits are a function of the parameter's
- * index, not of the lane). */
+ * (optim/q8.h), stochastically rounded too. The scalar kernel is the
+ * reference; the AVX2 and AVX-512 ones give the same bits (the random bits
+ * are a function of the parameter's index, not of the lane). */
 #ifndef MT_OPTIM_LEAN_H
 #define MT_OPTIM_LEAN_H
 
@@ -11,8 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 16 random bits for parameter `index` at `step`: a counter-based hash, so a
- * run (and a resumed run) draws the same bits whatever the threads. */
+/* 64 random bits for parameter `index` at `step`: a counter-based hash
+ * (splitmix64's finaliser), so a run (and a resumed run) draws the same bits
+ * whatever the threads. The step uses bits 0..15 to round the parameter's m
+ * code, 16..31 its v code and 48..63 its new weight; mt_lean_random gives
+ * the last. */
+uint64_t mt_lean_random64(uint64_t seed, uint64_t step, uint64_t index);
 uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index);
 
 /* x to bf16, rounded up in magnitude with probability equal to the dropped
@@ -22,7 +26,8 @@ uint16_t mt_bf16_round_stochastic(float x, uint32_t r16);
 
 /* One block of n <= MT_Q8_BLOCK parameters, numbered index0.. in the model:
  * AdamW (docs/adamw.md's arithmetic, in fp32) on w from the bf16 gradients
- * g, with the moments decoded from (qm, *sm) and (qv, *sv) and encoded back;
+ * g, with the moments decoded from (qm, *sm) and (qv, *sv) and encoded back
+ * with stochastic rounding (mt_q8_encode_signed_sr, mt_q8_encode_sqrt_sr);
  * the new weights rounded by mt_bf16_round_stochastic. Returns -1, writing
  * nothing, when a new moment is NaN or infinite (a NaN or infinite
  * gradient). */

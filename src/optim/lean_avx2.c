@@ -1,11 +1,12 @@
 /* The lean mode's AdamW step, AVX2: 8 parameters per vector. The same bits
  * as the scalar mt_lean_step_block (lean.c) for every input, by the same
  * arguments as lean_avx512.c (which says them in full): the scalar
- * sequence of separate fp32 operations, codes decoded and encoded through
- * their bit fields, exact maxima, and mt_lean_random's hash per element,
- * its 64-bit multiplies made of 32 x 32 -> 64-bit ones (AVX2 has no 64-bit
- * multiply). The last n % 8 parameters go through the same vector code from
- * and to small zero-padded copies, their pad lanes kept out of the maxima. */
+ * sequence of separate fp32 operations, codes decoded and encoded
+ * (stochastically rounded) through their bit fields, exact maxima, and
+ * mt_lean_random64's hash per element, its 64-bit multiplies made of
+ * 32 x 32 -> 64-bit ones (AVX2 has no 64-bit multiply). The last n % 8
+ * parameters go through the same vector code from and to small zero-padded
+ * copies, their pad lanes kept out of the maxima. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -24,19 +25,17 @@ static inline __m256 decode_mag(__m256i q, int mbits)
                             _mm256_castsi256_ps(_mm256_cmpgt_epi32(q, _mm256_set1_epi32((1 << mbits) - 1))));
 }
 
-/* q8.c's encode_mag on 8 lanes of x >= 0 (or -0): see lean_avx512.c. */
-static inline __m256i encode_mag(__m256 x, int mbits, int max_code)
+/* q8.c's encode_mag_sr on 8 lanes of x >= 0 (or -0) with 16 random bits r
+ * each, the normal and subnormal ranges to 16 bits below the code's, then
+ * one add and shift: see lean_avx512.c. */
+static inline __m256i encode_mag_sr(__m256 x, __m256i r, int mbits, int max_code)
 {
-    const int shift = 23 - mbits;
     const __m256i u = _mm256_castps_si256(x);
-    const __m256i t = _mm256_sub_epi32(u, _mm256_set1_epi32(112 << 23));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(t, shift), _mm256_set1_epi32(1));
-    const __m256i normal = _mm256_srli_epi32(
-        _mm256_add_epi32(_mm256_add_epi32(t, _mm256_set1_epi32((1 << (shift - 1)) - 1)), lsb), shift);
+    const __m256i normal = _mm256_srli_epi32(_mm256_sub_epi32(u, _mm256_set1_epi32(112 << 23)), 7 - mbits);
     const __m256i sub =
-        _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((127 + 14 + mbits) << 23))));
-    const __m256i q = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(u, _mm256_set1_epi32((113 << 23) - 1)));
-    return _mm256_min_epi32(q, _mm256_set1_epi32(max_code));
+        _mm256_cvttps_epi32(_mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((127 + 30 + mbits) << 23))));
+    const __m256i f = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(u, _mm256_set1_epi32((113 << 23) - 1)));
+    return _mm256_min_epi32(_mm256_srli_epi32(_mm256_add_epi32(f, r), 16), _mm256_set1_epi32(max_code));
 }
 
 /* a * b mod 2^64 in each lane: lo(a) lo(b) + (hi(a) lo(b) + lo(a) hi(b)) 2^32 */
@@ -47,12 +46,12 @@ static inline __m256i mul64(__m256i a, uint64_t b)
     return _mm256_add_epi64(_mm256_mul_epu32(a, lo), _mm256_slli_epi64(cross, 32));
 }
 
-/* mt_lean_random's finaliser on 4 lanes of z, to bits 48..63 (its last
- * z ^= z >> 31 leaves those bits as they are). */
-static inline __m256i mix_top16(__m256i z)
+/* mt_lean_random64's finaliser on 4 lanes of z */
+static inline __m256i mix64(__m256i z)
 {
     z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), 0xBF58476D1CE4E5B9ull);
-    return mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+    z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+    return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
 }
 
 /* 8 int32 lanes below 2^16 to 16-bit values, in order */
@@ -117,8 +116,8 @@ static inline uint32_t reduce_max(__m256i x)
 typedef struct {
     float sm2, sv2;
     uint64_t z0;        /* seed ^ step * C1 of mt_lean_random */
-    __m256i off_even;   /* (0, 2, 4, 6) * C2: the index terms of 4 even elements */
-    __m256i off_odd;    /* (1, 3, 5, 7) * C2 */
+    __m256i off_a;      /* (0, 1, 4, 5) * C2: the index terms of 4 of the 8 elements */
+    __m256i off_b;      /* (2, 3, 6, 7) * C2: of the other 4 */
 } out_in;
 
 #define LEAN_C2 0xD1B54A32D192ED03ull
@@ -128,28 +127,33 @@ typedef struct {
 static inline void finish8(const out_in *o, uint64_t index, const float *m, const float *sq, const float *p,
                            __m128i *qq, __m128i *w8)
 {
+    /* one hash per element, mt_lean_random64, in 64-bit lanes (elements 0, 1, 4, 5 in za, 2, 3, 6, 7 in zb,
+     * so that one shuffle within 128-bit lanes puts their halves in element order): the low and high
+     * halves in 32-bit lanes. Bits 0..15 round the m code, 16..31 the v code, 48..63 the weight. */
+    const __m256i base = _mm256_set1_epi64x((long long)(index * LEAN_C2)), z0 = _mm256_set1_epi64x((long long)o->z0);
+    const __m256 za = _mm256_castsi256_ps(mix64(_mm256_xor_si256(z0, _mm256_add_epi64(base, o->off_a))));
+    const __m256 zb = _mm256_castsi256_ps(mix64(_mm256_xor_si256(z0, _mm256_add_epi64(base, o->off_b))));
+    const __m256i lo = _mm256_castps_si256(_mm256_shuffle_ps(za, zb, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(za, zb, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m256i rm = _mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), rv = _mm256_srli_epi32(lo, 16);
+    const __m256i rw = _mm256_srli_epi32(hi, 16);
+
     const __m256 mi = _mm256_loadu_ps(m), si = _mm256_loadu_ps(sq);
     __m256i cm = _mm256_setzero_si256(), cv = cm;
     if (o->sm2 > 0.0f) {
         const __m256 abs_m = _mm256_and_ps(mi, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-        const __m256i mag = encode_mag(_mm256_div_ps(abs_m, _mm256_set1_ps(o->sm2)), 3, 0x7f);
+        const __m256i mag = encode_mag_sr(_mm256_div_ps(abs_m, _mm256_set1_ps(o->sm2)), rm, 3, 0x7f);
         /* the sign only with a nonzero magnitude: zero has one code */
         const __m256i neg = _mm256_and_si256(_mm256_srai_epi32(_mm256_castps_si256(mi), 31),
                                              _mm256_cmpgt_epi32(mag, _mm256_setzero_si256()));
         cm = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x80)));
     }
-    if (o->sv2 > 0.0f) cv = encode_mag(_mm256_div_ps(si, _mm256_set1_ps(o->sv2)), 4, 0xff);
+    if (o->sv2 > 0.0f) cv = encode_mag_sr(_mm256_div_ps(si, _mm256_set1_ps(o->sv2)), rv, 4, 0xff);
     *qq = _mm_packus_epi16(pack16(cm), pack16(cv));
 
-    /* 16 random bits per element: even elements' in the low halves of the 64-bit lanes, odd ones' in the
-     * high halves, so the 32-bit lanes come out in element order */
-    const __m256i base = _mm256_set1_epi64x((long long)(index * LEAN_C2)), z0 = _mm256_set1_epi64x((long long)o->z0);
-    const __m256i ze = mix_top16(_mm256_xor_si256(z0, _mm256_add_epi64(base, o->off_even)));
-    const __m256i zo = mix_top16(_mm256_xor_si256(z0, _mm256_add_epi64(base, o->off_odd)));
-    const __m256i r = _mm256_blend_epi32(_mm256_srli_epi64(ze, 48), _mm256_srli_epi64(zo, 16), 0xaa);
     /* mt_bf16_round_stochastic: NaN quieted, else the 16 random bits added below the kept ones */
     const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(p));
-    const __m256i b = _mm256_srli_epi32(_mm256_add_epi32(u, r), 16);
+    const __m256i b = _mm256_srli_epi32(_mm256_add_epi32(u, rw), 16);
     const __m256i nan =
         _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     *w8 = pack16(_mm256_blendv_epi8(b, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040)), nan));
@@ -185,9 +189,9 @@ int mt_lean_step_block_avx2(const mt_adamw_hyper *h, uint64_t seed, uint64_t ste
     out_in o;
     o.sm2 = amax_m / MT_Q8_MAX_SIGNED, o.sv2 = amax_sq / MT_Q8_MAX_SQRT;
     o.z0 = seed ^ (step * 0x9E3779B97F4A7C15ull);
-    o.off_even = _mm256_setr_epi64x(0, (long long)(2 * LEAN_C2), (long long)(4 * LEAN_C2), (long long)(6 * LEAN_C2));
-    o.off_odd = _mm256_setr_epi64x((long long)LEAN_C2, (long long)(3 * LEAN_C2), (long long)(5 * LEAN_C2),
-                                   (long long)(7 * LEAN_C2));
+    o.off_a = _mm256_setr_epi64x(0, (long long)LEAN_C2, (long long)(4 * LEAN_C2), (long long)(5 * LEAN_C2));
+    o.off_b = _mm256_setr_epi64x((long long)(2 * LEAN_C2), (long long)(3 * LEAN_C2), (long long)(6 * LEAN_C2),
+                                 (long long)(7 * LEAN_C2));
 
     /* the codes and the new weights */
     __m128i qq, w8;

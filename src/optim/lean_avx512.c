@@ -8,15 +8,16 @@
  *   as an integer times an exact power of two), as exact as ldexpf, then
  *   multiplies by the scale once;
  * - encoding takes the same absmax (a maximum is exact), the same one
- *   division for the scale and per element, and rounds the quotient with the
- *   same integer arithmetic as q8.c's encode_mag (below 2^-14: a multiply by
- *   an exact power of two and a conversion that rounds to nearest even, as
- *   lrintf does under the default rounding mode);
+ *   division for the scale and per element, and rounds the quotient
+ *   stochastically with the same integer arithmetic as q8.c's encode_mag_sr
+ *   (below 2^-14: a multiply by an exact power of two and a conversion that
+ *   truncates, as C's float to integer conversion does);
  * - sqrt(v) is taken once per element and serves both the denominator and
  *   the code: sqrt is monotone, so the largest sqrt(v) is sqrtf of the
  *   largest v, the scale the scalar kernel computes;
- * - the random bits of parameter index0 + i come from mt_lean_random's hash
- *   in 64-bit lanes (VPMULLQ), element by element, whatever the lane.
+ * - the random bits of parameter index0 + i (16 for each code, 16 for the
+ *   weight) come from mt_lean_random64's hash in 64-bit lanes (VPMULLQ),
+ *   element by element, whatever the lane.
  *
  * Two passes over the block, as the scalar kernel: the update into local
  * arrays with the block's absmax and finiteness, then (only if every moment
@@ -40,34 +41,36 @@ static inline __m512 decode_mag(__m512i q, int mbits)
     return _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(q, _mm512_set1_epi32(1 << mbits)), sub, normal);
 }
 
-/* q8.c's encode_mag on 16 lanes of x >= 0 (or -0): the code's exponent
- * field e = x's exponent + 15; e >= 1: x's bits less 112 << 23 are the code
- * above its dropped mantissa bits, rounded to nearest even by adding half an
- * ulp less one plus the kept lowest bit (a carry moves into the exponent);
- * e < 1: x 2^(14 + mbits), exact, to an integer rounding to nearest even. */
-static inline __m512i encode_mag(__m512 x, int mbits, int max_code)
+/* q8.c's encode_mag_sr on 16 lanes of x >= 0 (or -0) with 16 random bits
+ * r each. The code's exponent field e = x's exponent + 15; e >= 1: x's bits
+ * less 112 << 23 are t, the code above its dropped 23 - mbits mantissa bits;
+ * e < 1: x 2^(30 + mbits), exact (one multiply by a power of two is q8.c's
+ * two), truncated to an integer, the code above 16 dropped bits. Either way
+ * r is added to the top 16 dropped bits and the code is what is above them:
+ * for e >= 1, (t + r 2^k) >> (k + 16), q8.c's form (k = 7 - mbits), equals
+ * ((t >> k) + r) >> 16 (the bits of t below 2^k cannot carry: t's part above
+ * them and r are integers in units of 2^k), so both ranges share one add and
+ * one shift (a carry moves into the exponent, or from the subnormal codes
+ * into the first normal one). */
+static inline __m512i encode_mag_sr(__m512 x, __m512i r, int mbits, int max_code)
 {
-    const int shift = 23 - mbits;
     const __m512i u = _mm512_castps_si512(x);
-    const __m512i t = _mm512_sub_epi32(u, _mm512_set1_epi32(112 << 23));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(t, shift), _mm512_set1_epi32(1));
-    const __m512i normal = _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(t, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb), shift);
+    const __m512i normal = _mm512_srli_epi32(_mm512_sub_epi32(u, _mm512_set1_epi32(112 << 23)), 7 - mbits);
     const __m512i sub =
-        _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32((127 + 14 + mbits) << 23))));
-    const __m512i q = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(113 << 23)), sub, normal);
-    return _mm512_min_epi32(q, _mm512_set1_epi32(max_code));
+        _mm512_cvttps_epi32(_mm512_mul_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32((127 + 30 + mbits) << 23))));
+    const __m512i f = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(113 << 23)), sub, normal);
+    return _mm512_min_epi32(_mm512_srli_epi32(_mm512_add_epi32(f, r), 16), _mm512_set1_epi32(max_code));
 }
 
 /* a * b mod 2^64 in each lane */
 static inline __m512i mul64(__m512i a, uint64_t b) { return _mm512_mullo_epi64(a, _mm512_set1_epi64((long long)b)); }
 
-/* mt_lean_random's finaliser on 8 lanes of z, to bits 48..63 (its last
- * z ^= z >> 31 leaves those bits as they are). */
-static inline __m512i mix_top16(__m512i z)
+/* mt_lean_random64's finaliser on 8 lanes of z */
+static inline __m512i mix64(__m512i z)
 {
     z = mul64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), 0xBF58476D1CE4E5B9ull);
-    return mul64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+    z = mul64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
 typedef struct {
@@ -138,32 +141,39 @@ int mt_lean_step_block_avx512(const mt_adamw_hyper *h, uint64_t seed, uint64_t s
     const uint64_t z0 = seed ^ (step * 0x9E3779B97F4A7C15ull);
     const uint64_t c2 = 0xD1B54A32D192ED03ull; /* index * c2: (index0 + i) * c2 + lane's offset * c2 */
     const __m512i z0v = _mm512_set1_epi64((long long)z0);
-    const __m512i off_even = mul64(_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), c2); /* the even elements */
-    const __m512i off_odd = mul64(_mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), c2);  /* the odd ones */
+    /* the elements of the 64-bit lanes of za and zb: pairs, so that one shuffle of 32-bit lanes within each
+     * 128-bit lane puts their halves in element order */
+    const __m512i off_a = mul64(_mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), c2);
+    const __m512i off_b = mul64(_mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), c2);
     for (i = 0; i < n; i += 16) {
         const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail;
+        /* one hash per element, mt_lean_random64, in 64-bit lanes (elements 0, 1, 4, 5, .. in za, 2, 3, 6,
+         * 7, .. in zb); their low and high halves to 32-bit lanes in element order. Bits 0..15 round the m
+         * code, 16..31 the v code, 48..63 the weight. */
+        const __m512i idx = _mm512_set1_epi64((long long)((index0 + i) * c2));
+        const __m512 za = _mm512_castsi512_ps(mix64(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_a))));
+        const __m512 zb = _mm512_castsi512_ps(mix64(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_b))));
+        const __m512i lo = _mm512_castps_si512(_mm512_shuffle_ps(za, zb, _MM_SHUFFLE(2, 0, 2, 0)));
+        const __m512i hi = _mm512_castps_si512(_mm512_shuffle_ps(za, zb, _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i rm = _mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), rv = _mm512_srli_epi32(lo, 16);
+        const __m512i rw = _mm512_srli_epi32(hi, 16);
+
         const __m512 mi = _mm512_maskz_loadu_ps(k, m + i), si = _mm512_maskz_loadu_ps(k, sq + i);
         __m512i cm = _mm512_setzero_si512(), cv = cm;
         if (sm2 > 0.0f) {
-            const __m512i mag = encode_mag(_mm512_div_ps(_mm512_abs_ps(mi), _mm512_set1_ps(sm2)), 3, 0x7f);
+            const __m512i mag = encode_mag_sr(_mm512_div_ps(_mm512_abs_ps(mi), _mm512_set1_ps(sm2)), rm, 3, 0x7f);
             /* the sign only with a nonzero magnitude: zero has one code */
             const __mmask16 neg = _mm512_test_epi32_mask(mag, mag) &
                                   _mm512_test_epi32_mask(_mm512_castps_si512(mi), _mm512_set1_epi32((int)0x80000000u));
             cm = _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x80));
         }
-        if (sv2 > 0.0f) cv = encode_mag(_mm512_div_ps(si, _mm512_set1_ps(sv2)), 4, 0xff);
+        if (sv2 > 0.0f) cv = encode_mag_sr(_mm512_div_ps(si, _mm512_set1_ps(sv2)), rv, 4, 0xff);
         _mm_mask_storeu_epi8(qm + i, k, _mm512_cvtepi32_epi8(cm));
         _mm_mask_storeu_epi8(qv + i, k, _mm512_cvtepi32_epi8(cv));
 
-        /* 16 random bits per element: even elements' in the low halves of the 64-bit lanes, odd ones' in
-         * the high halves, so the 32-bit lanes come out in element order */
-        const __m512i idx = _mm512_set1_epi64((long long)((index0 + i) * c2));
-        const __m512i ze = mix_top16(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_even)));
-        const __m512i zo = mix_top16(_mm512_xor_si512(z0v, _mm512_add_epi64(idx, off_odd)));
-        const __m512i r = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(ze, 48), _mm512_srli_epi64(zo, 16));
         /* mt_bf16_round_stochastic: NaN quieted, else the 16 random bits added below the kept ones */
         const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + i));
-        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, r), 16);
+        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, rw), 16);
         const __mmask16 nan =
             _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
         b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));

@@ -24,6 +24,32 @@ static uint32_t encode_mag(float x, int mbits, uint32_t max_code)
     return q > max_code ? max_code : q;
 }
 
+/* encode_mag with stochastic rounding: the magnitude rounded up with probability equal to the dropped
+ * fraction of a code step, from 16 uniform bits r. Above 2^-14, x's bits less 112 << 23 are the code
+ * above its 23 - mbits (>= 16) dropped mantissa bits: r added at the top of the dropped bits carries into
+ * the kept ones (and on into the exponent) with that probability. Below, f = x 2^(14 + mbits) (exact:
+ * a power of two; f < 2^mbits) in units of 2^-16 of the subnormal step is truncated to an integer (the
+ * scaling by 2^16 exact again, the integer below 2^20), then r is added to it: the bits of x below 2^-16
+ * of a step are dropped without rounding. Both ways the probability of rounding up is the dropped
+ * fraction truncated to 16 bits, so the expected code value is x to within 2^-16 of a step (low). r = 0
+ * truncates; r = 0xffff rounds up whatever reaches 2^-16 of a step. */
+static uint32_t encode_mag_sr(float x, int mbits, uint32_t max_code, uint32_t r)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t q;
+    if (e >= 1) {
+        const int shift = 23 - mbits;
+        const uint32_t t = ((uint32_t)e << 23) | (u & 0x7fffffu);
+        q = (t + (r << (shift - 16))) >> shift;
+    } else {
+        const uint32_t f16 = (uint32_t)(ldexpf(x, 14 + mbits) * 65536.0f);
+        q = (f16 + r) >> 16;
+    }
+    return q > max_code ? max_code : q;
+}
+
 static float decode_mag(uint32_t q, int mbits)
 {
     const uint32_t e = q >> mbits, f = q & ((1u << mbits) - 1);
@@ -39,7 +65,9 @@ float mt_q8_value_signed(uint8_t q)
 
 float mt_q8_value_sqrt(uint8_t q) { return decode_mag(q, 4); }
 
-int mt_q8_encode_signed(const float *x, size_t n, uint8_t *q, float *scale)
+/* The block's scale (-1 for a NaN, an infinity or, sqrt, a negative value), then the codes, rounded to
+ * nearest even (r NULL) or stochastically with r[i]. */
+static int encode_signed(const float *x, size_t n, const uint16_t *r, uint8_t *q, float *scale)
 {
     float amax = 0.0f;
     for (size_t i = 0; i < n; i++) {
@@ -49,13 +77,17 @@ int mt_q8_encode_signed(const float *x, size_t n, uint8_t *q, float *scale)
     const float s = amax / MT_Q8_MAX_SIGNED;
     *scale = s;
     for (size_t i = 0; i < n; i++) {
-        const uint32_t mag = s > 0.0f ? encode_mag(fabsf(x[i]) / s, 3, 0x7fu) : 0;
+        uint32_t mag = 0;
+        if (s > 0.0f) {
+            const float a = fabsf(x[i]) / s;
+            mag = r ? encode_mag_sr(a, 3, 0x7fu, r[i]) : encode_mag(a, 3, 0x7fu);
+        }
         q[i] = (uint8_t)(mag | (mag && x[i] < 0.0f ? 0x80u : 0u)); /* zero has one code */
     }
     return 0;
 }
 
-int mt_q8_encode_sqrt(const float *v, size_t n, uint8_t *q, float *scale)
+static int encode_sqrt(const float *v, size_t n, const uint16_t *r, uint8_t *q, float *scale)
 {
     float amax = 0.0f;
     for (size_t i = 0; i < n; i++) {
@@ -64,8 +96,32 @@ int mt_q8_encode_sqrt(const float *v, size_t n, uint8_t *q, float *scale)
     }
     const float s = sqrtf(amax) / MT_Q8_MAX_SQRT;
     *scale = s;
-    for (size_t i = 0; i < n; i++) q[i] = (uint8_t)(s > 0.0f ? encode_mag(sqrtf(v[i]) / s, 4, 0xffu) : 0);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t mag = 0;
+        if (s > 0.0f) {
+            const float a = sqrtf(v[i]) / s;
+            mag = r ? encode_mag_sr(a, 4, 0xffu, r[i]) : encode_mag(a, 4, 0xffu);
+        }
+        q[i] = (uint8_t)mag;
+    }
     return 0;
+}
+
+int mt_q8_encode_signed(const float *x, size_t n, uint8_t *q, float *scale)
+{
+    return encode_signed(x, n, NULL, q, scale);
+}
+
+int mt_q8_encode_sqrt(const float *v, size_t n, uint8_t *q, float *scale) { return encode_sqrt(v, n, NULL, q, scale); }
+
+int mt_q8_encode_signed_sr(const float *x, size_t n, const uint16_t *r, uint8_t *q, float *scale)
+{
+    return encode_signed(x, n, r, q, scale);
+}
+
+int mt_q8_encode_sqrt_sr(const float *v, size_t n, const uint16_t *r, uint8_t *q, float *scale)
+{
+    return encode_sqrt(v, n, r, q, scale);
 }
 
 void mt_q8_decode_signed(const uint8_t *q, size_t n, float scale, float *x)

@@ -3,7 +3,8 @@
  * A block of up to MT_Q8_BLOCK values is stored as one byte each and one fp32
  * scale: the value divided by the scale, as a small floating-point number
  * (the code's exponent and mantissa are bit fields, so encoding and decoding
- * are bit operations and rounding is to nearest, ties to even):
+ * are bit operations; rounding is to nearest, ties to even, or stochastic
+ * with the _sr encoders):
  *
  *   signed (the first moment):   sign, 4-bit exponent, 3-bit mantissa of m / s,
  *                                |m / s| <= MT_Q8_MAX_SIGNED (1.875)
@@ -32,6 +33,16 @@
  * infinite, or (sqrt) negative. */
 int mt_q8_encode_signed(const float *x, size_t n, uint8_t *q, float *scale);
 int mt_q8_encode_sqrt(const float *v, size_t n, uint8_t *q, float *scale);
+
+/* The same codes and scale, the magnitudes rounded stochastically: up with
+ * probability equal to the dropped fraction of a code step, from the 16
+ * uniform random bits r[i] of each value (r = 0 truncates, 0xffff rounds up
+ * whatever was dropped), so the expected code value is the value (to 2^-16
+ * of a step: below the normal range the bits under 2^-16 of a step are
+ * truncated first). A value that moves by less than half a step still moves
+ * on average: rounding to nearest would keep it where it is. */
+int mt_q8_encode_signed_sr(const float *x, size_t n, const uint16_t *r, uint8_t *q, float *scale);
+int mt_q8_encode_sqrt_sr(const float *v, size_t n, const uint16_t *r, uint8_t *q, float *scale);
 
 /* Back to values: x = code * scale; v = (code * scale)^2. */
 void mt_q8_decode_signed(const uint8_t *q, size_t n, float scale, float *x);
