@@ -123,3 +123,27 @@ Test(optimizer, lean_update_is_the_kernel_per_block)
     mt_model_destroy(b);
     mt_model_destroy(a);
 }
+
+/* Lean mode: a gradient whose square overflows fp32 makes its block's moments
+ * infinite; that block is left as it was and counted (mt_step then logs a
+ * warning), every other block is updated. */
+Test(optimizer, lean_block_with_infinite_moments_is_skipped_and_counted)
+{
+    mt_model *a = make_in(MT_PRECISION_LEAN), *r = make_in(MT_PRECISION_LEAN);
+    const int u = 1;
+    const mt_unit_desc *d = &a->layout.units[u];
+    const mt_tile *t = &a->tiles.tile[u];
+    mt_tile_grad_bf16(t, d)[300] = 0x7f00; /* 1.7e38: its square is not finite */
+    mt_tile_grad_bf16(&r->tiles.tile[u], d)[300] = 0x7f00;
+    const mt_adamw_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
+    cr_assert_eq(mt_optimizer_run(&a->opt, &h, 0.1f, 1, 0), 0);
+    cr_assert_eq(a->opt.skipped_blocks, 1, "%llu blocks skipped", (unsigned long long)a->opt.skipped_blocks);
+    /* block 1 (elements 256..511) as it was; block 0 updated */
+    const unsigned char *x = t->base, *y = r->tiles.tile[u].base;
+    cr_assert_eq(memcmp(x + d->weight_off + 512, y + d->weight_off + 512, 512), 0, "the skipped block's weights");
+    cr_assert_eq(memcmp(x + d->m_off + 256, y + d->m_off + 256, 256), 0, "the skipped block's codes");
+    cr_assert_eq(mt_tile_sm(t, d)[1], 0.0f);
+    cr_assert_neq(memcmp(x + d->weight_off, y + d->weight_off, 512), 0, "block 0 was updated");
+    mt_model_destroy(r);
+    mt_model_destroy(a);
+}

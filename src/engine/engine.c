@@ -358,6 +358,12 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     /* With a GPU the update runs behind the next step's forward, which waits
      * for each unit before loading it; the CPU backend needs the cores itself. */
     mt_optimizer_drain(&m->opt);
+    if (m->opt.skipped_blocks != m->skipped_logged) { /* lean mode: a moment overflowed fp32 (|g| ~ 1e19) */
+        mt_log(&m->log, MT_LOG_WARN, "lean optimizer: %llu block(s) of 256 parameters left unchanged by an update "
+               "whose moments were not finite (%llu in all)", (unsigned long long)(m->opt.skipped_blocks - m->skipped_logged),
+               (unsigned long long)m->opt.skipped_blocks);
+        m->skipped_logged = m->opt.skipped_blocks;
+    }
     if (m->backend != MT_BACKEND_CUDA || mt_optimizer_run(&m->opt, &h, o.weight_decay, m->step + 1, 1) != 0)
         mt_optimizer_run(&m->opt, &h, o.weight_decay, m->step + 1, 0);
     m->step++;

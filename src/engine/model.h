@@ -25,6 +25,7 @@ struct mt_model {
     mt_be_shape be_shape;  /* what be is reserved for */
     struct mt_visit *visits; /* the scheduler's visit list and loads (engine.c), sized for this model */
     mt_optimizer opt;      /* AdamW, possibly still running behind the last step */
+    uint64_t skipped_logged; /* lean mode: opt.skipped_blocks already reported */
     mt_trace trace;        /* the last step's events (timeline.h) */
     double trace_before;   /* host seconds of that step before the trace's origin */
     double trace_after;    /* and after it */
