@@ -17,6 +17,7 @@ void mt_optimizer_init(mt_optimizer *o)
 void mt_optimizer_bind(mt_optimizer *o, mt_pool *pool, const mt_layout *lo, const mt_tiles *tiles, uint64_t seed)
 {
     o->seed = seed;
+    o->lean_kernel = mt_lean_kernel(mt_adamw_best_isa()); /* every ISA has one */
     o->pool = pool;
     o->layout = lo;
     o->tiles = tiles;
@@ -61,20 +62,10 @@ static void lean_run(void *ctx, size_t s, size_t lo, size_t hi)
     if (skipped) __atomic_fetch_add(j->skipped, skipped, __ATOMIC_RELAXED);
 }
 
-/* The best lean kernel this CPU runs. */
-static mt_lean_block_fn lean_kernel(void)
-{
-    for (int isa = (int)mt_adamw_best_isa(); isa > MT_ADAMW_SCALAR; isa--) {
-        const mt_lean_block_fn k = mt_lean_kernel((mt_adamw_isa)isa);
-        if (k) return k;
-    }
-    return mt_lean_step_block;
-}
-
 static void update_unit_lean(mt_optimizer *o, int ui, const mt_adamw_hyper *h, float wd, uint64_t step)
 {
     const mt_unit_desc *u = &o->layout->units[ui];
-    lean_job lj = {lean_kernel(), h, wd, o->seed, step, u, &o->tiles->tile[ui],
+    lean_job lj = {o->lean_kernel, h, wd, o->seed, step, u, &o->tiles->tile[ui],
                    (uint64_t)ui << 40, &o->skipped_blocks};
     const mt_chunked job = {(size_t)u->n_tensors, MT_LEAN_BLOCK_ELEMS, MT_ADAMW_CHUNK, lean_len, lean_run, &lj};
     mt_apply_chunked(o->pool, &job);

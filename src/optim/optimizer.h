@@ -6,6 +6,7 @@
 #define MT_OPTIMIZER_H
 
 #include "optim/adamw.h"
+#include "optim/lean.h"
 #include "memory/tiler.h"
 #include "model/layout.h"
 #include "core/threadpool.h"
@@ -26,6 +27,7 @@ typedef struct mt_optimizer {
     float weight_decay; /* for matrices; norms and biases take none */
     uint64_t step;      /* the job's step, 1-based (lean mode's random bits) */
     uint64_t seed;      /* lean mode's random bits (mt_optimizer_bind) */
+    mt_lean_block_fn lean_kernel; /* this CPU's (mt_optimizer_bind) */
     uint64_t skipped_blocks; /* lean mode: blocks a non-finite moment left unchanged, ever (__atomic_*: the
                               * header is also C++'s) */
     mt_pool *pool;      /* what it updates, with which threads (mt_optimizer_bind) */
