@@ -104,7 +104,7 @@ static void lean_part(const mt_model *m, int u, int p, char *name, size_t len, v
     const mt_tile *tl = &m->tiles.tile[u];
     snprintf(name, len, "unit.%d.%s", u, what[p]);
     *dtype = p < 2 ? MT_ST_U8 : MT_ST_F32;
-    *numel = p < 2 ? ud->padded : ud->padded / MT_LEAN_BLOCK_ELEMS;
+    *numel = p < 2 ? ud->padded : ud->scale_bytes / 4;
     *data = p == 0 ? (void *)mt_tile_qm(tl, ud) : p == 1 ? (void *)mt_tile_qv(tl, ud)
           : p == 2 ? (void *)mt_tile_sm(tl, ud) : (void *)mt_tile_sv(tl, ud);
 }

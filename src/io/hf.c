@@ -822,8 +822,8 @@ static void zero_moments(mt_model *m)
         if (ud->lean) { /* codes and scales: a block of scale 0 is zeros */
             memset(mt_tile_qm(tl, ud), 0, ud->padded);
             memset(mt_tile_qv(tl, ud), 0, ud->padded);
-            memset(mt_tile_sm(tl, ud), 0, ud->padded / MT_LEAN_BLOCK_ELEMS * 4);
-            memset(mt_tile_sv(tl, ud), 0, ud->padded / MT_LEAN_BLOCK_ELEMS * 4);
+            memset(mt_tile_sm(tl, ud), 0, ud->scale_bytes);
+            memset(mt_tile_sv(tl, ud), 0, ud->scale_bytes);
             continue;
         }
         memset(mt_tile_m(tl, ud), 0, ud->padded * 4);

@@ -119,14 +119,14 @@ static void place_blocks(mt_unit_desc *u, int fp32)
     uint64_t off = 0, f32 = u->padded * 4;
 #define BLOCK(field_off, bytes) (field_off = off, off = MT_ALIGN_UP(off + (bytes), MT_BLOCK_ALIGN_BYTES))
     if (u->lean) {
-        const uint64_t scales = u->padded / MT_LEAN_BLOCK_ELEMS * 4;
+        u->scale_bytes = u->padded / MT_LEAN_BLOCK_ELEMS * 4;
         u->weight_bytes = u->grad_bytes = u->padded * 2;
         BLOCK(u->weight_off, u->weight_bytes);
         BLOCK(u->grad_off, u->grad_bytes);
         BLOCK(u->m_off, u->padded);
         BLOCK(u->v_off, u->padded);
-        BLOCK(u->sm_off, scales);
-        BLOCK(u->sv_off, scales);
+        BLOCK(u->sm_off, u->scale_bytes);
+        BLOCK(u->sv_off, u->scale_bytes);
         u->tile_bytes = off;
         return;
     }
@@ -177,7 +177,7 @@ int mt_layout_build(mt_layout *lo, const mt_model_config *c)
         lo->weight_bytes += u->weight_bytes;
         lo->grad_bytes += u->grad_bytes;
         lo->master_bytes += u->lean ? 0 : u->padded * 4;
-        lo->optim_bytes += u->lean ? u->padded * 2 + u->padded / MT_LEAN_BLOCK_ELEMS * 8 : u->padded * 8;
+        lo->optim_bytes += u->lean ? u->padded * 2 + u->scale_bytes * 2 : u->padded * 8;
         lo->largest_unit_padded = MT_MAX(lo->largest_unit_padded, u->padded);
     }
     return 0;

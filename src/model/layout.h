@@ -68,6 +68,7 @@ typedef struct mt_unit_desc {
     uint64_t master_off, m_off, v_off; /* fp32, padded*4 bytes each; lean mode: no master, m and v 8-bit
                                         * codes (padded bytes each) */
     uint64_t sm_off, sv_off;           /* lean mode: the fp32 scales of m's and v's blocks, padded / 256 each */
+    uint64_t scale_bytes;              /* lean mode: the bytes of each of those two blocks */
     uint64_t tile_bytes;               /* total, a multiple of 4 KiB */
     int lean;                          /* the unit is in lean mode */
 } mt_unit_desc;
