@@ -13,14 +13,15 @@
 #
 # Environment: GCIDE, the dictionary (default /usr/share/dictd/gcide.dict.dz,
 # from `apt-get install dict-gcide`); MEGATRAIN, the CLI (default
-# bin/megatrain); STEPS (640), RUN_TIMEOUT (seconds a run may take, default
-# none). Needs a GPU to finish in minutes (about 1.4e16 FLOPs a run) and
+# bin/megatrain); STEPS (640), SEED (1: the initial weights and the order of
+# the windows), RUN_TIMEOUT (seconds a run may take, default none). Needs a GPU to finish in minutes (about 1.4e16 FLOPs a run) and
 # python3 to turn the text into tokens.
 set -eu
 OUT=${1:-lean-quality}
 GCIDE=${GCIDE:-/usr/share/dictd/gcide.dict.dz}
 MEGATRAIN=${MEGATRAIN:-bin/megatrain}
 STEPS=${STEPS:-640}
+SEED=${SEED:-1}
 if [ ! -f "$GCIDE" ]; then
     echo "lean-quality: $GCIDE not found: install Debian's dict-gcide (apt-get install dict-gcide) or set GCIDE" >&2
     exit 2
@@ -43,7 +44,7 @@ limit=""
 for p in bf16 lean; do
     $limit "$MEGATRAIN" train --data "$TOK" --format u16 --vocab 256 --layers 12 --hidden 768 --heads 12 \
         --kv-heads 12 --ffn 3072 --seq-len 1024 --micro-batch 16 --grad-accum 2 --steps "$STEPS" --lr 1e-3 \
-        --warmup 32 --seed 1 --eval-every 32 --eval-batches 8 --log-every 32 --precision "$p" \
+        --warmup 32 --seed "$SEED" --eval-every 32 --eval-batches 8 --log-every 32 --precision "$p" \
         --log-file "$OUT/$p.jsonl" --out "$OUT/model-$p" || echo "lean-quality: the $p run stopped early" >&2
 done
 "$MEGATRAIN" plot "$OUT/bf16.jsonl" "$OUT/lean.jsonl" -o "$OUT/lean-quality.svg" \
