@@ -140,8 +140,9 @@ typedef enum mt_arch {
 typedef enum mt_precision {
     MT_PRECISION_BF16 = 0, /* bf16 weights and activations, fp32 accumulation, fp32 master and moments */
     MT_PRECISION_FP32 = 1, /* everything in fp32: the reference mode */
-    /* bf16's arithmetic with 6.03 bytes of host state per parameter instead of 14: bf16 weights updated with
-     * stochastic rounding (no fp32 master), AdamW moments as 8-bit codes in blocks of 256 (docs/lean-optimizer.md) */
+    /* bf16's arithmetic with 6.05 bytes of host state per parameter instead of 14: the weights as 16-bit codes
+     * and the AdamW moments as 8-bit ones in blocks of 256 with a scale each, updated with stochastic rounding
+     * (no fp32 master; docs/lean-optimizer.md) */
     MT_PRECISION_LEAN = 2,
     MT_PRECISION_MAX_ENUM = 0x7FFFFFFF
 } mt_precision;

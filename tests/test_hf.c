@@ -1164,6 +1164,18 @@ Test(hf, load_refusals_leave_model_unchanged)
     expect_load_refusal(m, h.t, h.n, MT_ERR_UNSUPPORTED, "I8", NULL);
     h.t[q].dtype = dt;
 
+    /* dtypes a file may hold (lean checkpoints' codes) but weights are not: the right byte counts, refused
+     * before a byte is read as anything */
+    void *const data = h.t[q].data;
+    const size_t bytes = h.t[q].bytes;
+    unsigned char codes[8 * 8 * 2] = {0};
+    h.t[q].data = codes;
+    h.t[q].dtype = "U8", h.t[q].bytes = 64;
+    expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, h.t[q].name, "is not F32, BF16 or F16");
+    h.t[q].dtype = "I16", h.t[q].bytes = 128;
+    expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, h.t[q].name, "is not F32, BF16 or F16");
+    h.t[q].dtype = dt, h.t[q].data = data, h.t[q].bytes = bytes;
+
     /* byte count that does not match shape * dtype (claims F32 with F16 bytes or vice versa) */
     h.t[q].dtype = !strcmp(dt, "F32") ? "F16" : "F32";
     expect_load_refusal(m, h.t, h.n, MT_ERR_FORMAT, h.t[q].name, NULL);

@@ -2,7 +2,7 @@
 /* Lean mode (MT_PRECISION_LEAN) on the CPU backend: what it costs in host
  * memory (the plan and the tiles), that it learns as the bf16 mode does, that
  * a failed step leaves it as it was, and that its folders hold the bf16
- * weights bit for bit. Its checkpoints: tests/test_checkpoint.c; its kernels:
+ * values of its weight codes. Its checkpoints: tests/test_checkpoint.c; its kernels:
  * tests/test_lean.c; its update against the kernels: tests/test_optimizer.c. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "engine/model.h"
+#include "core/bf16.h"
+#include "optim/q16.h"
 
 enum { V = 64 };
 
@@ -64,9 +66,9 @@ static double eval_loss(mt_model *m, const mt_batch *b)
     return st.loss;
 }
 
-/* At most 6.1 bytes of host state per parameter (the issue's bound; 6.03 by
- * design: bf16 weights and gradients, two 8-bit codes, two fp32 scales per
- * 256), by the plan and by the tiles of the layout (4 KiB blocks aside;
+/* At most 6.1 bytes of host state per parameter (the issue's bound; 6.05 by
+ * design: 16-bit weight codes, bf16 gradients, two 8-bit codes, three fp32
+ * scales per 256), by the plan and by the tiles of the layout (4 KiB blocks aside;
  * the layout is what mt_model_create maps). */
 Test(lean_mode, host_bytes_per_parameter)
 {
@@ -120,7 +122,9 @@ Test(lean_mode, learns_like_bf16)
         last[k] = eval_loss(ms[k], &b);
     }
     cr_log_info("lean %.4f -> %.4f, bf16 %.4f -> %.4f", first[0], last[0], first[1], last[1]);
-    cr_assert(fabs(first[0] - first[1]) <= 1e-6 * first[1], "the same initial weights (%.7f, %.7f)", first[0], first[1]);
+    /* the same initial weights up to one bf16 ulp where a weight lies within a 16-bit code's half step of a
+     * bf16 rounding boundary: the initial losses agree to 1e-4 */
+    cr_assert(fabs(first[0] - first[1]) <= 1e-4 * first[1], "the same initial weights (%.7f, %.7f)", first[0], first[1]);
     cr_assert(last[1] < first[1] / 3, "bf16 learned: %.4f -> %.4f", first[1], last[1]);
     cr_assert(fabs(last[0] - last[1]) <= 0.05 * last[1], "lean %.4f against bf16 %.4f", last[0], last[1]);
     mt_model_destroy(ms[0]);
@@ -129,14 +133,15 @@ Test(lean_mode, learns_like_bf16)
 
 /* A NaN loss fails the step and leaves every byte of the tiles but the
  * gradient block as it was (lean mode's gradients have a block of their own:
- * nothing to restore). */
+ * nothing to restore). The NaN: a block of weights whose scale is NaN, as a
+ * folder's NaN weight loads (every value of its block reads NaN). */
 Test(lean_mode, non_finite_step_changes_nothing)
 {
     mt_model_config c = cfg_of(MT_PRECISION_LEAN);
     mt_model *m = make(&c);
     const int hu = m->layout.n_units - 1;
     const mt_unit_desc *h = &m->layout.units[hu];
-    mt_tile_weights_bf16(&m->tiles.tile[hu], h)[0] = 0x7fc0; /* the final norm's first scale: NaN */
+    mt_tile_sw(&m->tiles.tile[hu], h)[0] = NAN; /* the final norm's first block */
     size_t total = 0;
     for (int u = 0; u < m->layout.n_units; u++) total += m->layout.units[u].tile_bytes;
     unsigned char *snap = malloc(total), *p = snap;
@@ -160,9 +165,11 @@ Test(lean_mode, non_finite_step_changes_nothing)
     mt_model_destroy(m);
 }
 
-/* mt_model_save writes the bf16 weights bit for bit (BF16 tensors); loading
- * that folder into another lean model gives the same weights and zero
- * moments, and a bf16-mode model loads it too. */
+/* mt_model_save writes the bf16 values of the weight codes (what the GPU
+ * computes with), which a bf16-mode model loads bit for bit. Loaded into
+ * another lean model, those values encode again: each within half a 16-bit
+ * step of the bf16 value (bf16 values below 2^-8 of their block's largest
+ * have more bits than a code step holds), and the moments start at zero. */
 Test(lean_mode, folders_hold_the_bf16_weights)
 {
     mt_model_config c = cfg_of(MT_PRECISION_LEAN);
@@ -184,16 +191,23 @@ Test(lean_mode, folders_hold_the_bf16_weights)
     cr_assert_eq(mt_model_load(f, dir), MT_OK, "%s", mt_model_errmsg(f));
     for (int u = 0; u < m->layout.n_units; u++) {
         const mt_unit_desc *d = &m->layout.units[u], *df = &f->layout.units[u];
-        const uint16_t *w = mt_tile_weights_bf16(&m->tiles.tile[u], d), *wl = mt_tile_weights_bf16(&l->tiles.tile[u], d);
-        cr_assert_eq(memcmp(w, wl, d->weight_bytes), 0, "unit %d: the lean model loaded the same bits", u);
+        const mt_tile *tm = &m->tiles.tile[u], *tl = &l->tiles.tile[u];
+        uint16_t *w = malloc(d->padded * 2);
+        mt_q16_blocks_to_bf16(mt_tile_wq(tm, d), mt_tile_sw(tm, d), d->padded, w);
         for (int i = 0; i < d->n_tensors; i++) {
             const mt_tensor_desc *t = &d->tensors[i], *tf = &df->tensors[i];
             const uint16_t *wf = mt_tile_weights_bf16(&f->tiles.tile[u], df);
             cr_assert_eq(memcmp(w + t->offset, wf + tf->offset, t->numel * 2), 0, "%s in the bf16 model", t->name);
+            for (uint64_t e = t->offset; e < t->offset + t->numel; e++) {
+                const float sl = mt_tile_sw(tl, d)[e / MT_Q16_BLOCK];
+                const double got = (double)mt_tile_wq(tl, d)[e] * sl, want = mt_bf16_to_f32(w[e]);
+                cr_assert(fabs(got - want) <= 0.5 * sl, "%s[%llu] loaded as %g, saved %g", t->name,
+                          (unsigned long long)(e - t->offset), got, want);
+            }
         }
+        free(w);
         for (uint64_t k = 0; k < d->padded / 256; k++)
-            cr_assert(mt_tile_sm(&l->tiles.tile[u], d)[k] == 0 && mt_tile_sv(&l->tiles.tile[u], d)[k] == 0,
-                      "unit %d: moments start at zero", u);
+            cr_assert(mt_tile_sm(tl, d)[k] == 0 && mt_tile_sv(tl, d)[k] == 0, "unit %d: moments start at zero", u);
     }
     cr_assert_eq(mt_model_step_count(l), 0);
     char cmd[64];
@@ -202,4 +216,36 @@ Test(lean_mode, folders_hold_the_bf16_weights)
     mt_model_destroy(m);
     mt_model_destroy(l);
     mt_model_destroy(f);
+}
+
+/* A folder's NaN weight has no 16-bit code: its block of 256 loads with the
+ * scale NaN (every value of it NaN, the other blocks as they were), and
+ * the step refuses the NaN loss as a bf16 model with that weight does. */
+Test(lean_mode, nan_weight_in_a_folder_makes_its_block_nan)
+{
+    mt_model_config cb = cfg_of(MT_PRECISION_BF16), cl = cfg_of(MT_PRECISION_LEAN);
+    mt_model *f = make(&cb), *l = make(&cl);
+    const int u = 1;
+    const mt_unit_desc *d = &f->layout.units[u];
+    mt_tile_master(&f->tiles.tile[u], d)[d->tensors[2].offset + 3] = NAN;
+    mt_tile_weights_bf16(&f->tiles.tile[u], d)[d->tensors[2].offset + 3] = 0x7fc0;
+    char dir[] = "/tmp/mt-lean-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(mt_model_save(f, dir), MT_OK, "%s", mt_model_errmsg(f));
+    cr_assert_eq(mt_model_load(l, dir), MT_OK, "%s", mt_model_errmsg(l));
+    const mt_unit_desc *dl = &l->layout.units[u]; /* the lean layout: tensors start at multiples of 256 */
+    const uint64_t blk = (dl->tensors[2].offset + 3) / 256;
+    const float *sw = mt_tile_sw(&l->tiles.tile[u], dl);
+    for (uint64_t k = 0; k < dl->padded / 256; k++)
+        cr_assert_eq(isnan(sw[k]) != 0, k == blk, "block %llu's scale %g", (unsigned long long)k, sw[k]);
+    int32_t tok[N], tg[N];
+    mt_batch b = batch(tok, tg);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    cr_assert_eq(mt_step(l, &b, &o, NULL), MT_ERR_NONFINITE, "%s", mt_model_errmsg(l));
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    mt_model_destroy(f);
+    mt_model_destroy(l);
 }

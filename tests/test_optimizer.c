@@ -102,7 +102,8 @@ Test(optimizer, lean_update_is_the_kernel_per_block)
                 for (uint64_t i = 0; i < td->numel; i += 256) {
                     const uint64_t e = td->offset + i, n = td->numel - i < 256 ? td->numel - i : 256;
                     cr_assert_eq(mt_lean_step_block(&ht, r->cfg.seed, step, ((uint64_t)u << 40) + e, n,
-                                                    mt_tile_weights_bf16(t, d) + e, mt_tile_grad_bf16(t, d) + e,
+                                                    mt_tile_wq(t, d) + e, mt_tile_sw(t, d) + e / 256,
+                                                    mt_tile_grad_bf16(t, d) + e,
                                                     mt_tile_qm(t, d) + e, mt_tile_sm(t, d) + e / 256,
                                                     mt_tile_qv(t, d) + e, mt_tile_sv(t, d) + e / 256), 0);
                 }
@@ -143,6 +144,7 @@ Test(optimizer, lean_block_with_infinite_moments_is_skipped_and_counted)
     cr_assert_eq(memcmp(x + d->weight_off + 512, y + d->weight_off + 512, 512), 0, "the skipped block's weights");
     cr_assert_eq(memcmp(x + d->m_off + 256, y + d->m_off + 256, 256), 0, "the skipped block's codes");
     cr_assert_eq(mt_tile_sm(t, d)[1], 0.0f);
+    cr_assert_eq(mt_tile_sw(t, d)[1], mt_tile_sw(&r->tiles.tile[u], d)[1], "the skipped block's weight scale");
     cr_assert_neq(memcmp(x + d->weight_off, y + d->weight_off, 512), 0, "block 0 was updated");
     mt_model_destroy(r);
     mt_model_destroy(a);

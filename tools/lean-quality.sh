@@ -1,7 +1,7 @@
 #!/bin/sh
 # The lean mode's quality against the default one: the same model (113.7 M
 # parameters), data, seed and schedule trained with --precision bf16 (14 bytes
-# of host state a parameter) and --precision lean (6.03), on the GNU
+# of host state a parameter) and --precision lean (6.05), on the GNU
 # Collaborative International Dictionary of English (Debian's dict-gcide, 40 MB
 # of English) read as bytes (a vocabulary of 256). Each run trains on 640
 # steps of 32768 tokens (21 M tokens) and measures the loss on held-out
@@ -48,7 +48,7 @@ for p in bf16 lean; do
         --log-file "$OUT/$p.jsonl" --out "$OUT/model-$p" || echo "lean-quality: the $p run stopped early" >&2
 done
 "$MEGATRAIN" plot "$OUT/bf16.jsonl" "$OUT/lean.jsonl" -o "$OUT/lean-quality.svg" \
-    --title "113.7 M parameters, dict-gcide bytes: bf16 (14 B/param) and lean (6.03 B/param)"
+    --title "113.7 M parameters, dict-gcide bytes: bf16 (14 B/param) and lean (6.05 B/param)"
 python3 - "$OUT/bf16.jsonl" "$OUT/lean.jsonl" <<'PY'
 import json, sys
 last = []

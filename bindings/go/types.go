@@ -61,7 +61,7 @@ type Precision uint32
 const (
 	PrecisionBF16 Precision = C.MT_PRECISION_BF16
 	PrecisionFP32 Precision = C.MT_PRECISION_FP32
-	// PrecisionLean: bf16 weights with stochastic rounding, 8-bit AdamW moments (6.03 bytes of host state a parameter)
+	// PrecisionLean: 16-bit block-scaled weights, 8-bit AdamW moments (6.05 bytes of host state a parameter)
 	PrecisionLean Precision = C.MT_PRECISION_LEAN
 )
 

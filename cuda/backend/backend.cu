@@ -96,6 +96,7 @@ struct cu_be {
     char *arena;    // one device allocation, carved below
     size_t arena_bytes;
     void *slots[MAX_SLOTS];
+    float *slot_scale[MAX_SLOTS]; // lean mode: the scales of the weight codes loaded into each slot
     float *acc[2];  // fp32 weight-gradient accumulators (largest unit)
     float *tied_acc;// (V, C) when the head shares the embedding
     void *stage[2]; // bf16 gradients on their way to the host
@@ -697,7 +698,11 @@ static void layout_buffers(cu_be *b, carver *c)
     const int tied = b->req.cfg->tie_word_embeddings != 0;
     size_t slot_elems = lo->largest_unit_padded;
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
-    for (int i = 0; i < b->K; i++) b->slots[i] = carve(c, slot_elems * es);
+    const int lean = b->req.cfg->precision == MT_PRECISION_LEAN;
+    for (int i = 0; i < b->K; i++) {
+        b->slots[i] = carve(c, slot_elems * es);
+        b->slot_scale[i] = lean ? (float *)carve(c, slot_elems / MT_LEAN_BLOCK_ELEMS * 4) : NULL;
+    }
     b->ck = carve(c, (size_t)ck_rows(b) * M * T * C * es);
     const size_t AM = (size_t)b->keep_att * M, HM = (size_t)b->keep_h * M, QM = (size_t)b->keep_qkv * M;
     b->att_keep = AM ? carve(c, AM * T * Q * es) : NULL;
@@ -1164,17 +1169,25 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
 
 // ---- weights ---------------------------------------------------------------------------------
 
-// The streamed block of a unit: bf16 weights, or in fp32 mode the master.
+// The streamed block of a unit: bf16 weights (lean mode: their int16 codes), or in fp32 mode the master.
 static const void *host_block(cu_be *b, int unit, size_t *bytes)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
     if (b->dt == MT_CU_BF16) {
         *bytes = u->weight_bytes;
-        return mt_tile_weights_bf16(t, u);
+        return u->lean ? (const void *)mt_tile_wq(t, u) : (const void *)mt_tile_weights_bf16(t, u);
     }
     *bytes = u->padded * 4;
     return mt_tile_master(t, u);
+}
+
+// Lean mode: the scales of a unit's weight codes, to scale_at on the device (the copy stream).
+static void load_lean_scales(cu_be *b, int unit, float *scale_at)
+{
+    const mt_unit_desc *u = unit_desc(b, unit);
+    CU(b, cudaMemcpyAsync(scale_at, mt_tile_sw(&b->m->tiles.tile[unit], u), u->scale_bytes, cudaMemcpyHostToDevice,
+                          b->h2d));
 }
 
 static void cu_load_weights(mt_be *be, int slot, int unit)
@@ -1185,13 +1198,22 @@ static void cu_load_weights(mt_be *be, int slot, int unit)
     const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings; // it reads the embedding matrix too
     size_t eb = 0;
     const void *e = tied_head ? host_block(b, 0, &eb) : NULL;
+    const mt_unit_desc *u = unit_desc(b, unit);
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
-    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb);
+    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb + (u->lean ? u->scale_bytes : 0) +
+                                                                   (u->lean && tied_head ? unit_desc(b, 0)->scale_bytes : 0));
     CU(b, cudaMemcpyAsync(b->slots[slot], src, bytes, cudaMemcpyHostToDevice, b->h2d));
     if (tied_head)
-        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + unit_desc(b, unit)->padded * b->es, e, eb,
-                              cudaMemcpyHostToDevice, b->h2d));
+        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + u->padded * b->es, e, eb, cudaMemcpyHostToDevice, b->h2d));
+    if (u->lean) { // the scales in the same order as the codes: the embedding's behind the head's
+        load_lean_scales(b, unit, b->slot_scale[slot]);
+        if (tied_head) load_lean_scales(b, 0, b->slot_scale[slot] + u->padded / MT_LEAN_BLOCK_ELEMS);
+    }
     copy_end(b, c, b->h2d);
+    if (u->lean) // the codes become the bf16 weights the visit computes with, in place, before the slot is ready
+        OK(b, mt_cu_q16_to_bf16(b->h2d, b->slots[slot], b->slot_scale[slot],
+                                u->padded + (tied_head ? unit_desc(b, 0)->padded : 0)),
+           "weight codes to bf16");
     b->slot_copy[slot] = c;
     CU(b, cudaEventRecord(b->slot_loaded[slot], b->h2d));
 }

@@ -450,6 +450,22 @@ template <typename TY, typename TX> struct convert_f {
     }
 };
 
+// The lean mode's weight codes, in place: int16 q becomes bf16(q * scale[i / 256]) (optim/q16.h: q * scale
+// is exact, one rounding to bf16). An element's code and value share its two bytes, read and written by one
+// thread.
+struct q16_to_bf16_f {
+    void *data;
+    const float *scale;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        const int16_t *q = (const int16_t *)data + i;
+        float v[W];
+#pragma unroll
+        for (int k = 0; k < W; k++) v[k] = __fmul_rn((float)q[k], scale[(i + k) / 256]);
+        store<W>((bf16 *)data + i, v);
+    }
+};
+
 template <typename TY, typename TA, typename TB> struct add_f {
     TY *y;
     const TA *a;
@@ -1323,6 +1339,11 @@ int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, con
             return launch_ew(s, convert_f<TY, TX>{(TY *)y, (const TX *)x}, n, vec);
         });
     });
+}
+
+int mt_cu_q16_to_bf16(mt_cu_stream s, void *data, const float *scale, size_t n)
+{
+    return launch_ew(s, q16_to_bf16_f{data, scale}, n, al16(data));
 }
 
 int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt, const void *b,

@@ -201,6 +201,9 @@ int mt_cu_softcap(mt_cu_stream s, float *x, size_t n, float cap);
 
 /* y = x converted (n elements); ydt == xdt copies. y must not overlap x unless y == x and ydt == xdt. */
 int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n);
+/* The lean mode's weights (optim/q16.h), in place: n int16 codes at data
+ * become bf16(code * scale[i / 256]), element i's 256-element block's scale. */
+int mt_cu_q16_to_bf16(mt_cu_stream s, void *data, const float *scale, size_t n);
 /* y = a + b in fp32, stored in ydt (e.g. the fp32 residual stream plus a bf16
  * branch). y may be a or b when it has the same dtype. */
 int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt, const void *b,
@@ -283,6 +286,8 @@ static inline int mt_cu_softcap(mt_cu_stream s, float *x, size_t n, float cap)
 { (void)s, (void)x, (void)n, (void)cap; return -1; }
 static inline int mt_cu_convert(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype xdt, const void *x, size_t n)
 { (void)s, (void)ydt, (void)y, (void)xdt, (void)x, (void)n; return -1; }
+static inline int mt_cu_q16_to_bf16(mt_cu_stream s, void *data, const float *scale, size_t n)
+{ (void)s, (void)data, (void)scale, (void)n; return -1; }
 static inline int mt_cu_add(mt_cu_stream s, mt_cu_dtype ydt, void *y, mt_cu_dtype adt, const void *a, mt_cu_dtype bdt,
                             const void *b, size_t n)
 { (void)s, (void)ydt, (void)y, (void)adt, (void)a, (void)bdt, (void)b, (void)n; return -1; }

@@ -10,6 +10,7 @@
 #include "engine/model.h"
 #include "model/template.h"
 #include "optim/adamw.h"
+#include "optim/q16.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_moe.h"
 
@@ -431,14 +432,16 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
 
-/* A unit's weights into a slot in fp32: from the tile's bf16 block, or in
- * fp32 mode from the master. */
+/* A unit's weights into a slot in fp32: from the tile's bf16 block, in lean
+ * mode the bf16 values of its codes (what the GPU computes with), or in fp32
+ * mode from the master. */
 static void copy_unit(cpu_be *b, float *dst, int unit)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
     const uint16_t *w = mt_tile_weights_bf16(t, u);
-    if (w) mt_cpu_convert(b->pool, dst, 0, w, 1, u->padded);
+    if (u->lean) mt_q16_blocks_to_f32(mt_tile_wq(t, u), mt_tile_sw(t, u), u->padded, dst);
+    else if (w) mt_cpu_convert(b->pool, dst, 0, w, 1, u->padded);
     else mt_cpu_convert(b->pool, dst, 0, mt_tile_master(t, u), 0, u->padded);
 }
 

@@ -7,13 +7,15 @@
 #include "core/rng.h"
 #include "core/sysinfo.h"
 #include "model/template.h"
+#include "optim/q16.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- weight initialisation ------------------------------------------------- */
 
-#define INIT_CHUNK (1u << 20) /* elements per parallel task */
+#define INIT_CHUNK (1u << 20) /* elements per parallel task: whole blocks of the lean mode's weight codes */
+_Static_assert(INIT_CHUNK % MT_Q16_BLOCK == 0, "an initialisation task encodes whole blocks");
 
 typedef struct init_job {
     const mt_model_config *cfg;
@@ -35,14 +37,21 @@ static void init_task(void *ctx, size_t task, int thread)
     const mt_tensor_desc *t = &j->unit->tensors[ti];
     uint64_t lo = (uint64_t)(task - j->task_tensor[ti]) * INIT_CHUNK, hi = MT_MIN(lo + INIT_CHUNK, t->numel);
     float *master = mt_tile_master(j->tile, j->unit); /* NULL in lean mode */
-    uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit);
+    uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit); /* NULL in fp32 and lean modes */
     const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
     const double std = j->cfg->initializer_range;
     const float norm = mt_config_is_gemma(j->cfg) ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
-    for (uint64_t i = lo; i < hi; i++) {
-        float x = is_norm ? norm : is_bias ? 0.0f : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, i));
-        if (master) master[t->offset + i] = x;
-        if (w) w[t->offset + i] = mt_f32_to_bf16(x);
+    float x[MT_Q16_BLOCK];
+    for (uint64_t b = lo; b < hi; b += MT_Q16_BLOCK) { /* lean mode's tensors start at a block */
+        const size_t n = (size_t)MT_MIN((uint64_t)MT_Q16_BLOCK, hi - b);
+        for (size_t i = 0; i < n; i++)
+            x[i] = is_norm ? norm : is_bias ? 0.0f
+                 : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, b + i));
+        const uint64_t e = t->offset + b;
+        if (master) memcpy(master + e, x, n * sizeof *x);
+        for (size_t i = 0; w && i < n; i++) w[e + i] = mt_f32_to_bf16(x[i]);
+        if (j->unit->lean) /* finite values: it cannot fail */
+            mt_q16_encode(x, n, mt_tile_wq(j->tile, j->unit) + e, mt_tile_sw(j->tile, j->unit) + e / MT_Q16_BLOCK);
     }
 }
 

@@ -1,11 +1,12 @@
 /* Resume checkpoints: dir/step-NNNNNNNN/ folders and a dir/latest pointer.
  *
  *   step-00000042/config.json            the model's shape
- *   step-00000042/model.safetensors      fp32 master weights (Hugging Face names); lean mode: the bf16
- *                                        weights, its only copy
+ *   step-00000042/model.safetensors      fp32 master weights (Hugging Face names); lean mode: each
+ *                                        unit's 16-bit weight codes and block scales,
+ *                                        unit.<u>.weight.codes (I16) and unit.<u>.weight.scales (F32)
  *   step-00000042/optimizer.safetensors  <name>.exp_avg, <name>.exp_avg_sq (fp32); lean mode: each unit's
  *                                        8-bit codes and block scales, unit.<u>.exp_avg.codes (U8)
- *                                        and the like (lean_part), as the tiles hold them
+ *                                        and the like (lean_part): all as the tiles hold them
  *   step-00000042/trainer_state.json     step, data position, caller's RNG state
  *   latest                               "step-00000042"
  *
@@ -91,35 +92,41 @@ static const char *precision_name(const mt_model *m)
     return m->cfg.precision == MT_PRECISION_FP32 ? "fp32" : m->cfg.precision == MT_PRECISION_LEAN ? "lean" : "bf16";
 }
 
-/* Lean mode's moments, four arrays a unit: the codes of m and v (U8, one a
- * parameter, padding included) and their blocks' scales (F32). */
-enum { LEAN_PARTS = 4 };
+/* Lean mode's state, six arrays a unit, as the tiles hold them (padding
+ * included): in model.safetensors the weights' 16-bit codes (I16) and their
+ * blocks' scales (F32); in optimizer.safetensors the 8-bit codes of m and v
+ * (U8) and their blocks' scales. */
+enum { LEAN_WEIGHT_PARTS = 2, LEAN_PARTS = 6 };
 
 static void lean_part(const mt_model *m, int u, int p, char *name, size_t len, void **data, uint64_t *numel,
                       int *dtype)
 {
-    static const char *const what[LEAN_PARTS] = {"exp_avg.codes", "exp_avg_sq.codes", "exp_avg.scales",
-                                                 "exp_avg_sq.scales"};
+    static const char *const what[LEAN_PARTS] = {"weight.codes",     "weight.scales",  "exp_avg.codes",
+                                                 "exp_avg_sq.codes", "exp_avg.scales", "exp_avg_sq.scales"};
+    static const int type[LEAN_PARTS] = {MT_ST_I16, MT_ST_F32, MT_ST_U8, MT_ST_U8, MT_ST_F32, MT_ST_F32};
     const mt_unit_desc *ud = &m->layout.units[u];
     const mt_tile *tl = &m->tiles.tile[u];
+    void *const at[LEAN_PARTS] = {mt_tile_wq(tl, ud), mt_tile_sw(tl, ud), mt_tile_qm(tl, ud),
+                                  mt_tile_qv(tl, ud), mt_tile_sm(tl, ud), mt_tile_sv(tl, ud)};
     snprintf(name, len, "unit.%d.%s", u, what[p]);
-    *dtype = p < 2 ? MT_ST_U8 : MT_ST_F32;
-    *numel = p < 2 ? ud->padded : ud->scale_bytes / 4;
-    *data = p == 0 ? (void *)mt_tile_qm(tl, ud) : p == 1 ? (void *)mt_tile_qv(tl, ud)
-          : p == 2 ? (void *)mt_tile_sm(tl, ud) : (void *)mt_tile_sv(tl, ud);
+    *dtype = type[p];
+    *numel = type[p] == MT_ST_F32 ? ud->scale_bytes / 4 : ud->padded;
+    *data = at[p];
 }
 
-static mt_status write_lean_moments(mt_err err, const mt_model *m, const char *path)
+/* Parts [p0, p1) of every unit into path. */
+static mt_status write_lean_parts(mt_err err, const mt_model *m, const char *path, int p0, int p1)
 {
-    const size_t n = (size_t)m->layout.n_units * LEAN_PARTS;
+    const int per = p1 - p0;
+    const size_t n = (size_t)m->layout.n_units * (size_t)per;
     mt_st_write_req *r = calloc(n, sizeof *r);
     char(*names)[64] = calloc(n, sizeof *names);
     mt_status st;
     if (r && names) {
         for (size_t k = 0; k < n; k++) {
             void *data;
-            lean_part(m, (int)(k / LEAN_PARTS), (int)(k % LEAN_PARTS), names[k], sizeof names[k], &data, &r[k].numel,
-                      &r[k].dtype);
+            lean_part(m, (int)(k / (size_t)per), p0 + (int)(k % (size_t)per), names[k], sizeof names[k], &data,
+                      &r[k].numel, &r[k].dtype);
             r[k].name = names[k], r[k].ndim = 1, r[k].dims[0] = r[k].numel, r[k].n_parts = 1;
             r[k].part[0] = data, r[k].part_numel[0] = r[k].numel, r[k].src = r[k].dtype;
         }
@@ -132,11 +139,14 @@ static mt_status write_lean_moments(mt_err err, const mt_model *m, const char *p
     return st;
 }
 
-/* Checks every array of lean_part in s (dry_run), or copies them into the tiles. */
-static mt_status read_lean_moments(mt_err err, mt_model *m, mt_st_set *s, const char *where, int dry_run)
+/* Checks parts [p0, p1) of every unit in s, and that s holds nothing else
+ * (dry_run), or copies them into the tiles. */
+static mt_status read_lean_parts(mt_err err, mt_model *m, mt_st_set *s, const char *where, int p0, int p1,
+                                 int dry_run)
 {
+    static const char *const dtype_name[] = {[MT_ST_F32] = "F32", [MT_ST_U8] = "U8", [MT_ST_I16] = "I16"};
     for (int u = 0; u < m->layout.n_units; u++)
-        for (int p = 0; p < LEAN_PARTS; p++) {
+        for (int p = p0; p < p1; p++) {
             char name[64];
             void *data;
             uint64_t numel;
@@ -145,8 +155,7 @@ static mt_status read_lean_moments(mt_err err, mt_model *m, mt_st_set *s, const 
             lean_part(m, u, p, name, sizeof name, &data, &numel, &dtype);
             mt_status st = mt_st_expect(err, s, name, &numel, 1, where, &t);
             if (st) return st;
-            if (t->dtype != dtype)
-                return mt_fail(err, MT_ERR_FORMAT, "%s: %s is not %s", where, name, dtype == MT_ST_U8 ? "U8" : "F32");
+            if (t->dtype != dtype) return mt_fail(err, MT_ERR_FORMAT, "%s: %s is not %s", where, name, dtype_name[dtype]);
             if (!dry_run) memcpy(data, t->data, numel * mt_st_esize(dtype));
         }
     for (size_t i = 0; dry_run && i < s->n; i++)
@@ -271,9 +280,9 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
     }
     mt_path_join(path, sizeof path, tmp, "model.safetensors");
     const int lean = m->cfg.precision == MT_PRECISION_LEAN;
-    if (lean && !(st = mt_save_tensors(err, m, path, 0, MT_ST_BF16))) {
+    if (lean && !(st = write_lean_parts(err, m, path, 0, LEAN_WEIGHT_PARTS))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
-        st = write_lean_moments(err, m, path);
+        st = write_lean_parts(err, m, path, LEAN_WEIGHT_PARTS, LEAN_PARTS);
     } else if (!lean && !(st = mt_save_tensors(err, m, path, 0, MT_ST_F32))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
         size_t n = mt_tensor_count(m), na = 0, nb = 0;
@@ -458,10 +467,15 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     if (!st) st = mt_st_index(err, &opt);
     /* everything validated before anything is written */
     const int lean = m->cfg.precision == MT_PRECISION_LEAN;
-    if (!st) st = mt_load_tensors(err, m, &model, &weights, 1, where_model, 1, 1);
-    if (!st) st = lean ? read_lean_moments(err, m, &opt, where_opt, 1) : mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 1);
-    if (!st) st = mt_load_tensors(err, m, &model, &weights, 1, where_model, 1, 0);
-    if (!st) st = lean ? read_lean_moments(err, m, &opt, where_opt, 0) : mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, 0);
+    for (int dry = 1; dry >= 0 && !st; dry--) {
+        if (lean) {
+            st = read_lean_parts(err, m, &model, where_model, 0, LEAN_WEIGHT_PARTS, dry);
+            if (!st) st = read_lean_parts(err, m, &opt, where_opt, LEAN_WEIGHT_PARTS, LEAN_PARTS, dry);
+        } else {
+            st = mt_load_tensors(err, m, &model, &weights, 1, where_model, 1, dry);
+            if (!st) st = mt_load_tensors(err, m, &opt, moments, 2, where_opt, 0, dry);
+        }
+    }
     mt_st_free(&model);
     mt_st_free(&opt);
     if (st) {

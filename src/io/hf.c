@@ -5,6 +5,7 @@
 #include "io/fileio.h"
 #include "engine/model.h"
 #include "io/safetensors.h"
+#include "optim/q16.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -651,18 +652,20 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
     for (int u = 0; u < m->layout.n_units; u++) {
         const mt_unit_desc *ud = &m->layout.units[u];
         const mt_tile *tl = &m->tiles.tile[u];
-        /* lean mode: the bf16 weights as they are (it has no master; its moments are written per unit) */
-        const int src = ud->lean ? MT_ST_BF16 : MT_ST_F32;
-        const unsigned char *base = ud->lean ? (const unsigned char *)mt_tile_weights_bf16(tl, ud)
+        /* lean mode: the weights' values from their codes (it has no master; its moments are written per unit) */
+        const int src = ud->lean ? MT_ST_Q16 : MT_ST_F32;
+        const unsigned char *base = ud->lean ? (const unsigned char *)mt_tile_wq(tl, ud)
                                   : (const unsigned char *)(which == 0   ? mt_tile_master(tl, ud)
                                                             : which == 1 ? mt_tile_m(tl, ud)
                                                                          : mt_tile_v(tl, ud));
+        const float *sw = ud->lean ? mt_tile_sw(tl, ud) : NULL;
         const uint64_t es = mt_st_esize(src);
         for (int i = 0; i < ud->n_tensors; i++) {
             const mt_tensor_desc *t = &ud->tensors[i];
             if (t->fused_rows && t->fused_row0) { /* a later block of the fused matrix before it */
                 mt_st_write_req *f = &r[k - 1];
                 f->part[f->n_parts] = base + t->offset * es;
+                if (sw) f->part_scale[f->n_parts] = sw + t->offset / MT_Q16_BLOCK; /* tensors start a block */
                 f->part_numel[f->n_parts++] = t->numel;
                 f->numel += t->numel;
                 continue;
@@ -674,8 +677,13 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
                 char name[128];
                 mt_tensor_name_of(name, sizeof name, t, e);
                 snprintf(names[k], sizeof names[k], "%s%s", name, suffix[which]);
+                const uint64_t off = t->offset + e * numel;
                 r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
-                                         {base + (t->offset + e * numel) * es}, {numel}, src};
+                                         {base + off * es}, {numel}, src, {NULL}, {0}};
+                if (sw) { /* an expert's block can start inside a block of codes */
+                    r[k].part_scale[0] = sw + off / MT_Q16_BLOCK;
+                    r[k].part_phase[0] = (uint32_t)(off % MT_Q16_BLOCK);
+                }
             }
         }
     }
@@ -766,38 +774,93 @@ mt_status mt_model_save(mt_model *m, const char *dir)
 
 /* ---- reading --------------------------------------------------------------------- */
 
+/* Lean mode: the weights of unit u from the requests of lean_unit u (their
+ * offsets in the unit at lean_off), a window of elements at a time through
+ * fp32 scratch, each block of 256 encoded to nearest (optim/q16.h); padding
+ * is zeros. A block holding a NaN or an infinity gets the scale NaN: every
+ * value of it reads NaN, as a bf16 model's NaN weights make its loss NaN. */
+#define LEAN_WINDOW (1u << 24) /* elements: 64 MiB of scratch */
+_Static_assert(LEAN_WINDOW % MT_Q16_BLOCK == 0, "a window holds whole blocks");
+
+static mt_status read_lean_weights(mt_err err, mt_model *m, const mt_st_read_req *req, const int *lean_unit,
+                                   const uint64_t *lean_off, size_t n)
+{
+    float *x = malloc(LEAN_WINDOW * sizeof *x);
+    mt_st_read_req *part = malloc(MT_MAX(n, (size_t)1) * sizeof *part);
+    mt_status st = x && part ? MT_OK : mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory reading weights");
+    for (int u = 0; u < m->layout.n_units && !st; u++) {
+        const mt_unit_desc *ud = &m->layout.units[u];
+        if (!ud->lean) continue;
+        const mt_tile *tl = &m->tiles.tile[u];
+        for (uint64_t a = 0; a < ud->padded && !st; a += LEAN_WINDOW) {
+            const uint64_t b = MT_MIN(a + LEAN_WINDOW, ud->padded);
+            size_t np = 0;
+            memset(x, 0, (b - a) * sizeof *x);
+            for (size_t k = 0; k < n; k++) { /* the requests' overlaps with [a, b) */
+                if (lean_unit[k] != u) continue;
+                const uint64_t lo = MT_MAX(lean_off[k], a), hi = MT_MIN(lean_off[k] + req[k].numel, b);
+                if (lo >= hi) continue;
+                part[np++] = (mt_st_read_req){req[k].src, x + (lo - a), NULL, req[k].offset + (lo - lean_off[k]), hi - lo};
+            }
+            if ((st = mt_st_read(err, m->pool, part, np))) break;
+            for (uint64_t i = a; i < b; i += MT_Q16_BLOCK) {
+                int16_t *q = mt_tile_wq(tl, ud) + i;
+                float *sc = mt_tile_sw(tl, ud) + i / MT_Q16_BLOCK;
+                if (mt_q16_encode(x + (i - a), MT_Q16_BLOCK, q, sc)) {
+                    memset(q, 0, MT_Q16_BLOCK * sizeof *q);
+                    *sc = NAN;
+                }
+            }
+        }
+    }
+    free(part);
+    free(x);
+    return st;
+}
+
 mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
                           int write_bf16, int dry_run)
 {
     static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
-    const size_t n = mt_tensor_count(m) * (size_t)n_which;
-    mt_st_read_req *req = calloc(MT_MAX(n, (size_t)1), sizeof *req);
-    if (!req) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
-    mt_status st = MT_OK;
-    size_t k = 0;
+    const size_t n = MT_MAX(mt_tensor_count(m) * (size_t)n_which, (size_t)1);
+    /* req[0..k) read in place; lean mode's weights go to lreq[0..nl), for unit lean_unit at lean_off */
+    mt_st_read_req *req = calloc(n, sizeof *req), *lreq = calloc(n, sizeof *lreq);
+    int *lean_unit = malloc(n * sizeof *lean_unit);
+    uint64_t *lean_off = malloc(n * sizeof *lean_off);
+    mt_status st = req && lreq && lean_unit && lean_off ? MT_OK
+                 : mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    size_t k = 0, nl = 0;
     /* validate everything before touching the model */
-    for (int w = 0; w < n_which; w++)
+    for (int w = 0; w < n_which && !st; w++)
         for (int u = 0; u < m->layout.n_units && !st; u++) {
             const mt_unit_desc *ud = &m->layout.units[u];
             const mt_tile *tl = &m->tiles.tile[u];
-            /* lean mode: the bf16 weights only (no master; moments per unit, checkpoint.c) */
+            /* lean mode: the weights into their codes (no master; moments per unit, checkpoint.c) */
+            const int lean = ud->lean && which[w] == 0;
             float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
-            uint16_t *bf = (write_bf16 || ud->lean) && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
+            uint16_t *bf = write_bf16 && which[w] == 0 ? mt_tile_weights_bf16(tl, ud) : NULL;
             for (int i = 0; i < ud->n_tensors && !st; i++) {
                 const mt_tensor_desc *t = &ud->tensors[i];
                 /* stacked experts: each expert's block from its own checkpoint tensor */
                 const uint32_t nb = mt_tensor_blocks(t);
                 const uint64_t numel = t->numel / nb;
-                for (uint32_t e = 0; e < nb && !st; e++, k++) {
+                for (uint32_t e = 0; e < nb && !st; e++) {
                     char name[128], base_name[128];
                     mt_tensor_name_of(base_name, sizeof base_name, t, e);
                     snprintf(name, sizeof name, "%s%s", base_name, suffix[which[w]]);
                     const uint64_t dims[2] = {t->fused_rows ? t->fused_rows : t->rows / nb, t->cols};
-                    const uint64_t off = t->offset + e * numel;
+                    const uint64_t off = t->offset + e * numel, from = (uint64_t)t->fused_row0 * t->cols;
                     mt_st_tensor *src;
                     st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
-                    req[k] = (mt_st_read_req){src, base ? base + off : NULL, bf ? bf + off : NULL,
-                                              (uint64_t)t->fused_row0 * t->cols, numel};
+                    if (!st && !mt_st_is_float(src->dtype))
+                        st = mt_fail(err, MT_ERR_FORMAT, "%s: tensor %s is not F32, BF16 or F16", where, name);
+                    if (st) break;
+                    if (lean) {
+                        lreq[nl] = (mt_st_read_req){src, NULL, NULL, from, numel};
+                        lean_unit[nl] = u, lean_off[nl++] = off;
+                    } else {
+                        req[k++] = (mt_st_read_req){src, base ? base + off : NULL, bf ? bf + off : NULL, from, numel};
+                    }
                 }
             }
         }
@@ -809,8 +872,9 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
         st = mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", s->files[t->file].path,
                      t->name);
     }
-    if (!st && !dry_run) st = mt_st_read(err, m->pool, req, n);
-    free(req);
+    if (!st && !dry_run) st = mt_st_read(err, m->pool, req, k);
+    if (!st && !dry_run && nl) st = read_lean_weights(err, m, lreq, lean_unit, lean_off, nl);
+    free(req), free(lreq), free(lean_unit), free(lean_off);
     return st;
 }
 

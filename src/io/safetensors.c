@@ -2,6 +2,7 @@
  * the shards of an index) and writing (streamed tensor by tensor, durable). */
 #define _GNU_SOURCE
 #include "io/safetensors.h"
+#include "optim/q16.h"
 #include "core/bf16.h"
 #include "io/fileio.h"
 
@@ -104,8 +105,9 @@ static mt_status st_open_file(mt_err err, mt_st_set *s, int fi)
         else if (!strcmp(dt->valuestring, "F16")) t.dtype = MT_ST_F16, esize = 2;
         else if (!strcmp(dt->valuestring, "F32")) t.dtype = MT_ST_F32, esize = 4;
         else if (!strcmp(dt->valuestring, "U8")) t.dtype = MT_ST_U8, esize = 1;
+        else if (!strcmp(dt->valuestring, "I16")) t.dtype = MT_ST_I16, esize = 2;
         else {
-            st = mt_fail(err, MT_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (BF16, F16, F32 and U8 are supported)",
+            st = mt_fail(err, MT_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (BF16, F16, F32, U8 and I16 are supported)",
                          f->path, name, dt->valuestring);
             goto done;
         }
@@ -363,7 +365,9 @@ static char *header_json(const mt_st_write_req *t, size_t n, size_t *len)
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
         cJSON *e = cJSON_AddObjectToObject(j, t[i].name);
-        cJSON_AddStringToObject(e, "dtype", t[i].dtype == MT_ST_F32 ? "F32" : t[i].dtype == MT_ST_U8 ? "U8" : "BF16");
+        static const char *const dtype_name[] = {[MT_ST_F32] = "F32", [MT_ST_BF16] = "BF16", [MT_ST_U8] = "U8",
+                                                 [MT_ST_I16] = "I16"};
+        cJSON_AddStringToObject(e, "dtype", dtype_name[t[i].dtype]);
         cJSON *shape = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < t[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].dims[d]));
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
@@ -408,6 +412,16 @@ static int write_data(int fd, const mt_st_write_req *t, size_t n, void *buf)
                     const uint16_t *h = (const uint16_t *)src + k;
                     for (size_t e = 0; e < c; e++) w[e] = mt_bf16_to_f32(h[e]);
                     if (mt_write_all(fd, buf, c * 4)) return -1;
+                } else if (from == MT_ST_Q16 && (to == MT_ST_F32 || to == MT_ST_BF16)) {
+                    const int16_t *q = (const int16_t *)src + k;
+                    const float *sc = t[i].part_scale[p];
+                    const uint64_t ph = t[i].part_phase[p] + k;
+                    for (size_t e = 0; e < c; e++) {
+                        const float x = (float)q[e] * sc[(ph + e) / MT_Q16_BLOCK]; /* exact: a power-of-two scale */
+                        if (to == MT_ST_F32) ((float *)buf)[e] = x;
+                        else ((uint16_t *)buf)[e] = mt_f32_to_bf16(x);
+                    }
+                    if (mt_write_all(fd, buf, c * mt_st_esize(to))) return -1;
                 } else {
                     errno = EINVAL; /* no such conversion: a caller's mistake */
                     return -1;

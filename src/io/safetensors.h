@@ -8,10 +8,15 @@
 
 #include <stdint.h>
 
-enum { MT_ST_F32, MT_ST_BF16, MT_ST_F16, MT_ST_U8 }; /* U8: lean mode's checkpoints of 8-bit moments */
+/* U8 and I16: lean mode's checkpoints of 8-bit moment and 16-bit weight codes. MT_ST_Q16 is no file's
+ * dtype: a write request's source of lean mode's weight codes (mt_st_write_req.part_scale). */
+enum { MT_ST_F32, MT_ST_BF16, MT_ST_F16, MT_ST_U8, MT_ST_I16, MT_ST_Q16 };
 
 /* Bytes per element of a dtype. */
 static inline uint64_t mt_st_esize(int dtype) { return dtype == MT_ST_F32 ? 4 : dtype == MT_ST_U8 ? 1 : 2; }
+
+/* Whether a tensor of dtype converts to model weights (F32, BF16 or F16). */
+static inline int mt_st_is_float(int dtype) { return dtype == MT_ST_F32 || dtype == MT_ST_BF16 || dtype == MT_ST_F16; }
 
 typedef struct mt_st_tensor {
     char *name; /* owned */
@@ -68,18 +73,23 @@ mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_
 
 /* One tensor to write: the concatenation of n_parts arrays (a fused matrix
  * from its row blocks) of src values. fp32 values written as BF16 are rounded
- * to nearest even, bf16 values written as F32 widened; anything else is
- * written as it is (src == dtype). */
+ * to nearest even, bf16 values written as F32 widened; lean mode's weight
+ * codes (MT_ST_Q16: int16 codes of blocks of 256, optim/q16.h) are written as
+ * their values, q * scale, exact as F32 or rounded to nearest even as BF16,
+ * element j of part p in block (part_phase[p] + j) / 256 of part_scale[p];
+ * anything else is written as it is (src == dtype). */
 typedef struct mt_st_write_req {
     const char *name;
-    int dtype; /* MT_ST_F32, MT_ST_BF16 or MT_ST_U8 */
+    int dtype; /* MT_ST_F32, MT_ST_BF16, MT_ST_U8 or MT_ST_I16 */
     int ndim;
     uint64_t dims[2];
     uint64_t numel; /* of all the parts */
     int n_parts;
     const void *part[MT_ST_MAX_PARTS];
     uint64_t part_numel[MT_ST_MAX_PARTS];
-    int src; /* what the parts hold: MT_ST_F32 (0), MT_ST_BF16 or MT_ST_U8 */
+    int src; /* what the parts hold: MT_ST_F32 (0), MT_ST_BF16, MT_ST_U8, MT_ST_I16 or MT_ST_Q16 */
+    const float *part_scale[MT_ST_MAX_PARTS]; /* MT_ST_Q16: the scales of the blocks of each part's first code */
+    uint32_t part_phase[MT_ST_MAX_PARTS];     /* MT_ST_Q16: the first code's place in its block */
 } mt_st_write_req;
 /* Writes path.tmp tensor by tensor, fsyncs it and renames it to path. */
 mt_status mt_st_write(mt_err err, const char *path, const mt_st_write_req *t, size_t n);

@@ -47,10 +47,11 @@ static inline float *mt_tile_v(const mt_tile *t, const mt_unit_desc *u)
 {
     return u->lean ? NULL : (float *)(t->base + u->v_off);
 }
-/* The streamed bf16 copy; NULL in fp32 mode. */
+/* The streamed bf16 copy; NULL in fp32 mode and in lean mode, whose weights
+ * are codes (mt_tile_wq). */
 static inline uint16_t *mt_tile_weights_bf16(const mt_tile *t, const mt_unit_desc *u)
 {
-    return u->weight_bytes ? (uint16_t *)(t->base + u->weight_off) : NULL;
+    return u->weight_bytes && !u->lean ? (uint16_t *)(t->base + u->weight_off) : NULL;
 }
 /* fp32 gradients; NULL in bf16 and lean modes. */
 static inline float *mt_tile_grad_f32(const mt_tile *t, const mt_unit_desc *u)
@@ -63,7 +64,10 @@ static inline uint16_t *mt_tile_grad_bf16(const mt_tile *t, const mt_unit_desc *
 {
     return u->lean ? (uint16_t *)(t->base + u->grad_off) : mt_tile_weights_bf16(t, u);
 }
-/* Lean mode: the 8-bit codes of m and v, and their blocks' scales. */
+/* Lean mode: the weights' 16-bit codes and their blocks' scales (optim/q16.h). */
+static inline int16_t *mt_tile_wq(const mt_tile *t, const mt_unit_desc *u) { return (int16_t *)(t->base + u->weight_off); }
+static inline float *mt_tile_sw(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->sw_off); }
+/* Lean mode: the 8-bit codes of m and v, and their blocks' scales (optim/q8.h). */
 static inline uint8_t *mt_tile_qm(const mt_tile *t, const mt_unit_desc *u) { return t->base + u->m_off; }
 static inline uint8_t *mt_tile_qv(const mt_tile *t, const mt_unit_desc *u) { return t->base + u->v_off; }
 static inline float *mt_tile_sm(const mt_tile *t, const mt_unit_desc *u) { return (float *)(t->base + u->sm_off); }

@@ -111,9 +111,10 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
  * master | m | v], gradients landing in the weight block once the unit's
  * backward is done (14 bytes per parameter). fp32 mode: the master weights are
  * what is streamed, and gradients need their own fp32 block: [grad | master |
- * m | v] (16 bytes per parameter). Lean mode: no master, so the gradients
- * need their own bf16 block: [bf16 weights | bf16 grad | m codes | v codes |
- * m scales | v scales] (6.03 bytes per parameter). */
+ * m | v] (16 bytes per parameter). Lean mode: no master; the weights are
+ * 16-bit block codes (optim/q16.h), so the gradients need their own bf16
+ * block: [weight codes | bf16 grad | m codes | v codes | weight scales |
+ * m scales | v scales] (6.05 bytes per parameter). */
 static void place_blocks(mt_unit_desc *u, int fp32)
 {
     uint64_t off = 0, f32 = u->padded * 4;
@@ -125,6 +126,7 @@ static void place_blocks(mt_unit_desc *u, int fp32)
         BLOCK(u->grad_off, u->grad_bytes);
         BLOCK(u->m_off, u->padded);
         BLOCK(u->v_off, u->padded);
+        BLOCK(u->sw_off, u->scale_bytes);
         BLOCK(u->sm_off, u->scale_bytes);
         BLOCK(u->sv_off, u->scale_bytes);
         u->tile_bytes = off;
@@ -174,7 +176,7 @@ int mt_layout_build(mt_layout *lo, const mt_model_config *c)
         place_blocks(u, fp32);
         lo->num_params += u->numel;
         lo->tile_bytes += u->tile_bytes;
-        lo->weight_bytes += u->weight_bytes;
+        lo->weight_bytes += u->weight_bytes + (u->lean ? u->scale_bytes : 0);
         lo->grad_bytes += u->grad_bytes;
         lo->master_bytes += u->lean ? 0 : u->padded * 4;
         lo->optim_bytes += u->lean ? u->padded * 2 + u->scale_bytes * 2 : u->padded * 8;

@@ -15,8 +15,9 @@
 /* Tensor offsets are counted in elements and rounded to this, which puts them
  * on 256-byte boundaries in both bf16 (2 B) and fp32 (4 B) blocks. */
 #define MT_TENSOR_ALIGN_ELEMS (MT_TENSOR_ALIGN_BYTES / 2)
-/* The lean mode's blocks of moments (one 8-bit code per element, one fp32
- * scale per block): tensors start at multiples of it, so no block spans two. */
+/* The lean mode's blocks of weights and moments (one 16-bit or 8-bit code per
+ * element, one fp32 scale per block): tensors start at multiples of it, so no
+ * block spans two. */
 #define MT_LEAN_BLOCK_ELEMS 256
 
 typedef enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_LAYER = 1, MT_UNIT_HEAD = 2 } mt_unit_kind;
@@ -62,13 +63,14 @@ typedef struct mt_unit_desc {
     uint64_t numel;            /* parameters in the unit */
     uint64_t padded;           /* elements per block including alignment padding */
     /* byte offsets of the blocks inside the tile; 0-size blocks have offset 0 */
-    uint64_t weight_off, weight_bytes; /* the streamed copy: bf16, or none in fp32 mode */
+    uint64_t weight_off, weight_bytes; /* the streamed copy: bf16 (lean mode: int16 codes), none in fp32 mode */
     uint64_t grad_off, grad_bytes;     /* fp32 in fp32 mode, bf16 in lean mode; bf16 mode lands gradients in
                                         * the weight block */
     uint64_t master_off, m_off, v_off; /* fp32, padded*4 bytes each; lean mode: no master, m and v 8-bit
                                         * codes (padded bytes each) */
-    uint64_t sm_off, sv_off;           /* lean mode: the fp32 scales of m's and v's blocks, padded / 256 each */
-    uint64_t scale_bytes;              /* lean mode: the bytes of each of those two blocks */
+    uint64_t sw_off, sm_off, sv_off;   /* lean mode: the fp32 scales of the weights', m's and v's blocks, padded /
+                                        * 256 each */
+    uint64_t scale_bytes;              /* lean mode: the bytes of each of those three blocks */
     uint64_t tile_bytes;               /* total, a multiple of 4 KiB */
     int lean;                          /* the unit is in lean mode */
 } mt_unit_desc;
@@ -79,7 +81,7 @@ typedef struct mt_layout {
     uint64_t num_params;
     uint64_t tile_bytes;       /* sum over units */
     uint64_t largest_unit_padded;
-    uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes;
+    uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes; /* lean: weight_bytes counts the weights' scales */
 } mt_layout;
 
 /* Norm scales start at 1 (Gemma's, which store the scale minus one, at 0),

@@ -3,6 +3,7 @@
  * the default mode's kernels. */
 #include "optim/lean.h"
 #include "core/bf16.h"
+#include "optim/q16.h"
 #include "optim/q8.h"
 
 #include <math.h>
@@ -21,27 +22,18 @@ uint32_t mt_lean_random(uint64_t seed, uint64_t step, uint64_t index)
     return (uint32_t)(mt_lean_random64(seed, step, index) >> 48);
 }
 
-uint16_t mt_bf16_round_stochastic(float x, uint32_t r16)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN, quiet */
-    /* sign and magnitude: adding to the magnitude's dropped 16 bits carries into the kept ones with
-     * probability (dropped bits) / 2^16, into the exponent too when the mantissa is all ones */
-    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
-}
-
-int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n, uint16_t *w,
-                       const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv)
+int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n, int16_t *wq,
+                       float *sw, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv)
 {
     const mt_adamw_consts c = mt_adamw_consts_of(h);
     float m[MT_Q8_BLOCK], v[MT_Q8_BLOCK], p[MT_Q8_BLOCK];
     if (n > MT_Q8_BLOCK) return -1;
     mt_q8_decode_signed(qm, n, *sm, m);
     mt_q8_decode_sqrt(qv, n, *sv, v);
+    mt_q16_decode(wq, n, *sw, p);
     for (size_t i = 0; i < n; i++) {
         const float gi = mt_bf16_to_f32(g[i]) * c.grad_scale;
-        float pi = mt_bf16_to_f32(w[i]) * c.decay;
+        const float pi = p[i] * c.decay;
         m[i] = c.beta1 * m[i] + c.omb1 * gi;
         v[i] = c.beta2 * v[i] + c.omb2 * (gi * gi);
         const float denom = sqrtf(v[i]) * c.inv_sqrt_bc2 + c.eps;
@@ -49,17 +41,20 @@ int mt_lean_step_block(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, ui
     }
     /* one hash per element: bits 0..15 round its m code, 16..31 its v code, 48..63 its weight */
     uint64_t z[MT_Q8_BLOCK];
-    uint16_t rm[MT_Q8_BLOCK], rv[MT_Q8_BLOCK];
+    uint16_t rm[MT_Q8_BLOCK], rv[MT_Q8_BLOCK], rw[MT_Q8_BLOCK];
     for (size_t i = 0; i < n; i++) {
         z[i] = mt_lean_random64(seed, step, index0 + i);
         rm[i] = (uint16_t)(z[i] & 0xffffu), rv[i] = (uint16_t)((z[i] >> 16) & 0xffffu);
+        rw[i] = (uint16_t)(z[i] >> 48);
     }
     uint8_t qm2[MT_Q8_BLOCK], qv2[MT_Q8_BLOCK];
-    float sm2, sv2;
-    if (mt_q8_encode_signed_sr(m, n, rm, qm2, &sm2) || mt_q8_encode_sqrt_sr(v, n, rv, qv2, &sv2)) return -1;
-    for (size_t i = 0; i < n; i++) w[i] = mt_bf16_round_stochastic(p[i], (uint32_t)(z[i] >> 48));
-    memcpy(qm, qm2, n), memcpy(qv, qv2, n);
-    *sm = sm2, *sv = sv2;
+    int16_t wq2[MT_Q8_BLOCK];
+    float sm2, sv2, sw2;
+    if (mt_q8_encode_signed_sr(m, n, rm, qm2, &sm2) || mt_q8_encode_sqrt_sr(v, n, rv, qv2, &sv2) ||
+        mt_q16_encode_sr(p, n, rw, wq2, &sw2))
+        return -1;
+    memcpy(wq, wq2, n * sizeof *wq), memcpy(qm, qm2, n), memcpy(qv, qv2, n);
+    *sw = sw2, *sm = sm2, *sv = sv2;
     return 0;
 }
 

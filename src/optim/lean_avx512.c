@@ -12,6 +12,11 @@
  *   stochastically with the same integer arithmetic as q8.c's encode_mag_sr
  *   (below 2^-14: a multiply by an exact power of two and a conversion that
  *   truncates, as C's float to integer conversion does);
+ * - the weights' codes likewise: decoded as q16.c does (an exact int16 to
+ *   fp32 conversion, one multiply by the scale), the scale from the same
+ *   absmax by mt_q16_scale itself, and q16.c's stochastic rounding of
+ *   |p / s| (a multiply by the exact power of two 1 / s, floor, the
+ *   fraction's top 16 bits by a truncating conversion, one add and shift);
  * - sqrt(v) is taken once per element and serves both the denominator and
  *   the code: sqrt is monotone, so the largest sqrt(v) is sqrtf of the
  *   largest v, the scale the scalar kernel computes;
@@ -20,12 +25,13 @@
  *   element by element, whatever the lane.
  *
  * Two passes over the block, as the scalar kernel: the update into local
- * arrays with the block's absmax and finiteness, then (only if every moment
- * is finite) the codes and the rounded weights written out. */
+ * arrays with the blocks' absmaxes and finiteness, then (only if every
+ * moment and weight is finite) the codes and the scales written out. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "optim/lean.h"
+#include "optim/q16.h"
 #include "optim/q8.h"
 
 /* The value of each magnitude code (e << mbits | f, at most 8 bits) in units
@@ -73,18 +79,32 @@ static inline __m512i mix64(__m512i z)
     return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
+/* q16.c's mt_q16_encode_sr on 16 lanes of p with 16 random bits r each,
+ * inv = 1 / s (an exact power of two, 0 for s = 0): |p inv| = fl + frac
+ * exactly, up with probability frac in 16 bits, at most MT_Q16_MAX, then
+ * p's sign (-0, or a magnitude rounded to 0, gives 0 either way). */
+static inline __m512i encode_q16_sr(__m512 p, __m512i r, float inv)
+{
+    const __m512 y = _mm512_abs_ps(_mm512_mul_ps(p, _mm512_set1_ps(inv))), fl = _mm512_floor_ps(y);
+    const __m512i frac16 = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, fl), _mm512_set1_ps(65536.0f)));
+    const __m512i up = _mm512_srli_epi32(_mm512_add_epi32(frac16, r), 16);
+    const __m512i mag = _mm512_min_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fl), up), _mm512_set1_epi32(MT_Q16_MAX));
+    const __mmask16 neg = _mm512_test_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_mask_sub_epi32(mag, neg, _mm512_setzero_si512(), mag);
+}
+
 typedef struct {
     mt_adamw_consts c;
-    float sm, sv;
+    float sw, sm, sv;
 } step_in;
 
 /* The update of the 16 parameters at i (lanes of k): the new m, sqrt(v) and
- * the unrounded weight into the local arrays; folds |m| and sqrt(v) (+0 for
- * -0: only the bits of a NaN, an infinity or a negative value reach
- * 0x7f800000) into the running unsigned maxima. */
-static inline void update16(const step_in *s, size_t i, __mmask16 k, const uint16_t *w, const uint16_t *g,
+ * weight into the local arrays; folds |m|, sqrt(v) (+0 for -0: only the bits
+ * of a NaN, an infinity or a negative value reach 0x7f800000) and |p| into
+ * the running unsigned maxima. */
+static inline void update16(const step_in *s, size_t i, __mmask16 k, const int16_t *wq, const uint16_t *g,
                             const uint8_t *qm, const uint8_t *qv, float *m, float *sq, float *p, __m512i *max_m,
-                            __m512i *max_sq)
+                            __m512i *max_sq, __m512i *max_p)
 {
     const mt_adamw_consts *c = &s->c;
     const __m512i cm = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, qm + i));
@@ -98,9 +118,9 @@ static inline void update16(const step_in *s, size_t i, __mmask16 k, const uint1
     const __m512 v0 = _mm512_mul_ps(r0, r0);
     __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, g + i)), 16));
     gi = _mm512_mul_ps(gi, _mm512_set1_ps(c->grad_scale));
-    const __m512 pi = _mm512_mul_ps(
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, w + i)), 16)),
-        _mm512_set1_ps(c->decay));
+    const __m512i cw = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, wq + i));
+    const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(cw), _mm512_set1_ps(s->sw));
+    const __m512 pi = _mm512_mul_ps(w0, _mm512_set1_ps(c->decay));
     const __m512 mi =
         _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c->beta1), m0), _mm512_mul_ps(_mm512_set1_ps(c->omb1), gi));
     const __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c->beta2), v0),
@@ -115,27 +135,34 @@ static inline void update16(const step_in *s, size_t i, __mmask16 k, const uint1
                                    _mm512_and_si512(_mm512_castps_si512(mi), _mm512_set1_epi32(0x7fffffff)));
     *max_sq = _mm512_mask_max_epu32(*max_sq, k, *max_sq,
                                     _mm512_castps_si512(_mm512_add_ps(si, _mm512_setzero_ps())));
+    *max_p = _mm512_mask_max_epu32(*max_p, k, *max_p,
+                                   _mm512_and_si512(_mm512_castps_si512(pn), _mm512_set1_epi32(0x7fffffff)));
 }
 
 int mt_lean_step_block_avx512(const mt_adamw_hyper *h, uint64_t seed, uint64_t step, uint64_t index0, size_t n,
-                              uint16_t *w, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv, float *sv)
+                              int16_t *wq, float *sw, const uint16_t *g, uint8_t *qm, float *sm, uint8_t *qv,
+                              float *sv)
 {
     if (n > MT_Q8_BLOCK) return -1;
-    const step_in s = {mt_adamw_consts_of(h), *sm, *sv};
+    const step_in s = {mt_adamw_consts_of(h), *sw, *sm, *sv};
     float m[MT_Q8_BLOCK], sq[MT_Q8_BLOCK], p[MT_Q8_BLOCK];
-    __m512i max_m = _mm512_setzero_si512(), max_sq = max_m;
+    __m512i max_m = _mm512_setzero_si512(), max_sq = max_m, max_p = max_m;
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) update16(&s, i, 0xffff, w, g, qm, qv, m, sq, p, &max_m, &max_sq);
+    for (; i + 16 <= n; i += 16) update16(&s, i, 0xffff, wq, g, qm, qv, m, sq, p, &max_m, &max_sq, &max_p);
     const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
-    if (tail) update16(&s, i, tail, w, g, qm, qv, m, sq, p, &max_m, &max_sq);
+    if (tail) update16(&s, i, tail, wq, g, qm, qv, m, sq, p, &max_m, &max_sq, &max_p);
 
-    /* every |m| and sqrt(v) finite (and v not negative), or nothing is written */
+    /* every |m|, sqrt(v) and |p| finite (and v not negative), or nothing is written: the scalar kernel's
+     * three refusals, in whatever order, return the same -1 */
     const uint32_t am = (uint32_t)_mm512_reduce_max_epu32(max_m), asq = (uint32_t)_mm512_reduce_max_epu32(max_sq);
-    if (am >= 0x7f800000u || asq >= 0x7f800000u) return -1;
-    float amax_m, amax_sq;
+    const uint32_t ap = (uint32_t)_mm512_reduce_max_epu32(max_p);
+    if (am >= 0x7f800000u || asq >= 0x7f800000u || ap >= 0x7f800000u) return -1;
+    float amax_m, amax_sq, amax_p;
     memcpy(&amax_m, &am, sizeof am);
     memcpy(&amax_sq, &asq, sizeof asq);
-    const float sm2 = amax_m / MT_Q8_MAX_SIGNED, sv2 = amax_sq / MT_Q8_MAX_SQRT;
+    memcpy(&amax_p, &ap, sizeof ap);
+    const float sm2 = amax_m / MT_Q8_MAX_SIGNED, sv2 = amax_sq / MT_Q8_MAX_SQRT, sw2 = mt_q16_scale(amax_p);
+    const float inv_w = sw2 > 0.0f ? 1.0f / sw2 : 0.0f; /* a power of two: p * inv_w is exact */
 
     /* the codes and the new weights */
     const uint64_t z0 = seed ^ (step * 0x9E3779B97F4A7C15ull);
@@ -171,14 +198,9 @@ int mt_lean_step_block_avx512(const mt_adamw_hyper *h, uint64_t seed, uint64_t s
         _mm_mask_storeu_epi8(qm + i, k, _mm512_cvtepi32_epi8(cm));
         _mm_mask_storeu_epi8(qv + i, k, _mm512_cvtepi32_epi8(cv));
 
-        /* mt_bf16_round_stochastic: NaN quieted, else the 16 random bits added below the kept ones */
-        const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + i));
-        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, rw), 16);
-        const __mmask16 nan =
-            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-        b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
-        _mm256_mask_storeu_epi16(w + i, k, _mm512_cvtepi32_epi16(b));
+        const __m512i cw = encode_q16_sr(_mm512_maskz_loadu_ps(k, p + i), rw, inv_w);
+        _mm256_mask_storeu_epi16(wq + i, k, _mm512_cvtepi32_epi16(cw));
     }
-    *sm = sm2, *sv = sv2;
+    *sw = sw2, *sm = sm2, *sv = sv2;
     return 0;
 }

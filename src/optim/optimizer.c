@@ -1,10 +1,12 @@
 #include "optim/optimizer.h"
 #include "optim/lean.h"
+#include "optim/q16.h"
 #include "optim/q8.h"
 
 #include <string.h>
 
-_Static_assert(MT_LEAN_BLOCK_ELEMS == MT_Q8_BLOCK, "the layout's lean blocks are the codes' blocks");
+_Static_assert(MT_LEAN_BLOCK_ELEMS == MT_Q8_BLOCK && MT_LEAN_BLOCK_ELEMS == MT_Q16_BLOCK,
+               "the layout's lean blocks are the codes' blocks");
 
 void mt_optimizer_init(mt_optimizer *o)
 {
@@ -49,7 +51,8 @@ static void lean_run(void *ctx, size_t s, size_t lo, size_t hi)
     const mt_tensor_desc *td = &u->tensors[s];
     mt_adamw_hyper h = *j->h;
     h.weight_decay = td->decay ? j->wd : 0.0f;
-    uint16_t *w = mt_tile_weights_bf16(j->tl, u);
+    int16_t *wq = mt_tile_wq(j->tl, u);
+    float *sw = mt_tile_sw(j->tl, u);
     const uint16_t *g = mt_tile_grad_bf16(j->tl, u);
     uint8_t *qm = mt_tile_qm(j->tl, u), *qv = mt_tile_qv(j->tl, u);
     float *sm = mt_tile_sm(j->tl, u), *sv = mt_tile_sv(j->tl, u);
@@ -57,7 +60,7 @@ static void lean_run(void *ctx, size_t s, size_t lo, size_t hi)
     for (size_t i = lo; i < hi; i += MT_LEAN_BLOCK_ELEMS) {
         const size_t e = td->offset + i, n = hi - i < MT_LEAN_BLOCK_ELEMS ? hi - i : MT_LEAN_BLOCK_ELEMS;
         const size_t b = e / MT_LEAN_BLOCK_ELEMS;
-        skipped += j->k(&h, j->seed, j->step, j->index0 + e, n, w + e, g + e, qm + e, sm + b, qv + e, sv + b) != 0;
+        skipped += j->k(&h, j->seed, j->step, j->index0 + e, n, wq + e, sw + b, g + e, qm + e, sm + b, qv + e, sv + b) != 0;
     }
     if (skipped) __atomic_fetch_add(j->skipped, skipped, __ATOMIC_RELAXED);
 }

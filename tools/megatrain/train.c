@@ -40,7 +40,7 @@ static const char train_help[] =
     "  --tokenizer DIR    the tokenizer of a new model (a tokenizer.json or its folder): saved with the model\n"
     "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model (over --config)\n"
     "  --precision P      bf16 (the default: 14 bytes of host state per parameter), fp32 (16), or lean\n"
-    "                     (6.03: bf16 weights with stochastic rounding, 8-bit AdamW moments)\n"
+    "                     (6.05: 16-bit block-scaled weights, 8-bit AdamW moments, no fp32 master)\n"
     "  --fp32             the same as --precision fp32\n"
     "  --out DIR          where to save the model (default: megatrain-demo, or megatrain-out)\n"
     "\n"

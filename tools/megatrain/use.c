@@ -413,8 +413,8 @@ static int print_families(void)
                f[i].what, f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1], host[2], bpp[2]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
-         "moments) in bf16, fp32 and lean training (--precision lean: bf16 weights with stochastic rounding and\n"
-         "8-bit moments); activations and the GPU's share come on top (plan a shape to see them).");
+         "moments) in bf16, fp32 and lean training (--precision lean: 16-bit block-scaled weights and 8-bit\n"
+         "moments); activations and the GPU's share come on top (plan a shape to see them).");
     return 0;
 }
 
