@@ -6,11 +6,13 @@
 #            -> src/cpu, src/io, cuda/            (these three not on each other)
 #
 # and inside cuda/: runtime -> kernels, gemm -> backend. Only cuda/ sees the
-# CUDA toolkit. Prints each include that points the wrong way; fails if any.
+# CUDA toolkit. src/dist (the multi-node bootstrap) needs only src/core: it
+# sits beside src/device, and the folders after it may use it. Prints each
+# include that points the wrong way; fails if any.
 cd "$(dirname "$0")/.." || exit 2
 rank() {
   case $1 in
-    core) echo 0 ;; device) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; engine) echo 5 ;;
+    core) echo 0 ;; device|dist) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; engine) echo 5 ;;
     cpu|io|cuda) echo 6 ;; *) echo 99 ;;
   esac
 }
