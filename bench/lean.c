@@ -301,9 +301,9 @@ int main(int argc, char **argv)
 
     const size_t n_blocks = (n + MT_Q8_BLOCK - 1) / MT_Q8_BLOCK;
     const size_t n_chunks = (n_blocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
-    printf("lean: %zu params, %.2f B/param of state (%.2f GB), %d online CPUs\n", n, 6.0 + 8.0 / MT_Q8_BLOCK,
-           (6.0 + 8.0 / MT_Q8_BLOCK) * (double)n * 1e-9, (int)online);
-    printf("bytes moved/param = 2*(2+1+1) read and written (w, m and v codes) + 2 read (grad) + 16/256 (scales) = "
+    printf("lean: %zu params, %.2f B/param of state (%.2f GB), %d online CPUs\n", n, 6.0 + 12.0 / MT_Q8_BLOCK,
+           (6.0 + 12.0 / MT_Q8_BLOCK) * (double)n * 1e-9, (int)online);
+    printf("bytes moved/param = 2*(2+1+1) read and written (w, m and v codes) + 2 read (grad) + 24/256 (scales) = "
            "%.2f\n",
            BYTES_MOVED);
     printf("median of %d steps after 1 warm-up; GB/s = bytes moved * params / time\n", iters);
