@@ -16,6 +16,11 @@
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
+ *                    [--devices LIST]
+ *
+ * --devices 0,1,2,3 trains data parallel on those GPUs (mt_offload_policy.devices): --grad-accum is
+ * the step's total, divided among them (the 7B shape at 131072 tokens per GPU on 4 GPUs: --micro-batch 4
+ * --seq-len 4096 --grad-accum 32), and the last line adds the model TFLOP/s per GPU.
  *
  * --attention picks the CUDA backend's attention (mt_attention; the log line
  * "CUDA backend: ..." says which ran), --nondeterministic lets cuDNN's
@@ -109,6 +114,8 @@ int main(int argc, char **argv)
     int timeline = 0, full_recompute = 0, layers = 0, warmup = 1, nondet = 0;
     uint32_t attention = MT_ATTENTION_AUTO;
     const char *csv = NULL;
+    int32_t devices[64];
+    int n_devices = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
@@ -128,6 +135,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--recompute") && v) full_recompute = !strcmp(argv[++i], "full");
         else if (!strcmp(argv[i], "--timeline-csv") && v) csv = argv[++i], timeline = 1;
         else if (!strcmp(argv[i], "--nondeterministic")) nondet = 1;
+        else if (!strcmp(argv[i], "--devices") && v) {
+            /* a comma-separated list; the library checks it */
+            for (char *p = argv[++i], *end; n_devices < 64; p = end + 1) {
+                devices[n_devices++] = (int32_t)strtol(p, &end, 10);
+                if (*end != ',') break;
+            }
+        }
         else if (!strcmp(argv[i], "--attention") && v) {
             const char *a = argv[++i];
             attention = !strcmp(a, "kernels") ? MT_ATTENTION_KERNELS : !strcmp(a, "cudnn") ? MT_ATTENTION_CUDNN
@@ -137,7 +151,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
-                            "[--nondeterministic]\n");
+                            "[--nondeterministic] [--devices LIST]\n");
             return 2;
         }
     }
@@ -154,6 +168,8 @@ int main(int argc, char **argv)
     mt_offload_policy_init(&p);
     p.backend = !strcmp(backend, "cpu") ? MT_BACKEND_CPU : MT_BACKEND_CUDA;
     p.weight_slots = (uint32_t)slots;
+    if (n_devices == 1) p.device = devices[0];
+    if (n_devices > 1) p.num_devices = (uint32_t)n_devices, p.devices = devices;
     p.log_level = MT_LOG_INFO;
     p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
     p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
@@ -230,6 +246,9 @@ int main(int argc, char **argv)
            "%.1f model TFLOP/s (forward %.0f%%, backward %.0f%%, optimizer %.0f%%)\n",
            pre, precision == MT_PRECISION_FP32 ? "fp32" : precision == MT_PRECISION_LEAN ? "lean" : "bf16", P_all / 1e9, active, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
            100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
+    if (n_devices > 1)
+        printf("%d GPUs: %.1f model TFLOP/s per GPU, %zu tokens per GPU per step\n", n_devices,
+               flop / med / 1e12 / n_devices, n / (size_t)n_devices);
     mt_model_destroy(m);
     free(tok), free(tg), free(t), free(sorted), free(tls), free(vis);
     return 0;

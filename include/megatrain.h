@@ -280,6 +280,15 @@ typedef struct mt_offload_policy {
     uint32_t reserved1;          /* zero */
     uint32_t attention;          /* mt_attention */
     uint32_t attention_flags;    /* MT_ATTENTION_* flags; 0: deterministic */
+    /* Data parallelism on the GPUs of one host (CUDA backend): num_devices > 1 trains on devices[0..num_devices)
+     * (distinct CUDA device indices; `device` is then ignored), which share the one host copy of the state. Each
+     * step's micro-batches are divided among them in contiguous runs, every GPU receives each unit's weights,
+     * gradients are reduce-scattered over NCCL (libnccl.so.2, loaded at run time) and each GPU sends its slice
+     * to the host; the optimizer runs once. 0 or 1: the one GPU `device` (devices is not read). The library
+     * copies the list during mt_model_create. */
+    uint32_t num_devices;
+    uint32_t reserved2;          /* zero */
+    const int32_t *devices;
 } mt_offload_policy;
 
 /* Defaults: backend AUTO, device 0, 2 weight slots, budgets from the machine,

@@ -28,6 +28,14 @@ expect "unknown option" 1 "$BIN" train --frobnicate
 has "unknown option" "unknown option '--frobnicate'"
 expect "bad number" 1 "$BIN" train --steps many
 has "bad number" "not an integer"
+expect "devices, bad list" 1 "$BIN" train --devices 0,x
+has "devices, bad list" "is not a list of device indices"
+expect "devices, twice" 1 "$BIN" train --devices 1,0,1
+has "devices, twice" "device 1 is listed twice"
+expect "devices, uneven" 1 "$BIN" train --devices 0,1 --grad-accum 3
+has "devices, uneven" "not a multiple of the 2 devices"
+expect "devices and --cpu" 1 "$BIN" train --devices 0,1 --cpu
+has "devices and --cpu" "pick one"
 
 # A short demo run with checkpoints, and the same run cut in two and resumed.
 common="--cpu --threads 1 --log-every 10"

@@ -756,3 +756,69 @@ Test(cuda_backend, abort_leaves_the_model_as_it_was)
     mt_model_destroy(a);
     mt_model_destroy(ref);
 }
+
+/* ---- several GPUs (engine/group.c) ---------------------------------------------- */
+
+/* A group of one rank (NCCL loaded, a communicator of one GPU, the
+ * reduce-scatter a copy in place, the one slice the whole unit): its steps
+ * give the plain backend's bits. Needs libnccl.so.2 where the library can
+ * load it (on the GPU machine: the CUDA toolkit's, or PyTorch's on
+ * LD_LIBRARY_PATH). */
+Test(cuda_backend, group_of_one_gpu_is_the_plain_backend)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 1, 1, 64);
+    mt_model *plain = make(&c, MT_BACKEND_CUDA, 2), *one = make(&c, MT_BACKEND_CUDA, 2);
+    one->force_group = 1;
+    train(plain, 3);
+    train(one, 3);
+    cr_assert(tiles_equal(plain, one), "a group of one GPU changed the bits");
+    mt_model_destroy(plain);
+    mt_model_destroy(one);
+}
+
+/* Two GPUs against one, fp32: the same steps' losses to 1e-5 relative and
+ * the weights after 3 steps within 1e-4 of each tensor's largest (the
+ * reduction adds the two GPUs' partial sums, one GPU adds the micro-batches
+ * in turn: the sums' order differs, nothing else). Skips on a machine with
+ * one GPU. */
+Test(cuda_backend, two_gpus_train_as_one)
+{
+    char why[256];
+    const int n = mt_device_count(why, sizeof why);
+    if (n < 1) MT_GPU_MISSING("%s", why);
+    if (n < 2) cr_skip_test("needs two GPUs; this machine has %d", n);
+    mt_model_config c = cfg_of(MT_PRECISION_FP32, 1, 1, 64);
+    mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
+    const int32_t devs[2] = {0, 1};
+    p.num_devices = 2, p.devices = devs;
+    mt_model *two = make_with(&c, &p), *one = make(&c, MT_BACKEND_CUDA, 2);
+    enum { B = 2, S = 64, M = 4, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 9);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    mt_optim_config o;
+    mt_optim_config_init(&o);
+    o.lr = 1e-3f, o.total_steps = 3;
+    for (int s = 0; s < 3; s++) {
+        mt_step_stats a, x;
+        mt_step_stats_init(&a), mt_step_stats_init(&x);
+        cr_assert_eq(mt_step(two, &b, &o, &a), MT_OK, "%s", mt_model_errmsg(two));
+        cr_assert_eq(mt_step(one, &b, &o, &x), MT_OK, "%s", mt_model_errmsg(one));
+        cr_assert(fabs(a.loss - x.loss) <= 1e-5 * x.loss, "step %d: loss %.7f on two GPUs, %.7f on one", s, a.loss,
+                  x.loss);
+    }
+    mt_optimizer_drain(&two->opt), mt_optimizer_drain(&one->opt);
+    for (int u = 0; u < one->layout.n_units; u++) {
+        const mt_unit_desc *d = &one->layout.units[u];
+        const float *w2 = mt_tile_master(&two->tiles.tile[u], d), *w1 = mt_tile_master(&one->tiles.tile[u], d);
+        for (int i = 0; i < d->n_tensors; i++) {
+            const mt_tensor_desc *t = &d->tensors[i];
+            double top = 0, worst = 0;
+            for (uint64_t e = t->offset; e < t->offset + t->numel; e++) top = fmax(top, fabs(w1[e]));
+            for (uint64_t e = t->offset; e < t->offset + t->numel; e++) worst = fmax(worst, fabs((double)w2[e] - w1[e]));
+            cr_assert(worst <= 1e-4 * top, "%s: weights differ by %.3g of the largest", t->name, worst / top);
+        }
+    }
+    mt_model_destroy(two);
+    mt_model_destroy(one);
+}

@@ -256,7 +256,7 @@ Test(tiler, cuda_plan_of_a_long_sequence)
     s.micro_batch_size = 1, s.seq_len = 262144, s.num_micro_batches = 1;
     mt_memory_plan plan;
     mt_memory_plan_init(&plan);
-    const mt_be_request r = {&rc, &rp, &lo, {1, 262144, 1, 1}, 0, 1, 0, 0, 0, 0, 0};
+    const mt_be_request r = {&rc, &rp, &lo, {1, 262144, 1, 1}, 0, 1, 0, 0, 0, 0, 0, 1};
 #ifndef MT_HAVE_CUDA
     cr_assert_eq(mt_plan_compute(err, &plan, &r, 1, MT_BACKEND_CUDA), MT_ERR_UNSUPPORTED, "%s", msg);
     cr_assert(strstr(msg, "built without CUDA"), "%s", msg);

@@ -208,6 +208,20 @@ func TestRefusedConfig(t *testing.T) {
 	wantStatus(t, err, StatusInvalidArgument, ErrInvalidArgument)
 }
 
+// The device list reaches the library through C memory (it reads it during
+// the call): one listed twice is refused by name, before any GPU is looked
+// for.
+func TestDeviceList(t *testing.T) {
+	pol := NewOffloadPolicy()
+	pol.Backend = BackendCUDA
+	pol.Devices = []int32{1, 0, 1}
+	_, err := NewModel(smallConfig(), &pol)
+	e := wantStatus(t, err, StatusInvalidArgument, ErrInvalidArgument)
+	if !strings.Contains(e.Message, "lists device 1 twice (entries 0 and 2)") {
+		t.Errorf("the message does not name the device: %q", e.Message)
+	}
+}
+
 func TestCreateStepEval(t *testing.T) {
 	m := newModel(t, cpuPolicy())
 	if b := m.Backend(); b != BackendCPU {

@@ -49,8 +49,12 @@ func NewModel(cfg ModelConfig, pol *OffloadPolicy) (*Model, error) {
 		h    cgo.Handle
 	)
 	if pol != nil {
-		var p C.mt_offload_policy
-		p, cb, h = pol.toC(true)
+		var (
+			p       C.mt_offload_policy
+			release func()
+		)
+		p, cb, h, release = pol.toC(true)
+		defer release() // the library copies the device list
 		cpol = &p
 	}
 	var cm *C.mt_model

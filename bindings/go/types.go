@@ -414,6 +414,12 @@ type OffloadPolicy struct {
 	// NondeterministicAttention lets cuDNN's attention backward add dQ with
 	// atomics: faster, not bit-reproducible (MT_ATTENTION_NONDETERMINISTIC).
 	NondeterministicAttention bool
+
+	// Devices: two or more CUDA device indices train data parallel on one
+	// host copy of the model (each step's micro-batches divided among them,
+	// a multiple of their number; gradients reduced over NCCL); one: that
+	// GPU; empty: Device.
+	Devices []int32
 }
 
 // NewOffloadPolicy returns the library's default policy.
@@ -441,11 +447,25 @@ func NewOffloadPolicy() OffloadPolicy {
 // toC converts the policy. With withCallbacks, Log and Abort are wired
 // through a new handle, which the caller must delete once the library can
 // no longer call them (0 when neither is set).
-func (g *OffloadPolicy) toC(withCallbacks bool) (C.mt_offload_policy, *callbacks, cgo.Handle) {
-	var c C.mt_offload_policy
+//
+// The device list goes to C memory (cgo lets no Go pointer inside a struct
+// cross): release frees it once the call that reads the policy is over.
+func (g *OffloadPolicy) toC(withCallbacks bool) (c C.mt_offload_policy, cb *callbacks, h cgo.Handle, release func()) {
 	C.mt_offload_policy_init(&c)
+	release = func() {}
+	if len(g.Devices) > 1 {
+		n := len(g.Devices)
+		p := (*C.int32_t)(C.malloc(C.size_t(n) * 4))
+		copy(unsafe.Slice((*int32)(unsafe.Pointer(p)), n), g.Devices)
+		c.num_devices = C.uint32_t(n)
+		c.devices = p
+		release = func() { C.free(unsafe.Pointer(p)) }
+	}
 	c.backend = C.uint32_t(g.Backend)
 	c.device = C.int32_t(g.Device)
+	if len(g.Devices) == 1 {
+		c.device = C.int32_t(g.Devices[0])
+	}
 	c.weight_slots = C.uint32_t(g.WeightSlots)
 	c.gpu_budget_bytes = C.uint64_t(g.GPUBudgetBytes)
 	c.host_budget_bytes = C.uint64_t(g.HostBudgetBytes)
@@ -462,10 +482,10 @@ func (g *OffloadPolicy) toC(withCallbacks bool) (C.mt_offload_policy, *callbacks
 		c.attention_flags = C.MT_ATTENTION_NONDETERMINISTIC
 	}
 	if !withCallbacks || (g.Log == nil && g.Abort == nil) {
-		return c, nil, 0
+		return c, nil, 0, release
 	}
-	cb := &callbacks{abort: g.Abort, log: g.Log}
-	h := cgo.NewHandle(cb)
+	cb = &callbacks{abort: g.Abort, log: g.Log}
+	h = cgo.NewHandle(cb)
 	var logH, abortH C.uintptr_t
 	if g.Log != nil {
 		logH = C.uintptr_t(h)
@@ -474,7 +494,7 @@ func (g *OffloadPolicy) toC(withCallbacks bool) (C.mt_offload_policy, *callbacks
 		abortH = C.uintptr_t(h)
 	}
 	C.mtgo_set_callbacks(&c, logH, abortH)
-	return c, cb, h
+	return c, cb, h, release
 }
 
 // ---- optimizer ----
@@ -702,7 +722,8 @@ func Plan(cfg ModelConfig, pol *OffloadPolicy, shape *BatchShape) (MemoryPlan, e
 	ccfg := cfg.toC()
 	var cpol *C.mt_offload_policy
 	if pol != nil {
-		p, _, _ := pol.toC(false)
+		p, _, _, release := pol.toC(false)
+		defer release()
 		cpol = &p
 	}
 	var cshape *C.mt_batch_shape

@@ -58,6 +58,7 @@
 #include "cuda/gemm/gemm.h"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/moe.h"
+#include "cuda/runtime/nccl.h"
 
 extern "C" { // the library's own (C) headers
 #include "core/sysinfo.h"
@@ -143,6 +144,9 @@ struct cu_be {
     int cap_vev, cap_cev;
     int slot_copy[MAX_SLOTS];            // the copy that last filled each slot
     int ck_save_copy[2], ck_fetch_copy[2]; // the copies behind ck_saved and ck_fetched
+    int device;        // the CUDA device
+    mt_nccl *nccl;     // in a group (join): NCCL, and this rank's communicator
+    mt_nccl_comm comm;
 };
 
 #define CU(b, call)                                                                                                    \
@@ -728,9 +732,11 @@ static void layout_buffers(cu_be *b, carver *c)
     size_t red = mt_cu_sumsq_scratch_bytes();
     red = MT_MAX(red, mt_cu_cross_entropy_scratch_bytes(d->chunk));
     if (s->want_grad) {
-        b->acc[0] = (float *)carve(c, lo->largest_unit_padded * 4);
-        b->acc[1] = (float *)carve(c, lo->largest_unit_padded * 4);
-        b->tied_acc = tied ? (float *)carve(c, unit_desc(b, 0)->padded * 4) : NULL;
+        // in a group, room for every rank's slice (engine/backend.h)
+        const size_t acc_elems = mt_grad_acc_elems(lo->largest_unit_padded, b->req.n_ranks);
+        b->acc[0] = (float *)carve(c, acc_elems * 4);
+        b->acc[1] = (float *)carve(c, acc_elems * 4);
+        b->tied_acc = tied ? (float *)carve(c, mt_grad_acc_elems(unit_desc(b, 0)->padded, b->req.n_ranks) * 4) : NULL;
         if (b->dt == MT_CU_BF16) {
             b->stage[0] = carve(c, lo->largest_unit_padded * 2);
             b->stage[1] = carve(c, lo->largest_unit_padded * 2);
@@ -1007,6 +1013,8 @@ static void cu_destroy(mt_be *be)
     if (b->d2h) cudaStreamDestroy(b->d2h);
     mt_gemm_destroy(b->gemm);
     mt_cudnn_attn_destroy(b->cudnn);
+    mt_nccl_comm_destroy(b->nccl, b->comm);
+    mt_nccl_close(b->nccl);
     cudaGetLastError();
     free(b);
 }
@@ -1063,6 +1071,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     cu_be *b = (cu_be *)be;
     cu_release(be);
     b->req = mt_be_request_of(b->m, s);
+    b->req.n_ranks = be->n_ranks;
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
     mt_be_needs n;
@@ -1367,29 +1376,81 @@ static void cu_begin_grads(mt_be *be, int unit)
     }
 }
 
+// The backend's slice of the unit's gradients (alone: all of them) to the host tile.
 static void cu_send_grads(mt_be *be, int unit)
 {
     cu_be *b = (cu_be *)be;
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
-    const float *src = grads_of(b, unit);
+    uint64_t lo, hi;
+    mt_grad_slice_of(u->padded, be->rank, be->n_ranks, &lo, &hi);
+    const size_t n = (size_t)(hi - lo);
+    const float *src = grads_of(b, unit) + lo;
     const int i = b->gbuf;
-    OK(b, mt_cu_sumsq(b->comp, b->d_sumsq, src, u->padded, b->red_scratch), "sum of squares");
+    if (n) OK(b, mt_cu_sumsq(b->comp, b->d_sumsq, src, n, b->red_scratch), "sum of squares");
     if (b->dt == MT_CU_BF16) { // rounded on the device, landing in the tile's weight block (lean: gradient block)
-        OK(b, mt_cu_convert(b->comp, MT_CU_BF16, b->stage[i], MT_CU_F32, src, u->padded), "convert");
+        if (n) OK(b, mt_cu_convert(b->comp, MT_CU_BF16, b->stage[i], MT_CU_F32, src, n), "convert");
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->grad_ready[i], 0));
-        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->padded * 2);
-        CU(b, cudaMemcpyAsync(mt_tile_grad_bf16(t, u), b->stage[i], u->padded * 2, cudaMemcpyDeviceToHost, b->d2h));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, n * 2);
+        if (n) CU(b, cudaMemcpyAsync(mt_tile_grad_bf16(t, u) + lo, b->stage[i], n * 2, cudaMemcpyDeviceToHost, b->d2h));
         copy_end(b, c, b->d2h);
     } else {
         CU(b, cudaEventRecord(b->grad_ready[i], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->grad_ready[i], 0));
-        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, u->grad_bytes);
-        CU(b, cudaMemcpyAsync(mt_tile_grad_f32(t, u), src, u->grad_bytes, cudaMemcpyDeviceToHost, b->d2h));
+        const int c = copy_start(b, b->d2h, 1, MT_COPY_GRADIENTS, n * 4);
+        if (n) CU(b, cudaMemcpyAsync(mt_tile_grad_f32(t, u) + lo, src, n * 4, cudaMemcpyDeviceToHost, b->d2h));
         copy_end(b, c, b->d2h);
     }
     CU(b, cudaEventRecord(b->grad_sent[i], b->d2h));
+}
+
+// A group's reduction (engine/backend.h): one NCCL reduce-scatter per rank, in place in each rank's
+// accumulator, on its compute stream behind its backward; the ranks' calls grouped, as NCCL asks of one
+// thread driving several devices.
+static void cu_reduce_grads(mt_be *const *ranks, int n, int unit)
+{
+    cu_be *b0 = (cu_be *)ranks[0];
+    const uint64_t count = mt_grad_slice(unit_desc(b0, unit)->padded, n);
+    char why[256];
+    mt_nccl_group_begin(b0->nccl);
+    for (int r = 0; r < n; r++) {
+        cu_be *b = (cu_be *)ranks[r];
+        cudaSetDevice(b->device);
+        if (mt_nccl_reduce_scatter_f32(b->nccl, grads_of(b, unit), (size_t)count, r, b->comm, b->comp, why,
+                                       sizeof why) && !b->failed) {
+            snprintf(b->why, sizeof b->why, "%s", why);
+            b->failed = 1;
+        }
+    }
+    if (mt_nccl_group_end(b0->nccl, why, sizeof why) && !b0->failed) {
+        snprintf(b0->why, sizeof b0->why, "%s", why);
+        b0->failed = 1;
+    }
+}
+
+// Ranks 0..n-1 of a group: NCCL (loaded now; a model on one GPU never needs it) and one communicator per
+// rank's device.
+static mt_status cu_join(mt_be *const *ranks, int n, mt_err err)
+{
+    char why[256] = "";
+    int devices[MT_MAX_DEVICES] = {0};
+    mt_nccl_comm comms[MT_MAX_DEVICES] = {0};
+    if (n > MT_MAX_DEVICES) return mt_fail(err, MT_ERR_UNSUPPORTED, "CUDA backend: %d devices; at most %d", n, MT_MAX_DEVICES);
+    for (int r = 0; r < n; r++) {
+        cu_be *b = (cu_be *)ranks[r];
+        devices[r] = b->device;
+        if (!(b->nccl = mt_nccl_open(why, sizeof why)))
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "training on %d GPUs: %s", n, why);
+    }
+    if (mt_nccl_comms_init(((cu_be *)ranks[0])->nccl, comms, n, devices, why, sizeof why))
+        return mt_fail(err, MT_ERR_DEVICE, "training on %d GPUs: %s", n, why);
+    for (int r = 0; r < n; r++) {
+        cu_be *b = (cu_be *)ranks[r];
+        b->comm = comms[r];
+        b->base.rank = r, b->base.n_ranks = n;
+    }
+    return MT_OK;
 }
 
 static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err)
@@ -1441,15 +1502,17 @@ static mt_be_ops cuda_ops(void)
 
 static const mt_be_ops cu_ops = cuda_ops();
 
-static mt_status cu_create(mt_model *m, mt_be **out, mt_err err)
+static mt_status cu_create(mt_model *m, int device, mt_be **out, mt_err err)
 {
     *out = NULL;
     cu_be *b = (cu_be *)calloc(1, sizeof *b);
     if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CUDA backend");
     b->base.ops = &cu_ops;
+    b->base.n_ranks = 1;
     b->m = m;
+    b->device = device;
     char why[256] = "";
-    int ok = cudaSetDevice(m->pol.device) == cudaSuccess;
+    int ok = cudaSetDevice(device) == cudaSuccess;
     ok = ok && cudaStreamCreateWithFlags(&b->h2d, cudaStreamNonBlocking) == cudaSuccess;
     ok = ok && cudaStreamCreateWithFlags(&b->comp, cudaStreamNonBlocking) == cudaSuccess;
     ok = ok && cudaStreamCreateWithFlags(&b->d2h, cudaStreamNonBlocking) == cudaSuccess;
@@ -1482,4 +1545,4 @@ static mt_status cu_create(mt_model *m, mt_be **out, mt_err err)
     return MT_OK;
 }
 
-extern "C" const mt_be_class mt_cuda_be_class = {"CUDA", cu_needs, cu_create};
+extern "C" const mt_be_class mt_cuda_be_class = {"CUDA", cu_needs, cu_create, cu_join, cu_reduce_grads};

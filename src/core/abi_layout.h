@@ -52,8 +52,8 @@ _Static_assert(offsetof(mt_model_config, router_aux_loss_coef) == 152, "mt_model
 _Static_assert(offsetof(mt_model_config, reserved2) == 156, "mt_model_config.reserved2: offset");
 _Static_assert(offsetof(mt_model_config, mlp_only_layers) == 160, "mt_model_config.mlp_only_layers: offset");
 
-_Static_assert(sizeof(mt_offload_policy) == 104, "mt_offload_policy: size");
-_Static_assert(offsetof(mt_offload_policy, attention_flags) + sizeof(((mt_offload_policy *)0)->attention_flags) == 104, "mt_offload_policy: no tail padding");
+_Static_assert(sizeof(mt_offload_policy) == 120, "mt_offload_policy: size");
+_Static_assert(offsetof(mt_offload_policy, devices) + sizeof(((mt_offload_policy *)0)->devices) == 120, "mt_offload_policy: no tail padding");
 _Static_assert(offsetof(mt_offload_policy, struct_size) == 0, "mt_offload_policy.struct_size: offset");
 _Static_assert(offsetof(mt_offload_policy, backend) == 4, "mt_offload_policy.backend: offset");
 _Static_assert(offsetof(mt_offload_policy, device) == 8, "mt_offload_policy.device: offset");
@@ -74,6 +74,9 @@ _Static_assert(offsetof(mt_offload_policy, recompute) == 88, "mt_offload_policy.
 _Static_assert(offsetof(mt_offload_policy, reserved1) == 92, "mt_offload_policy.reserved1: offset");
 _Static_assert(offsetof(mt_offload_policy, attention) == 96, "mt_offload_policy.attention: offset");
 _Static_assert(offsetof(mt_offload_policy, attention_flags) == 100, "mt_offload_policy.attention_flags: offset");
+_Static_assert(offsetof(mt_offload_policy, num_devices) == 104, "mt_offload_policy.num_devices: offset");
+_Static_assert(offsetof(mt_offload_policy, reserved2) == 108, "mt_offload_policy.reserved2: offset");
+_Static_assert(offsetof(mt_offload_policy, devices) == 112, "mt_offload_policy.devices: offset");
 
 _Static_assert(sizeof(mt_optim_config) == 48, "mt_optim_config: size");
 _Static_assert(offsetof(mt_optim_config, reserved0) + sizeof(((mt_optim_config *)0)->reserved0) == 48, "mt_optim_config: no tail padding");

@@ -13,6 +13,7 @@
 #define MT_ERRMSG_MAX 1024
 /* Weight slots a policy may ask for: the backends size their tables by it. */
 #define MT_MAX_WEIGHT_SLOTS 16
+#define MT_MAX_DEVICES 64      /* GPUs of one host in a data-parallel model (mt_offload_policy.devices) */
 
 #if defined(__GNUC__)
 #define MT_PRINTF(a, b) __attribute__((format(printf, a, b)))

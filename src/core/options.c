@@ -303,6 +303,25 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
         return BAD("mt_offload_policy.attention %u is not an mt_attention value", p->attention);
     if (p->attention_flags & ~MT_ATTENTION_NONDETERMINISTIC)
         return BAD("mt_offload_policy.attention_flags 0x%x has unknown bits", p->attention_flags);
+    if (p->reserved2) return BAD("mt_offload_policy.reserved2 must be zero");
+    if (p->num_devices > MT_MAX_DEVICES)
+        return BAD("mt_offload_policy.num_devices %u: at most %d GPUs of one host", p->num_devices, MT_MAX_DEVICES);
+    if (p->num_devices > 1) {
+        if (p->backend == MT_BACKEND_CPU)
+            return BAD("mt_offload_policy.num_devices %u asks for several GPUs, but the backend is the CPU",
+                       p->num_devices);
+        if (!p->devices) return BAD("mt_offload_policy.devices is NULL, with num_devices %u", p->num_devices);
+        for (uint32_t i = 0; i < p->num_devices; i++) {
+            if (p->devices[i] < 0) return BAD("mt_offload_policy.devices[%u] is %d, negative", i, p->devices[i]);
+            for (uint32_t j = 0; j < i; j++)
+                if (p->devices[j] == p->devices[i])
+                    return BAD("mt_offload_policy.devices lists device %d twice (entries %u and %u)", p->devices[i],
+                               j, i);
+        }
+        p->device = p->devices[0]; /* rank 0's: what the library reports and plans for */
+    } else {
+        p->devices = NULL; /* not read */
+    }
 #undef BAD
     return MT_OK;
 }

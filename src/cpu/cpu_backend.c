@@ -316,8 +316,9 @@ static void list_buffers(cpu_be *b, buf_list *l)
     b->slot_elems = lo->largest_unit_padded;
     if (tied) b->slot_elems = MT_MAX(b->slot_elems, head->padded + embed->padded);
     for (uint32_t i = 0; i < b->req.pol->weight_slots; i++) add(l, &b->slots[i], b->slot_elems * f);
-    add(l, &b->acc, lo->largest_unit_padded * f);
-    if (tied) add(l, &b->tied_acc, embed->padded * f);
+    /* in a group, room for every rank's slice (backend.h) */
+    add(l, &b->acc, mt_grad_acc_elems(lo->largest_unit_padded, b->req.n_ranks) * f);
+    if (tied) add(l, &b->tied_acc, mt_grad_acc_elems(embed->padded, b->req.n_ranks) * f);
     l->checkpoint_bytes = (size_t)mt_ck_rows(b->L, b->rc) * M * T * C * f;
     l->recomputed = b->rc;
     add(l, &b->ck, l->checkpoint_bytes);
@@ -390,6 +391,7 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     cpu_be *b = (cpu_be *)be;
     cpu_release(be);
     b->req = mt_be_request_of(b->m, s);
+    b->req.n_ranks = be->n_ranks;
     set_dims(b);
     if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CPU backend has no layer template for this architecture");
     buf_list l;
@@ -553,17 +555,48 @@ static void cpu_begin_grads(mt_be *be, int unit)
     if (unit == b->L + 1 && b->tied_acc) memset(b->tied_acc, 0, unit_desc(b, 0)->padded * sizeof(float));
 }
 
+static float *grads_of(cpu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc; }
+
+/* The backend's slice of the unit's gradients (all of them alone). */
 static void cpu_send_grads(mt_be *be, int unit)
 {
     cpu_be *b = (cpu_be *)be;
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
-    const float *src = unit == 0 && b->tied_acc ? b->tied_acc : b->acc;
-    b->sumsq += mt_sumsq_f32(b->pool, src, u->padded);
+    uint64_t lo, hi;
+    mt_grad_slice_of(u->padded, be->rank, be->n_ranks, &lo, &hi);
+    if (lo >= hi) return;
+    const float *src = grads_of(b, unit) + lo;
+    b->sumsq += mt_sumsq_f32(b->pool, src, hi - lo);
     /* bf16 mode: into the weight block, which this step no longer reads; lean mode: the gradient block */
     uint16_t *w = mt_tile_grad_bf16(t, u);
-    if (w) mt_cpu_convert(b->pool, w, 1, src, 0, u->padded);
-    else mt_cpu_convert(b->pool, mt_tile_grad_f32(t, u), 0, src, 0, u->padded);
+    if (w) mt_cpu_convert(b->pool, w + lo, 1, src, 0, hi - lo);
+    else mt_cpu_convert(b->pool, mt_tile_grad_f32(t, u) + lo, 0, src, 0, hi - lo);
+}
+
+/* A group of CPU backends (simulated ranks, for tests of the group's
+ * scheduling): rank r's slice of every rank's accumulator, summed in rank
+ * order, into rank r's. */
+static void cpu_reduce_grads(mt_be *const *ranks, int n, int unit)
+{
+    const mt_unit_desc *u = unit_desc((cpu_be *)ranks[0], unit);
+    for (int r = 0; r < n; r++) {
+        uint64_t lo, hi;
+        mt_grad_slice_of(u->padded, r, n, &lo, &hi);
+        float *dst = grads_of((cpu_be *)ranks[r], unit);
+        for (uint64_t i = lo; i < hi; i++) {
+            float sum = 0.0f;
+            for (int g = 0; g < n; g++) sum += grads_of((cpu_be *)ranks[g], unit)[i];
+            dst[i] = sum;
+        }
+    }
+}
+
+static mt_status cpu_join(mt_be *const *ranks, int n, mt_err err)
+{
+    (void)err;
+    for (int r = 0; r < n; r++) ranks[r]->rank = r, ranks[r]->n_ranks = n;
+    return MT_OK;
 }
 
 static mt_status cpu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err err)
@@ -594,11 +627,13 @@ static const mt_be_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
-static mt_status cpu_create(mt_model *m, mt_be **out, mt_err err)
+static mt_status cpu_create(mt_model *m, int device, mt_be **out, mt_err err)
 {
+    (void)device;
     cpu_be *b = calloc(1, sizeof *b);
     if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CPU backend");
     b->base.ops = &cpu_ops;
+    b->base.n_ranks = 1;
     b->m = m;
     b->pool = m->pool;
     *out = &b->base;
@@ -609,4 +644,6 @@ const mt_be_class mt_cpu_be_class = {
     .name = "CPU",
     .needs = cpu_needs,
     .create = cpu_create,
+    .join = cpu_join,
+    .reduce_grads = cpu_reduce_grads,
 };

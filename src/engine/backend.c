@@ -20,6 +20,6 @@ const mt_be_class *mt_be_class_of(mt_backend kind, mt_err err)
 mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s)
 {
     mt_be_request r = {&m->cfg, &m->pol, &m->layout, *s, 0, mt_pool_size(m->pool), m->mlp_piece_tokens,
-                       m->keep_layers_cap, m->host_checkpoints, m->recomputed_checkpoints, m->host_budget};
+                       m->keep_layers_cap, m->host_checkpoints, m->recomputed_checkpoints, m->host_budget, 1};
     return r;
 }

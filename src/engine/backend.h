@@ -49,6 +49,8 @@ typedef struct mt_be_request {
                                       * rule) */
     uint64_t host_budget;      /* the host bytes the tiles and the backend's host memory share (0: the policy's
                                 * host_budget_bytes, or what the machine has available) */
+    int n_ranks;               /* data parallelism: the backend is one of this many ranks (engine/group.c), its shape
+                                * one rank's share; 0 or 1: alone */
 } mt_be_request;
 
 /* A backend's memory for a request, counted by the code that allocates it
@@ -90,14 +92,43 @@ static inline int mt_ck_row(int L, int n, int idx)
     return idx - below;
 }
 
+/* Data parallelism (engine/group.c): G ranks reduce a unit's n gradient
+ * elements in G equal slices of mt_grad_slice(n, G) elements (a multiple of
+ * 64: 256-byte aligned in fp32), rank r's slice [r s, r s + s) cut at n; the
+ * accumulators hold mt_grad_acc_elems(n, G), all G slices. Alone (G <= 1)
+ * the one slice is the whole unit. */
+static inline uint64_t mt_grad_slice(uint64_t n, int G)
+{
+    return G <= 1 ? n : (n + (uint64_t)G * 64 - 1) / ((uint64_t)G * 64) * 64;
+}
+static inline uint64_t mt_grad_acc_elems(uint64_t n, int G) { return G <= 1 ? n : mt_grad_slice(n, G) * (uint64_t)G; }
+/* Rank r's slice of n elements among G: [*lo, *hi), empty when lo >= n. */
+static inline void mt_grad_slice_of(uint64_t n, int r, int G, uint64_t *lo, uint64_t *hi)
+{
+    const uint64_t s = mt_grad_slice(n, G);
+    *lo = MT_MIN((uint64_t)(G <= 1 ? 0 : r) * s, n);
+    *hi = MT_MIN(*lo + s, n);
+}
+
 /* A kind of backend: what it needs, and making one. */
 typedef struct mt_be_class {
     const char *name;
     /* Fills *n for r; MT_ERR_GPU_BUDGET (and the like) when it cannot fit,
      * with *n filled as far as it could be. */
     mt_status (*needs)(const mt_be_request *r, mt_be_needs *n, mt_err err);
-    /* A backend for m (nothing reserved yet). */
-    mt_status (*create)(mt_model *m, mt_be **out, mt_err err);
+    /* A backend for m on device (a CUDA device index; the CPU ignores it),
+     * nothing reserved yet. */
+    mt_status (*create)(mt_model *m, int device, mt_be **out, mt_err err);
+    /* Makes ranks[0..n) (each from create, one per device, in rank order) one
+     * data-parallel group: sets their rank and n_ranks, and builds what
+     * reduce_grads needs (on CUDA, NCCL communicators). NULL where the class
+     * has no groups. */
+    mt_status (*join)(mt_be *const *ranks, int n, mt_err err);
+    /* The group's reduction of unit's gradients, issued once for all ranks
+     * after each one's last backward of the unit and before their
+     * send_grads: rank r's accumulator then holds, in its slice, the sum of
+     * every rank's. */
+    void (*reduce_grads)(mt_be *const *ranks, int n, int unit);
 } mt_be_class;
 
 /* The class of a resolved backend kind; NULL, with the reason in err
@@ -146,8 +177,10 @@ typedef struct mt_be_ops {
     void (*backward)(mt_be *be, int slot, int unit, int mb);
     /* Zero the gradient accumulator before unit's first micro-batch. */
     void (*begin_grads)(mt_be *be, int unit);
-    /* After unit's last micro-batch: add the accumulator's squared norm to
-     * the step's total and copy the gradients into the unit's host tile. */
+    /* After unit's last micro-batch (and, in a group, reduce_grads): add
+     * the squared norm of the backend's slice of the accumulator
+     * (mt_grad_slice_of; alone, all of it) to the step's total and copy
+     * that slice into the unit's host tile. */
     void (*send_grads)(mt_be *be, int unit);
     /* Waits for all work issued. Returns the step's loss sum and squared
      * gradient norm, and resets both for the next step. */
@@ -166,7 +199,15 @@ struct mt_be {
     const mt_be_ops *ops;
     mt_be_needs held;      /* what the last reserve() allocated, by the same count as needs() */
     uint64_t device_fixed; /* device bytes held from create() on, outside any reservation */
+    int rank, n_ranks;     /* in a data-parallel group (join); 0 and 1 alone */
 };
+
+/* A data-parallel group of n backends of class cls over one model
+ * (engine/group.c): a backend itself, which divides each step's
+ * micro-batches among its ranks and reduces their gradients. devices: one
+ * per rank (-1: no device to make current, the CPU). Takes the ranks, which
+ * it destroys with itself (also on failure). */
+mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devices, int n, mt_be **out, mt_err err);
 
 extern const mt_be_class mt_cpu_be_class;
 #ifdef MT_HAVE_CUDA

@@ -163,6 +163,30 @@ static int build_visits(mt_model *m, int phase_head, int train)
     return n;
 }
 
+/* The ranks of a data-parallel model (the policy's GPUs, or a test's
+ * simulated CPU ranks) or the one backend. */
+static int ranks_of(const mt_model *m) { return m->backend == MT_BACKEND_CPU && m->sim_ranks > 1 ? m->sim_ranks : m->n_ranks; }
+
+static mt_status create_backend(mt_model *m, const mt_be_class *cls, mt_err err)
+{
+    const int n = ranks_of(m);
+    if (n <= 1 && !m->force_group) return cls->create(m, m->pol.device, &m->be, err);
+    mt_be *ranks[MT_MAX_DEVICES] = {0};
+    int devices[MT_MAX_DEVICES];
+    for (int r = 0; r < n; r++) {
+        devices[r] = m->backend != MT_BACKEND_CUDA ? -1 : n > 1 ? m->devices[r] : m->pol.device;
+        mt_status st = cls->create(m, devices[r] < 0 ? 0 : devices[r], &ranks[r], err);
+        if (st) {
+            for (int k = 0; k < r; k++) {
+                if (devices[k] >= 0) mt_device_use(devices[k]);
+                ranks[k]->ops->destroy(ranks[k]);
+            }
+            return st;
+        }
+    }
+    return mt_group_create(cls, ranks, devices, n, &m->be, err);
+}
+
 /* Makes the backend ready for this shape: created on first use, reserved
  * again when the shape changes or training needs gradient buffers that an
  * evaluation-only reservation lacks. The backend's needs are checked
@@ -176,7 +200,7 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     if (!m->be) {
         const mt_be_class *cls = mt_be_class_of(m->backend, err);
         if (!cls) return MT_ERR_UNSUPPORTED;
-        if ((st = cls->create(m, &m->be, err))) return st;
+        if ((st = create_backend(m, cls, err))) return st;
         memset(&m->be_shape, 0, sizeof m->be_shape);
     }
     const mt_be_shape *have = &m->be_shape;
@@ -191,6 +215,8 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     const mt_be_shape s = {n_seq, seq_len, n_micro, want_grad};
     mt_be_request r = mt_be_request_of(m, &s);
     r.pol = &pol;
+    r.n_ranks = ranks_of(m); /* each rank plans for its share (engine/group.c) */
+    r.shape.n_micro = (n_micro + r.n_ranks - 1) / r.n_ranks;
     size_t fr = 0, tot = 0;
     if (m->backend == MT_BACKEND_CUDA && mt_device_mem_info(m->pol.device, &fr, &tot) == 0)
         r.gpu_free = fr + m->be->device_fixed;
@@ -330,6 +356,10 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     uint64_t n_targets = 0;
     mt_status st;
     if ((st = check_batch(m, &b, batch_in, 1, &n_targets)) || (st = mt_optim_import(err, &o, opt_in))) return st;
+    if (b.num_micro_batches % (uint32_t)ranks_of(m))
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
+                       "mt_batch.num_micro_batches %u is not a multiple of the model's %d GPUs: each trains on the "
+                       "same number of micro-batches", b.num_micro_batches, ranks_of(m));
     if (stats) {
         mt_step_stats probe;
         mt_step_stats_init(&probe);
@@ -474,6 +504,7 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, ui
 
 int mt_engine_enter(const mt_model *m)
 {
+    /* several GPUs: the group makes each rank's current in turn; the caller's is put back all the same */
     return m && m->backend == MT_BACKEND_CUDA ? mt_device_use(m->pol.device) : -1;
 }
 

@@ -9,6 +9,7 @@
 #include "model/template.h"
 #include "optim/q16.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,11 +94,25 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         (st = mt_template_check(err, &m->cfg)))
         goto fail;
     m->log = (mt_logger){m->pol.log_callback, m->pol.log_user_data, (mt_log_level)m->pol.log_level};
+    m->n_ranks = 1;
+    if (m->pol.num_devices > 1) { /* the caller's list is read only here */
+        memcpy(m->devices, m->pol.devices, m->pol.num_devices * sizeof *m->devices);
+        m->pol.devices = m->devices;
+        m->n_ranks = (int)m->pol.num_devices;
+    }
     if ((st = mt_resolve_backend(err, &m->pol, &m->backend, why, sizeof why))) goto fail;
     if (m->backend == MT_BACKEND_CUDA) {
         char name[128];
         mt_device_name(m->pol.device, name, sizeof name);
-        mt_log(&m->log, MT_LOG_INFO, "backend: CUDA on device %d, %s", m->pol.device, name);
+        if (m->n_ranks > 1) {
+            char list[256] = "";
+            for (int r = 0, k = 0; r < m->n_ranks && k < (int)sizeof list - 12; r++)
+                k += snprintf(list + k, sizeof list - (size_t)k, "%s%d", r ? ", " : "", m->devices[r]);
+            mt_log(&m->log, MT_LOG_INFO, "backend: CUDA on %d devices (%s), data parallel; device %d: %s", m->n_ranks,
+                   list, m->pol.device, name);
+        } else {
+            mt_log(&m->log, MT_LOG_INFO, "backend: CUDA on device %d, %s", m->pol.device, name);
+        }
     } else {
         mt_log(&m->log, MT_LOG_INFO, "backend: CPU (%s)", why);
     }
@@ -107,7 +122,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     mt_memory_plan plan;
-    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0};
+    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 1};
     if ((st = mt_plan_compute(err, &plan, &host_only, 0, m->backend))) goto fail;
 
     int node = m->pol.numa_node;

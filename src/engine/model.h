@@ -38,6 +38,11 @@ struct mt_model {
                             * available then beside the tiles */
     char *caller_json;     /* the last mt_checkpoint_load's mt_checkpoint_info.caller_json */
     char *source_dir;      /* the folder of the last mt_model_load: its tokenizer files go with each save */
+    int n_ranks;           /* data parallelism: the GPUs of devices (policy.num_devices > 1), else 1 */
+    int32_t devices[MT_MAX_DEVICES]; /* the policy's list, copied; pol.devices points here */
+    int sim_ranks;         /* tests: the CPU backend as this many ranks of a group (engine/group.c), set before
+                            * the first step */
+    int force_group;       /* tests: a group even of one rank (on CUDA: NCCL with one GPU) */
 };
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }

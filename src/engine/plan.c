@@ -15,9 +15,13 @@ mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backen
         *out = MT_BACKEND_CPU;
     } else {
         int n = mt_device_count(reason, sizeof reason);
-        if (n > 0 && pol->device >= n)
-            snprintf(reason, sizeof reason, "device %d requested, but only %d CUDA device(s) present", pol->device, n);
-        if (n > pol->device) {
+        int want = pol->device; /* the largest device index asked for */
+        for (uint32_t i = 0; pol->num_devices > 1 && i < pol->num_devices; i++) want = MT_MAX(want, pol->devices[i]);
+        if (n > 0 && want >= n)
+            snprintf(reason, sizeof reason, "device %d requested, but only %d CUDA device(s) present", want, n);
+        if (pol->num_devices > 1 && n <= want)
+            return mt_fail(err, MT_ERR_NO_DEVICE, "the policy asks for %u GPUs, but %s", pol->num_devices, reason);
+        if (n > want) {
             *out = MT_BACKEND_CUDA;
             reason[0] = '\0';
         } else if (pol->backend == MT_BACKEND_CUDA) {
@@ -77,6 +81,11 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r,
         if (!cls) return MT_ERR_UNSUPPORTED;
         fits = cls->needs(&req, &n, err);
         if (fits && fits != MT_ERR_GPU_BUDGET) return fits;
+        if (req.n_ranks > 1) { /* data parallel: device bytes are each GPU's; the host holds every rank's share */
+            n.pinned_bytes *= (uint64_t)req.n_ranks;
+            n.host_bytes *= (uint64_t)req.n_ranks;
+            n.checkpoint_bytes *= (uint64_t)req.n_ranks;
+        }
     }
     p->activations = n.activations;
     p->activation_bytes = n.checkpoint_bytes;
@@ -129,8 +138,11 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     if (mt_layout_build(&lo, &cfg)) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of memory for the layout");
     mt_memory_plan p;
     /* a plan is for training: gradient buffers included */
-    mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len, (int)shape.num_micro_batches, 1},
-                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0, 0, 0};
+    /* several GPUs: each plans for its share of the micro-batches */
+    const int ranks = pol.num_devices > 1 ? (int)pol.num_devices : 1;
+    mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len,
+                                         ((int)shape.num_micro_batches + ranks - 1) / ranks, 1},
+                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0, 0, 0, ranks};
     st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
     /* a plan that does not fit is still filled; after any other failure *out is untouched */

@@ -38,6 +38,10 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
 int cli_flag(char **argv, int i, const char *name);
 long long cli_int(const char *name, const char *s, long long lo, long long hi);
 double cli_float(const char *name, const char *s, double lo, double hi);
+/* A list of CUDA device indices, "0,1,2,3", into out[0..max); returns how
+ * many. Exits with a message on anything else (empty entries, negatives,
+ * one listed twice). */
+int cli_devices(const char *name, const char *s, int32_t *out, int max);
 void cli_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 double cli_now(void);
 void cli_fmt_duration(char *buf, size_t n, double seconds);

@@ -64,6 +64,24 @@ long long cli_int(const char *name, const char *s, long long lo, long long hi)
     return v;
 }
 
+int cli_devices(const char *name, const char *s, int32_t *out, int max)
+{
+    int n = 0;
+    for (const char *p = s;; p++) {
+        char *end;
+        errno = 0;
+        const long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > 1023 || (*end && *end != ','))
+            cli_die("%s: '%s' is not a list of device indices such as 0,1,2,3", name, s);
+        if (n == max) cli_die("%s: more than %d devices", name, max);
+        for (int k = 0; k < n; k++)
+            if (out[k] == (int32_t)v) cli_die("%s: device %ld is listed twice", name, v);
+        out[n++] = (int32_t)v;
+        if (!*end) return n;
+        p = end;
+    }
+}
+
 double cli_float(const char *name, const char *s, double lo, double hi)
 {
     char *end;

@@ -19,6 +19,8 @@ typedef struct train_args {
     uint32_t format, precision;
     double lr, min_lr_ratio, weight_decay, clip;
     int warmup, slots, threads, cpu, restart, force, attention, nondet_attention;
+    int n_devices;      /* --devices: 0 (the default GPU), 1, or several (data parallel) */
+    int32_t devices[64];
     uint64_t seed;
     int argc;
     char **argv;
@@ -75,6 +77,8 @@ static const char train_help[] =
     "\n"
     "machine:\n"
     "  --slots N          weight slots (default 2)\n"
+    "  --devices LIST     the GPUs, e.g. 0,1,2,3 (default: GPU 0); several train data parallel, sharing one\n"
+    "                     host copy of the model, --grad-accum divided among them (a multiple of their number)\n"
     "  --threads N        CPU threads (default: all cores)\n"
     "  --cpu              use the CPU backend even when a GPU is present\n"
     "  --attention A      the GPU's attention: auto (cuDNN's fused kernels where installed and they\n"
@@ -130,6 +134,7 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--kv-heads", &v)) a->kv_heads = (int)cli_int("--kv-heads", v, 1, 1024);
         else if (cli_opt(argc, argv, &i, "--ffn", &v)) a->ffn = (int)cli_int("--ffn", v, 1, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--slots", &v)) a->slots = (int)cli_int("--slots", v, 2, 16);
+        else if (cli_opt(argc, argv, &i, "--devices", &v)) a->n_devices = cli_devices("--devices", v, a->devices, 64);
         else if (cli_opt(argc, argv, &i, "--threads", &v)) a->threads = (int)cli_int("--threads", v, 1, 4096);
         else if (cli_opt(argc, argv, &i, "--seed", &v)) a->seed = (uint64_t)cli_int("--seed", v, 0, INT64_MAX);
         else if (cli_opt(argc, argv, &i, "--log-every", &v)) a->log_every = (int)cli_int("--log-every", v, 1, 1 << 30);
@@ -154,6 +159,10 @@ static void parse_train(int argc, char **argv, train_args *a)
         cli_die("train: --config, --vocab and --tokenizer describe a model for --data; the demo has its own");
     if (a->tokenizer && a->model_dir)
         cli_die("train: --model brings its own tokenizer (saved with the model); --tokenizer is for a new model");
+    if (a->n_devices && a->cpu) cli_die("train: --devices names GPUs; --cpu trains without one: pick one");
+    if (a->n_devices > 1 && a->grad_accum % a->n_devices)
+        cli_die("train: --grad-accum %d is not a multiple of the %d devices: each GPU takes the same number of "
+                "micro-batches", a->grad_accum, a->n_devices);
 }
 
 #define DEFAULT(x, d) ((x) < 0 ? (d) : (x))
@@ -564,6 +573,8 @@ static mt_offload_policy policy_of(const train_args *a)
     mt_offload_policy_init(&pol);
     pol.backend = a->cpu ? MT_BACKEND_CPU : MT_BACKEND_AUTO;
     pol.weight_slots = (uint32_t)a->slots;
+    if (a->n_devices == 1) pol.device = a->devices[0];
+    if (a->n_devices > 1) pol.num_devices = (uint32_t)a->n_devices, pol.devices = a->devices;
     pol.optimizer_threads = (uint32_t)a->threads;
     pol.attention = (uint32_t)a->attention;
     pol.attention_flags = a->nondet_attention ? MT_ATTENTION_NONDETERMINISTIC : 0;

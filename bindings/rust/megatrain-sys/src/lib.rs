@@ -256,6 +256,9 @@ pub struct mt_offload_policy {
     pub reserved1: u32,
     pub attention: u32,
     pub attention_flags: u32,
+    pub num_devices: u32,
+    pub reserved2: u32,
+    pub devices: *const i32,
 }
 
 #[repr(C)]

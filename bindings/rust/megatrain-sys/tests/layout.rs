@@ -80,7 +80,7 @@ layout! {
 }
 
 layout! {
-    mt_offload_policy, size 104, align 8,
+    mt_offload_policy, size 120, align 8,
     struct_size: 0,
     backend: 4,
     device: 8,
@@ -101,6 +101,9 @@ layout! {
     reserved1: 92,
     attention: 96,
     attention_flags: 100,
+    num_devices: 104,
+    reserved2: 108,
+    devices: 112,
 }
 
 layout! {

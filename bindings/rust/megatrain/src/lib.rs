@@ -503,6 +503,11 @@ pub struct OffloadPolicy {
     /// Let cuDNN's attention backward add dQ with atomics: faster, not
     /// bit-reproducible (`MT_ATTENTION_NONDETERMINISTIC`).
     pub nondeterministic_attention: bool,
+    /// Data parallelism on the GPUs of one host: two or more CUDA device
+    /// indices train together on one host copy of the model (each step's
+    /// micro-batches divided among them, a multiple of their number;
+    /// gradients reduced over NCCL). Empty: the one GPU `device`.
+    pub devices: Vec<i32>,
     /// None: warnings and errors go to stderr.
     pub log: Option<LogFn>,
     /// Polled between unit visits and micro-batches: once it is true, the
@@ -530,6 +535,7 @@ impl Default for OffloadPolicy {
             recompute: Recompute(r.recompute),
             attention: Attention(r.attention),
             nondeterministic_attention: r.attention_flags & sys::MT_ATTENTION_NONDETERMINISTIC != 0,
+            devices: Vec::new(),
             log: None,
             abort: None,
         }
@@ -556,6 +562,7 @@ impl fmt::Debug for OffloadPolicy {
                 &self.nondeterministic_attention,
             )
             .field("recompute", &self.recompute)
+            .field("devices", &self.devices)
             .field("log", &self.log.as_ref().map(|_| "Fn"))
             .field("abort", &self.abort)
             .finish()
@@ -568,6 +575,8 @@ impl fmt::Debug for OffloadPolicy {
 struct Hooks {
     log: Option<Box<LogFn>>,
     abort: Option<Arc<AtomicBool>>,
+    /// the device list the struct points to (the library copies it)
+    devices: Vec<i32>,
 }
 
 unsafe extern "C" fn log_trampoline(
@@ -623,7 +632,14 @@ impl OffloadPolicy {
         let hooks = Hooks {
             log: self.log.clone().map(Box::new),
             abort: self.abort.clone(),
+            devices: self.devices.clone(),
         };
+        if hooks.devices.len() > 1 {
+            r.num_devices = hooks.devices.len() as u32;
+            r.devices = hooks.devices.as_ptr();
+        } else if let Some(&d) = hooks.devices.first() {
+            r.device = d;
+        }
         if let Some(log) = &hooks.log {
             r.log_callback = Some(log_trampoline);
             r.log_user_data = &**log as *const LogFn as *mut c_void;

@@ -102,6 +102,25 @@ fn create_step_eval() {
     assert!(logits.iter().all(|x| x.is_finite()));
 }
 
+/// The device list reaches the library (it reads it during the call): one
+/// listed twice is refused by name, before any GPU is looked for.
+#[test]
+fn device_list_is_passed_and_checked() {
+    let pol = OffloadPolicy {
+        backend: Backend::CUDA,
+        devices: vec![1, 0, 1],
+        ..Default::default()
+    };
+    let err = Model::new(&ModelConfig::default(), &pol).unwrap_err();
+    assert_eq!(err.status, Status::INVALID_ARGUMENT);
+    assert!(
+        err.message
+            .contains("lists device 1 twice (entries 0 and 2)"),
+        "{}",
+        err.message
+    );
+}
+
 #[test]
 fn refused_config_has_status_and_message() {
     // 7 query heads, which the default 8 key/value heads do not divide
