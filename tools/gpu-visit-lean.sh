@@ -1,7 +1,7 @@
 #!/bin/bash
 # The lean mode's part of a visit to the GPU test machine: its CUDA tests, its
-# quality against the default mode (tools/lean-quality.sh: two runs of a
-# 113.7 M model on dict-gcide, about a minute each on an H200), the
+# quality against the default mode (tools/lean-quality.sh: pairs of runs of a
+# 113.7 M model on dict-gcide, about a minute each on an H200, four seeds), the
 # Qwen2.5-14B shape and the 7B shape at 131072 tokens a step, and the largest
 # lean model the machine holds; full logs under $OUT (default ./out), a
 # summary last. Set up as for tools/gpu-visit.sh (build here, copy build/,
@@ -25,8 +25,9 @@ run() { # name, command...
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
 run tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 4 --verbose --filter 'cuda_backend/*lean*'
-RUN_TIMEOUT=${RUN_TIMEOUT:-400} run quality env GCIDE="${GCIDE:-/usr/share/dictd/gcide.dict.dz}" \
-  sh tools/lean-quality.sh "$OUT/lean-quality"
+# four pairs (about 7.5 minutes): one pair's gap is as noisy as the 1% bound
+RUN_TIMEOUT=${RUN_TIMEOUT:-580} run quality env GCIDE="${GCIDE:-/usr/share/dictd/gcide.dict.dz}" \
+  SEEDS="${SEEDS:-1 2 3 4}" sh tools/lean-quality.sh "$OUT/lean-quality"
 STEP="--seq-len 4096 --micro-batch 4 --grad-accum 8 --host-budget 118 --timeline"
 run step_14b build/bench/step --preset qwen14b --lean --steps 3 $STEP
 run step_7b build/bench/step --preset 7b --lean --steps 3 $STEP
