@@ -217,9 +217,10 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     r.pol = &pol;
     r.n_ranks = ranks_of(m); /* each rank plans for its share (engine/group.c) */
     r.shape.n_micro = (n_micro + r.n_ranks - 1) / r.n_ranks;
-    size_t fr = 0, tot = 0;
-    if (m->backend == MT_BACKEND_CUDA && mt_device_mem_info(m->pol.device, &fr, &tot) == 0)
-        r.gpu_free = fr + m->be->device_fixed;
+    if (m->backend == MT_BACKEND_CUDA) { /* several GPUs: the least free of them */
+        const uint64_t fr = mt_plan_gpu_free(&m->pol);
+        if (fr) r.gpu_free = fr + m->be->device_fixed;
+    }
     mt_memory_plan plan;
     if ((st = mt_plan_compute(err, &plan, &r, 1, m->backend))) return st;
     if ((st = m->be->ops->reserve(m->be, &s, err))) return st;

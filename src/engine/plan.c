@@ -44,6 +44,18 @@ uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es)
     }
 }
 
+uint64_t mt_plan_gpu_free(const mt_offload_policy *pol)
+{
+    uint64_t least = 0;
+    const int n = pol->num_devices > 1 ? (int)pol->num_devices : 1;
+    for (int r = 0; r < n; r++) {
+        size_t fr = 0, tot = 0;
+        if (mt_device_mem_info(n > 1 ? pol->devices[r] : pol->device, &fr, &tot) != 0) return 0;
+        if (r == 0 || fr < least) least = fr;
+    }
+    return least;
+}
+
 mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r, int with_shape, mt_backend backend)
 {
     char b1[32], b2[32];
@@ -65,10 +77,7 @@ mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r,
     p->host_budget_bytes = pol->host_budget_bytes ? pol->host_budget_bytes : mt_sys_mem_available();
     p->gpu_budget_bytes = pol->gpu_budget_bytes;
     mt_be_request req = *r;
-    if (backend == MT_BACKEND_CUDA && !req.gpu_free) {
-        size_t fr = 0, tot = 0;
-        if (mt_device_mem_info(pol->device, &fr, &tot) == 0) req.gpu_free = fr;
-    }
+    if (backend == MT_BACKEND_CUDA && !req.gpu_free) req.gpu_free = mt_plan_gpu_free(pol);
     if (!p->gpu_budget_bytes) p->gpu_budget_bytes = req.gpu_free;
 
     /* the backend's own count of what it allocates for the batch shape */

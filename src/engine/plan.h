@@ -25,6 +25,9 @@ uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es);
  * unused) on the resolved backend, asking the backend what it allocates,
  * and checks it against the budgets: MT_ERR_HOST_BUDGET / MT_ERR_GPU_BUDGET
  * with a message naming the bytes needed and available. */
+/* The free memory of the policy's GPU, or the least of its GPUs' (several:
+ * each holds a rank's share); 0 when unknown. */
+uint64_t mt_plan_gpu_free(const mt_offload_policy *pol);
 mt_status mt_plan_compute(mt_err err, mt_memory_plan *p, const mt_be_request *r, int with_shape, mt_backend backend);
 
 #endif
