@@ -1208,9 +1208,9 @@ static void cu_load_weights(mt_be *be, int slot, int unit)
     size_t eb = 0;
     const void *e = tied_head ? host_block(b, 0, &eb) : NULL;
     const mt_unit_desc *u = unit_desc(b, unit);
+    const size_t scales = u->lean ? u->scale_bytes + (tied_head ? unit_desc(b, 0)->scale_bytes : 0) : 0;
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
-    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb + (u->lean ? u->scale_bytes : 0) +
-                                                                   (u->lean && tied_head ? unit_desc(b, 0)->scale_bytes : 0));
+    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb + scales);
     CU(b, cudaMemcpyAsync(b->slots[slot], src, bytes, cudaMemcpyHostToDevice, b->h2d));
     if (tied_head)
         CU(b, cudaMemcpyAsync((char *)b->slots[slot] + u->padded * b->es, e, eb, cudaMemcpyHostToDevice, b->h2d));

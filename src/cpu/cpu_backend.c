@@ -467,6 +467,8 @@ static float *ck_at(cpu_be *b, int idx, int mb)
 }
 
 static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
+/* Where unit's weight gradients accumulate: the embedding's, tied to the head, have their own buffer. */
+static float *grads_of(cpu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc; }
 static const int32_t *tokens_of(cpu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
 /* What the template runs on for micro-batch mb (the kernels' RoPE positions
  * and documents are the micro-batch's). */
@@ -504,7 +506,7 @@ static void cpu_backward(mt_be *be, int slot, int unit, int mb)
     cpu_be *b = (cpu_be *)be;
     const mt_exec x = exec_of(b, mb);
     if (unit == 0) {
-        b->tpl->embed_backward(&x, b->tied_acc ? b->tied_acc : b->acc, tokens_of(b, mb), dx_of(b, mb));
+        b->tpl->embed_backward(&x, grads_of(b, 0), tokens_of(b, mb), dx_of(b, mb));
         return;
     }
     void *w[MT_T_ROLE_COUNT];
@@ -554,8 +556,6 @@ static void cpu_begin_grads(mt_be *be, int unit)
     memset(b->acc, 0, unit_desc(b, unit)->padded * sizeof(float));
     if (unit == b->L + 1 && b->tied_acc) memset(b->tied_acc, 0, unit_desc(b, 0)->padded * sizeof(float));
 }
-
-static float *grads_of(cpu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc; }
 
 /* The backend's slice of the unit's gradients (all of them alone). */
 static void cpu_send_grads(mt_be *be, int unit)
