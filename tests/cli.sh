@@ -110,6 +110,27 @@ has "plan families and more" "--families takes no other option"
 expect "info" 0 "$BIN" info
 has "info" "libmegatrain"
 
+# tools/lean-quality.sh over finished logs only summarises them (no data, no training):
+# gaps of +1% and -2% give a mean of -0.50% and a standard error of 1.50%
+lq="$dir/lq"
+for sd in 1 2; do
+  mkdir -p "$lq/seed-$sd"
+  for p in bf16 lean; do
+    case $sd$p in 1lean) h=1.01 ;; 2lean) h=0.98 ;; *) h=1.0 ;; esac
+    printf '{"step":1,"loss":5.5}\n{"step":2,"loss":%s,"heldout_loss":%s}\n' "$h" "$h" >"$lq/seed-$sd/$p.jsonl"
+  done
+done
+expect "lean-quality summary" 0 env MEGATRAIN="$BIN" GCIDE="$dir/none" STEPS=2 SEEDS="1 2" sh tools/lean-quality.sh "$lq"
+has "lean-quality summary" "seed 1: final held-out loss bf16 1.0000 (step 2), lean 1.0100 (step 2): +1.00%"
+has "lean-quality summary" "seed 2: final held-out loss bf16 1.0000 (step 2), lean 0.9800 (step 2): -2.00%"
+has "lean-quality summary" "over 2 seeds: mean -0.50%, standard error 1.50% (within 1%)"
+has "lean-quality summary" "the lean run of seed 2 is already finished: kept"
+if grep -q '"heldout_loss": 0.995' "$lq/lean-mean.jsonl" && [ -s "$lq/lean-quality.svg" ]; then ok; else bad "lean-quality: no mean curve"; fi
+# a log cut short is run again, which needs the data
+printf '{"step":1,"loss":5.5}\n' >"$lq/seed-2/lean.jsonl"
+expect "lean-quality, a run cut short" 2 env MEGATRAIN="$BIN" GCIDE="$dir/none" STEPS=2 SEEDS="1 2" sh tools/lean-quality.sh "$lq"
+has "lean-quality, a run cut short" "none not found: install Debian's dict-gcide"
+
 . tests/cli_runs.sh
 . tests/cli_text.sh
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The lean mode's part of a visit to the GPU test machine: its CUDA tests, its
 # quality against the default mode (tools/lean-quality.sh: pairs of runs of a
-# 113.7 M model on dict-gcide, about a minute each on an H200, four seeds), the
+# 113.7 M model on dict-gcide, about a minute each on an H200, four seeds; the mean
+# of six is in docs/lean-optimizer.md), the
 # Qwen2.5-14B shape and the 7B shape at 131072 tokens a step, and the largest
 # lean model the machine holds; full logs under $OUT (default ./out), a
 # summary last. Set up as for tools/gpu-visit.sh (build here, copy build/,
@@ -25,7 +26,8 @@ run() { # name, command...
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
 run tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 4 --verbose --filter 'cuda_backend/*lean*'
-# four pairs (about 7.5 minutes): one pair's gap is as noisy as the 1% bound
+# four pairs (about 7.5 minutes): one pair's gap is as noisy as the 1% bound; finished runs
+# are kept, so another visit with OUT's lean-quality/ copied back and more SEEDS adds pairs
 RUN_TIMEOUT=${RUN_TIMEOUT:-580} run quality env GCIDE="${GCIDE:-/usr/share/dictd/gcide.dict.dz}" \
   SEEDS="${SEEDS:-1 2 3 4}" sh tools/lean-quality.sh "$OUT/lean-quality"
 STEP="--seq-len 4096 --micro-batch 4 --grad-accum 8 --host-budget 118 --timeline"
