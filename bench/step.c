@@ -16,11 +16,13 @@
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
  *                    [--timeline-csv FILE] [--attention auto|kernels|cudnn] [--nondeterministic]
- *                    [--devices LIST]
+ *                    [--devices LIST] [--weight-fetch auto|whole|slices]
  *
  * --devices 0,1,2,3 trains data parallel on those GPUs (mt_offload_policy.devices): --grad-accum is
  * the step's total, divided among them (the 7B shape at 131072 tokens per GPU on 4 GPUs: --micro-batch 4
- * --seq-len 4096 --grad-accum 32), and the last line adds the model TFLOP/s per GPU.
+ * --seq-len 4096 --grad-accum 32), and the last line adds the model TFLOP/s per GPU; --weight-fetch
+ * picks how each GPU receives a unit's weights (mt_offload_policy.weight_fetch: whole over its own link, or
+ * a slice each and an NCCL all-gather).
  *
  * --attention picks the CUDA backend's attention (mt_attention; the log line
  * "CUDA backend: ..." says which ran), --nondeterministic lets cuDNN's
@@ -116,6 +118,7 @@ int main(int argc, char **argv)
     const char *csv = NULL;
     int32_t devices[64];
     int n_devices = 0;
+    uint32_t weight_fetch = MT_FETCH_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--backend") && v) backend = argv[++i];
@@ -142,6 +145,11 @@ int main(int argc, char **argv)
                 if (*end != ',') break;
             }
         }
+        else if (!strcmp(argv[i], "--weight-fetch") && v) {
+            const char *f = argv[++i];
+            weight_fetch = !strcmp(f, "whole") ? MT_FETCH_WHOLE : !strcmp(f, "slices") ? MT_FETCH_SLICES
+                           : !strcmp(f, "auto") ? MT_FETCH_AUTO : 99;
+        }
         else if (!strcmp(argv[i], "--attention") && v) {
             const char *a = argv[++i];
             attention = !strcmp(a, "kernels") ? MT_ATTENTION_KERNELS : !strcmp(a, "cudnn") ? MT_ATTENTION_CUDNN
@@ -151,7 +159,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
-                            "[--nondeterministic] [--devices LIST]\n");
+                            "[--nondeterministic] [--devices LIST] [--weight-fetch auto|whole|slices]\n");
             return 2;
         }
     }
@@ -170,6 +178,7 @@ int main(int argc, char **argv)
     p.weight_slots = (uint32_t)slots;
     if (n_devices == 1) p.device = devices[0];
     if (n_devices > 1) p.num_devices = (uint32_t)n_devices, p.devices = devices;
+    p.weight_fetch = weight_fetch; /* the library refuses a value it does not know */
     p.log_level = MT_LOG_INFO;
     p.host_budget_bytes = (uint64_t)(host_gib * (1u << 30)); /* where MemAvailable undercounts */
     p.gpu_budget_bytes = (uint64_t)(gpu_gib * (1u << 30));
@@ -247,8 +256,9 @@ int main(int argc, char **argv)
            pre, precision == MT_PRECISION_FP32 ? "fp32" : precision == MT_PRECISION_LEAN ? "lean" : "bf16", P_all / 1e9, active, M, B, S, n, slots, med, (double)n / med, flop / med / 1e12,
            100 * fwd / (fwd + bwd + opt), 100 * bwd / (fwd + bwd + opt), 100 * opt / (fwd + bwd + opt));
     if (n_devices > 1)
-        printf("%d GPUs: %.1f model TFLOP/s per GPU, %zu tokens per GPU per step\n", n_devices,
-               flop / med / 1e12 / n_devices, n / (size_t)n_devices);
+        printf("%d GPUs, weights fetched %s: %.1f model TFLOP/s per GPU, %zu tokens per GPU per step\n", n_devices,
+               weight_fetch == MT_FETCH_SLICES ? "in slices" : "whole", flop / med / 1e12 / n_devices,
+               n / (size_t)n_devices);
     mt_model_destroy(m);
     free(tok), free(tg), free(t), free(sorted), free(tls), free(vis);
     return 0;

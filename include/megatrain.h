@@ -258,6 +258,16 @@ typedef enum mt_attention {
 #define MT_ATTENTION_NONDETERMINISTIC 1u /* let cuDNN's backward add dQ with atomics: faster, with less
                                             workspace, but the bits vary from run to run */
 
+/* mt_offload_policy.weight_fetch: how each GPU of a model on several (num_devices > 1) receives a unit's
+ * weights from the one host copy. Alone, a GPU copies the whole unit. */
+typedef enum mt_weight_fetch {
+    MT_FETCH_AUTO = 0,   /* the library's choice: WHOLE */
+    MT_FETCH_WHOLE = 1,  /* every GPU copies the whole unit from host memory over its own link */
+    MT_FETCH_SLICES = 2, /* GPU r of G copies the r-th G-th of it, and an NCCL all-gather between the GPUs
+                            completes every copy: 1/G of the host-to-GPU traffic, the rest over NVLink */
+    MT_FETCH_MAX_ENUM = 0x7FFFFFFF
+} mt_weight_fetch;
+
 typedef struct mt_offload_policy {
     uint32_t struct_size;        /* the caller's sizeof(mt_offload_policy), set by mt_offload_policy_init */
     uint32_t backend;            /* mt_backend */
@@ -287,7 +297,7 @@ typedef struct mt_offload_policy {
      * to the host; the optimizer runs once. 0 or 1: the one GPU `device` (devices is not read). The library
      * copies the list during mt_model_create. */
     uint32_t num_devices;
-    uint32_t reserved2;          /* zero */
+    uint32_t weight_fetch;       /* mt_weight_fetch: how each of those GPUs receives a unit's weights */
     const int32_t *devices;
 } mt_offload_policy;
 

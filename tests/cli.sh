@@ -34,6 +34,8 @@ expect "devices, twice" 1 "$BIN" train --devices 1,0,1
 has "devices, twice" "device 1 is listed twice"
 expect "devices, uneven" 1 "$BIN" train --devices 0,1 --grad-accum 3
 has "devices, uneven" "not a multiple of the 2 devices"
+expect "weight fetch, unknown" 1 "$BIN" train --devices 0,1 --weight-fetch halves
+has "weight fetch, unknown" "--weight-fetch takes auto, whole or slices, not 'halves'"
 expect "devices and --cpu" 1 "$BIN" train --devices 0,1 --cpu
 has "devices and --cpu" "pick one"
 

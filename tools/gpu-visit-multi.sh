@@ -1,9 +1,10 @@
 #!/bin/bash
 # Several GPUs of one host (issue 20) on a machine of the nvidia-h200-x2 kind
 # or larger: the CUDA tests (the group of two GPUs against one, the group of
-# one over NCCL), then the 7B shape at 131072 tokens per GPU on 1 and on G
-# GPUs (model TFLOP/s per GPU against the one-GPU figure), and the largest
-# model the host's memory holds on G GPUs. Logs under $OUT (default ./out),
+# one over NCCL, fetching in slices against fetching whole), then the 7B
+# shape at 131072 tokens per GPU on 1 and on G GPUs, the weights fetched
+# whole and in slices (model TFLOP/s per GPU against the one-GPU figure: the
+# faster of the two should become MT_FETCH_AUTO's choice). Logs under $OUT (default ./out),
 # a summary last. Set up as for tools/gpu-visit.sh; NCCL must be loadable:
 # the CUDA toolkit's libnccl.so.2, or PyTorch's (this script adds the first
 # nvidia/nccl/lib of python3's site-packages to LD_LIBRARY_PATH when found).
@@ -26,5 +27,6 @@ run() { # name, seconds, command...
 run tests 300 env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 2 --filter 'cuda_backend/*'
 SHAPE="--preset 7b --seq-len 4096 --micro-batch 4 --steps 3 --host-budget 110 --timeline"
 run step_7b_1gpu 300 build/bench/step $SHAPE --grad-accum 8
-run "step_7b_${G}gpu" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs"
+run "step_7b_${G}gpu" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs" --weight-fetch whole
+run "step_7b_${G}gpu_slices" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs" --weight-fetch slices
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -222,6 +222,23 @@ func TestDeviceList(t *testing.T) {
 	}
 }
 
+// The weight fetch reaches the library: a value it does not know is refused
+// by name; the default is FetchAuto.
+func TestWeightFetch(t *testing.T) {
+	pol := NewOffloadPolicy()
+	if pol.WeightFetch != FetchAuto {
+		t.Fatalf("default WeightFetch = %v, want FetchAuto", pol.WeightFetch)
+	}
+	pol.Backend = BackendCUDA
+	pol.Devices = []int32{0, 1}
+	pol.WeightFetch = 3
+	_, err := NewModel(smallConfig(), &pol)
+	e := wantStatus(t, err, StatusInvalidArgument, ErrInvalidArgument)
+	if !strings.Contains(e.Message, "weight_fetch 3 is not an mt_weight_fetch") {
+		t.Errorf("the message does not name the field: %q", e.Message)
+	}
+}
+
 func TestCreateStepEval(t *testing.T) {
 	m := newModel(t, cpuPolicy())
 	if b := m.Backend(); b != BackendCPU {

@@ -136,6 +136,17 @@ const (
 	AttentionCUDNN   Attention = C.MT_ATTENTION_CUDNN
 )
 
+// WeightFetch says how each GPU of a data-parallel model receives a
+// unit's weights (mt_weight_fetch).
+type WeightFetch uint32
+
+// The ways to fetch weights.
+const (
+	FetchAuto   WeightFetch = C.MT_FETCH_AUTO
+	FetchWhole  WeightFetch = C.MT_FETCH_WHOLE
+	FetchSlices WeightFetch = C.MT_FETCH_SLICES
+)
+
 // LogLevel is the severity of a log line (mt_log_level).
 type LogLevel uint32
 
@@ -420,6 +431,9 @@ type OffloadPolicy struct {
 	// a multiple of their number; gradients reduced over NCCL); one: that
 	// GPU; empty: Device.
 	Devices []int32
+	// WeightFetch: each of those GPUs copies a unit's weights whole over
+	// its own link, or a slice each completed by an NCCL all-gather.
+	WeightFetch WeightFetch
 }
 
 // NewOffloadPolicy returns the library's default policy.
@@ -441,6 +455,7 @@ func NewOffloadPolicy() OffloadPolicy {
 		Recompute:                 Recompute(c.recompute),
 		Attention:                 Attention(c.attention),
 		NondeterministicAttention: c.attention_flags&C.MT_ATTENTION_NONDETERMINISTIC != 0,
+		WeightFetch:               WeightFetch(c.weight_fetch),
 	}
 }
 
@@ -467,6 +482,7 @@ func (g *OffloadPolicy) toC(withCallbacks bool) (c C.mt_offload_policy, cb *call
 		c.device = C.int32_t(g.Devices[0])
 	}
 	c.weight_slots = C.uint32_t(g.WeightSlots)
+	c.weight_fetch = C.uint32_t(g.WeightFetch)
 	c.gpu_budget_bytes = C.uint64_t(g.GPUBudgetBytes)
 	c.host_budget_bytes = C.uint64_t(g.HostBudgetBytes)
 	c.numa_node = C.int32_t(g.NUMANode)

@@ -703,8 +703,10 @@ static void layout_buffers(cu_be *b, carver *c)
     size_t slot_elems = lo->largest_unit_padded;
     if (tied) slot_elems = MT_MAX(slot_elems, unit_desc(b, b->L + 1)->padded + unit_desc(b, 0)->padded);
     const int lean = b->req.cfg->precision == MT_PRECISION_LEAN;
+    // in a group, room for all G slices of a load in slices (mt_fetch_span), whichever way it fetches
+    const size_t slot_bytes = mt_fetch_span(slot_elems * es, b->req.n_ranks);
     for (int i = 0; i < b->K; i++) {
-        b->slots[i] = carve(c, slot_elems * es);
+        b->slots[i] = carve(c, slot_bytes);
         b->slot_scale[i] = lean ? (float *)carve(c, slot_elems / MT_LEAN_BLOCK_ELEMS * 4) : NULL;
     }
     b->ck = carve(c, (size_t)ck_rows(b) * M * T * C * es);
@@ -1199,32 +1201,65 @@ static void load_lean_scales(cu_be *b, int unit, float *scale_at)
                           b->h2d));
 }
 
+// The bytes of a slot that unit's load fills: its streamed block and, for a tied head, which reads the
+// embedding matrix too, the embedding's block behind it at *at (the head's padded elements). A load in slices
+// divides [0, span) among the ranks.
+static uint64_t slot_span(cu_be *b, int unit, size_t *at)
+{
+    size_t bytes, eb;
+    host_block(b, unit, &bytes);
+    *at = unit_desc(b, unit)->padded * b->es;
+    if (!(unit == b->L + 1 && b->req.cfg->tie_word_embeddings)) return bytes;
+    host_block(b, 0, &eb);
+    return *at + eb;
+}
+
+// After the copies (and in a group fetching slices, the all-gather): lean codes become the bf16 weights the
+// visit computes with, in place, and the slot is ready.
+static void finish_load(cu_be *b, int slot, int unit)
+{
+    const mt_unit_desc *u = unit_desc(b, unit);
+    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings;
+    if (u->lean)
+        OK(b, mt_cu_q16_to_bf16(b->h2d, b->slots[slot], b->slot_scale[slot],
+                                u->padded + (tied_head ? unit_desc(b, 0)->padded : 0)),
+           "weight codes to bf16");
+    CU(b, cudaEventRecord(b->slot_loaded[slot], b->h2d));
+}
+
+// The unit's block (and a tied head's embedding) from its host tile into the slot on the copy stream; with
+// fetch_slices only this rank's slice of the slot's span, which cu_gather_weights completes. Lean scales
+// (1/128 of the codes) come whole to every rank.
 static void cu_load_weights(mt_be *be, int slot, int unit)
 {
     cu_be *b = (cu_be *)be;
-    size_t bytes;
-    const void *src = host_block(b, unit, &bytes);
-    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings; // it reads the embedding matrix too
-    size_t eb = 0;
-    const void *e = tied_head ? host_block(b, 0, &eb) : NULL;
+    size_t bytes, eb = 0, at;
+    const char *src = (const char *)host_block(b, unit, &bytes);
+    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings;
+    const char *e = tied_head ? (const char *)host_block(b, 0, &eb) : NULL;
+    const uint64_t span = slot_span(b, unit, &at);
+    uint64_t lo = 0, hi = span;
+    if (be->fetch_slices) mt_fetch_slice_of(span, be->rank, be->n_ranks, &lo, &hi);
+    const size_t own_lo = MT_MIN(lo, bytes), own_hi = MT_MIN(hi, bytes); // of the unit's block
+    const size_t emb_lo = tied_head ? MT_MIN(MT_MAX(lo, at), at + eb) - at : 0;
+    const size_t emb_hi = tied_head ? MT_MIN(MT_MAX(hi, at), at + eb) - at : 0; // of the embedding's
     const mt_unit_desc *u = unit_desc(b, unit);
     const size_t scales = u->lean ? u->scale_bytes + (tied_head ? unit_desc(b, 0)->scale_bytes : 0) : 0;
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
-    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, bytes + eb + scales);
-    CU(b, cudaMemcpyAsync(b->slots[slot], src, bytes, cudaMemcpyHostToDevice, b->h2d));
-    if (tied_head)
-        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + u->padded * b->es, e, eb, cudaMemcpyHostToDevice, b->h2d));
+    const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, (own_hi - own_lo) + (emb_hi - emb_lo) + scales);
+    if (own_hi > own_lo)
+        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + own_lo, src + own_lo, own_hi - own_lo, cudaMemcpyHostToDevice,
+                              b->h2d));
+    if (emb_hi > emb_lo)
+        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + at + emb_lo, e + emb_lo, emb_hi - emb_lo,
+                              cudaMemcpyHostToDevice, b->h2d));
     if (u->lean) { // the scales in the same order as the codes: the embedding's behind the head's
         load_lean_scales(b, unit, b->slot_scale[slot]);
         if (tied_head) load_lean_scales(b, 0, b->slot_scale[slot] + u->padded / MT_LEAN_BLOCK_ELEMS);
     }
     copy_end(b, c, b->h2d);
-    if (u->lean) // the codes become the bf16 weights the visit computes with, in place, before the slot is ready
-        OK(b, mt_cu_q16_to_bf16(b->h2d, b->slots[slot], b->slot_scale[slot],
-                                u->padded + (tied_head ? unit_desc(b, 0)->padded : 0)),
-           "weight codes to bf16");
     b->slot_copy[slot] = c;
-    CU(b, cudaEventRecord(b->slot_loaded[slot], b->h2d));
+    if (!be->fetch_slices) finish_load(b, slot, unit);
 }
 
 // The compute waits for the slot's weights and for the checkpoint row the
@@ -1429,6 +1464,38 @@ static void cu_reduce_grads(mt_be *const *ranks, int n, int unit)
     }
 }
 
+// A group's load in slices (engine/backend.h): one in-place NCCL all-gather of the slot's span per rank, on
+// its copy stream behind its slice's copy, the ranks' calls grouped; then each rank's slot is finished. The
+// same communicator as the gradients' reduce-scatter, on another stream: NCCL runs a communicator's
+// collectives in the order they are issued, which is the same on every rank (one thread issues all), and
+// each waits only for work issued before it, so neither can wait for the other.
+static void cu_gather_weights(mt_be *const *ranks, int n, int slot, int unit)
+{
+    cu_be *b0 = (cu_be *)ranks[0];
+    size_t at;
+    const uint64_t count = mt_fetch_slice(slot_span(b0, unit, &at), n);
+    char why[256];
+    mt_nccl_group_begin(b0->nccl);
+    for (int r = 0; r < n; r++) {
+        cu_be *b = (cu_be *)ranks[r];
+        cudaSetDevice(b->device);
+        if (mt_nccl_all_gather_u8(b->nccl, b->slots[slot], (size_t)count, r, b->comm, b->h2d, why, sizeof why) &&
+            !b->failed) {
+            snprintf(b->why, sizeof b->why, "%s", why);
+            b->failed = 1;
+        }
+    }
+    if (mt_nccl_group_end(b0->nccl, why, sizeof why) && !b0->failed) {
+        snprintf(b0->why, sizeof b0->why, "%s", why);
+        b0->failed = 1;
+    }
+    for (int r = 0; r < n; r++) {
+        cu_be *b = (cu_be *)ranks[r];
+        cudaSetDevice(b->device);
+        finish_load(b, slot, unit);
+    }
+}
+
 // Ranks 0..n-1 of a group: NCCL (loaded now; a model on one GPU never needs it) and one communicator per
 // rank's device.
 static mt_status cu_join(mt_be *const *ranks, int n, mt_err err)
@@ -1545,4 +1612,5 @@ static mt_status cu_create(mt_model *m, int device, mt_be **out, mt_err err)
     return MT_OK;
 }
 
-extern "C" const mt_be_class mt_cuda_be_class = {"CUDA", cu_needs, cu_create, cu_join, cu_reduce_grads};
+extern "C" const mt_be_class mt_cuda_be_class = {"CUDA", cu_needs, cu_create, cu_join, cu_reduce_grads,
+                                                   cu_gather_weights};

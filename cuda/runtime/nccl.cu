@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 typedef int nccl_result;                      // ncclResult_t: 0 is ncclSuccess
-enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };      // ncclFloat32, ncclSum
+enum { NCCL_UINT8 = 1, NCCL_FLOAT32 = 7, NCCL_SUM = 0 }; // ncclUint8, ncclFloat32, ncclSum
 enum { MIN_VERSION = 21800 };                 // 2.18: ncclCommInitAll, in-place reduce-scatter, async errors
 
 struct mt_nccl {
@@ -20,6 +20,7 @@ struct mt_nccl {
     nccl_result (*group_start)(void);
     nccl_result (*group_end)(void);
     nccl_result (*reduce_scatter)(const void *, void *, size_t, int, int, mt_nccl_comm, void *);
+    nccl_result (*all_gather)(const void *, void *, size_t, int, mt_nccl_comm, void *);
 };
 
 static int fail(const mt_nccl *n, nccl_result r, const char *what, char *why, size_t len)
@@ -54,6 +55,7 @@ mt_nccl *mt_nccl_open(char *why, size_t why_len)
     SYM(group_start, "ncclGroupStart");
     SYM(group_end, "ncclGroupEnd");
     SYM(reduce_scatter, "ncclReduceScatter");
+    SYM(all_gather, "ncclAllGather");
 #undef SYM
     if (!missing && n->get_version(&n->version) != 0) missing = "a working ncclGetVersion";
     if (missing || n->version < MIN_VERSION) {
@@ -113,4 +115,11 @@ int mt_nccl_async_error(mt_nccl *n, mt_nccl_comm comm, char *why, size_t why_len
     const nccl_result r = n->comm_get_async_error(comm, &a);
     if (r) return fail(n, r, "ncclCommGetAsyncError", why, why_len);
     return a ? fail(n, a, "communicator", why, why_len) : 0;
+}
+
+int mt_nccl_all_gather_u8(mt_nccl *n, void *buf, size_t count, int rank, mt_nccl_comm comm, void *stream, char *why,
+                          size_t why_len)
+{
+    const nccl_result r = n->all_gather((const char *)buf + (size_t)rank * count, buf, count, NCCL_UINT8, comm, stream);
+    return r ? fail(n, r, "ncclAllGather", why, why_len) : 0;
 }

@@ -2,8 +2,9 @@
  * cuDNN): the library loads and trains on one GPU or none without it, and
  * only a model on several GPUs opens it. One handle per model, no global
  * state. The few declarations below are NCCL 2's stable C ABI (an opaque
- * communicator, int status and enum values, ncclFloat32 = 7, ncclSum = 0),
- * so no NCCL header is needed to build. C++ (the CUDA backend alone uses it). */
+ * communicator, int status and enum values, ncclUint8 = 1, ncclFloat32 = 7,
+ * ncclSum = 0), so no NCCL header is needed to build. C++ (the CUDA backend
+ * alone uses it). */
 #ifndef MT_CUDA_NCCL_H
 #define MT_CUDA_NCCL_H
 
@@ -32,6 +33,10 @@ int mt_nccl_group_end(mt_nccl *n, char *why, size_t why_len);
  * their buf[r * count, (r + 1) * count) (fp32), on stream. */
 int mt_nccl_reduce_scatter_f32(mt_nccl *n, float *buf, size_t count, int rank, mt_nccl_comm comm, void *stream,
                                char *why, size_t why_len);
+/* In place: buf[r * count, (r + 1) * count) of every rank r to every rank's
+ * buf (bytes), on stream. */
+int mt_nccl_all_gather_u8(mt_nccl *n, void *buf, size_t count, int rank, mt_nccl_comm comm, void *stream, char *why,
+                          size_t why_len);
 /* An error a communicator met asynchronously (a peer gone, a timeout); 0 if none. */
 int mt_nccl_async_error(mt_nccl *n, mt_nccl_comm comm, char *why, size_t why_len);
 

@@ -75,7 +75,7 @@ _Static_assert(offsetof(mt_offload_policy, reserved1) == 92, "mt_offload_policy.
 _Static_assert(offsetof(mt_offload_policy, attention) == 96, "mt_offload_policy.attention: offset");
 _Static_assert(offsetof(mt_offload_policy, attention_flags) == 100, "mt_offload_policy.attention_flags: offset");
 _Static_assert(offsetof(mt_offload_policy, num_devices) == 104, "mt_offload_policy.num_devices: offset");
-_Static_assert(offsetof(mt_offload_policy, reserved2) == 108, "mt_offload_policy.reserved2: offset");
+_Static_assert(offsetof(mt_offload_policy, weight_fetch) == 108, "mt_offload_policy.weight_fetch: offset");
 _Static_assert(offsetof(mt_offload_policy, devices) == 112, "mt_offload_policy.devices: offset");
 
 _Static_assert(sizeof(mt_optim_config) == 48, "mt_optim_config: size");

@@ -303,7 +303,9 @@ mt_status mt_policy_import(mt_err err, mt_offload_policy *p, const mt_offload_po
         return BAD("mt_offload_policy.attention %u is not an mt_attention value", p->attention);
     if (p->attention_flags & ~MT_ATTENTION_NONDETERMINISTIC)
         return BAD("mt_offload_policy.attention_flags 0x%x has unknown bits", p->attention_flags);
-    if (p->reserved2) return BAD("mt_offload_policy.reserved2 must be zero");
+    if (p->weight_fetch > MT_FETCH_SLICES)
+        return BAD("mt_offload_policy.weight_fetch %u is not an mt_weight_fetch (0 auto, 1 whole, 2 slices)",
+                   p->weight_fetch);
     if (p->num_devices > MT_MAX_DEVICES)
         return BAD("mt_offload_policy.num_devices %u: at most %d GPUs of one host", p->num_devices, MT_MAX_DEVICES);
     if (p->num_devices > 1) {

@@ -434,25 +434,40 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
 
-/* A unit's weights into a slot in fp32: from the tile's bf16 block, in lean
- * mode the bf16 values of its codes (what the GPU computes with), or in fp32
- * mode from the master. */
-static void copy_unit(cpu_be *b, float *dst, int unit)
+/* Elements [lo, hi) of a unit's weights in fp32, to dst[lo, hi): from the
+ * tile's bf16 block, in lean mode the bf16 values of its codes (what the GPU
+ * computes with; lo a multiple of the codes' block), or in fp32 mode from
+ * the master. */
+static void copy_unit(cpu_be *b, float *dst, int unit, uint64_t lo, uint64_t hi)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
     const mt_tile *t = &b->m->tiles.tile[unit];
     const uint16_t *w = mt_tile_weights_bf16(t, u);
-    if (u->lean) mt_q16_blocks_to_f32(mt_tile_wq(t, u), mt_tile_sw(t, u), u->padded, dst);
-    else if (w) mt_cpu_convert(b->pool, dst, 0, w, 1, u->padded);
-    else mt_cpu_convert(b->pool, dst, 0, mt_tile_master(t, u), 0, u->padded);
+    if (lo >= hi) return;
+    if (u->lean) mt_q16_blocks_to_f32(mt_tile_wq(t, u) + lo, mt_tile_sw(t, u) + lo / MT_Q16_BLOCK, hi - lo, dst + lo);
+    else if (w) mt_cpu_convert(b->pool, dst + lo, 0, w + lo, 1, hi - lo);
+    else mt_cpu_convert(b->pool, dst + lo, 0, mt_tile_master(t, u) + lo, 0, hi - lo);
 }
 
+/* The elements a slot holds for unit: its own, and for a tied head the
+ * embedding matrix behind them, which the head also reads. */
+static uint64_t slot_span(cpu_be *b, int unit)
+{
+    const int tied_head = unit == b->L + 1 && b->m->cfg.tie_word_embeddings;
+    return unit_desc(b, unit)->padded + (tied_head ? unit_desc(b, 0)->padded : 0);
+}
+
+/* The whole unit, or with fetch_slices the rank's slice of its slot_span
+ * (cpu_gather_weights copies in the others'). */
 static void cpu_load_weights(mt_be *be, int slot, int unit)
 {
     cpu_be *b = (cpu_be *)be;
-    copy_unit(b, b->slots[slot], unit);
-    if (unit == b->L + 1 && b->m->cfg.tie_word_embeddings) /* the head also reads the embedding matrix */
-        copy_unit(b, b->slots[slot] + unit_desc(b, unit)->padded, 0);
+    const uint64_t n = unit_desc(b, unit)->padded, all = slot_span(b, unit);
+    uint64_t lo = 0, hi = all;
+    if (be->fetch_slices) mt_fetch_slice_of(all, be->rank, be->n_ranks, &lo, &hi);
+    copy_unit(b, b->slots[slot], unit, MT_MIN(lo, n), MT_MIN(hi, n));
+    if (all > n) /* the embedding behind the head's own */
+        copy_unit(b, b->slots[slot] + n, 0, MT_MAX(lo, n) - n, MT_MAX(hi, n) - n);
 }
 
 /* Work runs when issued: there is nothing to wait for or release. */
@@ -592,6 +607,21 @@ static void cpu_reduce_grads(mt_be *const *ranks, int n, int unit)
     }
 }
 
+/* Simulated ranks' all-gather: each rank's slice of its slot into every
+ * other rank's. */
+static void cpu_gather_weights(mt_be *const *ranks, int n, int slot, int unit)
+{
+    const uint64_t all = slot_span((cpu_be *)ranks[0], unit);
+    for (int r = 0; r < n; r++) {
+        uint64_t lo, hi;
+        mt_fetch_slice_of(all, r, n, &lo, &hi);
+        for (int q = 0; q < n; q++)
+            if (q != r && hi > lo)
+                memcpy(((cpu_be *)ranks[q])->slots[slot] + lo, ((cpu_be *)ranks[r])->slots[slot] + lo,
+                       (hi - lo) * sizeof(float));
+    }
+}
+
 static mt_status cpu_join(mt_be *const *ranks, int n, mt_err err)
 {
     (void)err;
@@ -646,4 +676,5 @@ const mt_be_class mt_cpu_be_class = {
     .create = cpu_create,
     .join = cpu_join,
     .reduce_grads = cpu_reduce_grads,
+    .gather_weights = cpu_gather_weights,
 };

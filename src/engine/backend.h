@@ -101,6 +101,22 @@ static inline uint64_t mt_grad_slice(uint64_t n, int G)
 {
     return G <= 1 ? n : (n + (uint64_t)G * 64 - 1) / ((uint64_t)G * 64) * 64;
 }
+/* The same for fetching a unit's weights in slices (mt_be.fetch_slices):
+ * n of them (bytes of the host block on a GPU, elements of the slot on the
+ * CPU) in G slices of mt_fetch_slice(n, G), a multiple of 256 (a lean weight
+ * block on the CPU, 256-byte aligned on a GPU); rank r fetches [*lo, *hi),
+ * cut at n; a buffer that all G slices land in holds mt_fetch_span(n, G). */
+static inline uint64_t mt_fetch_slice(uint64_t n, int G)
+{
+    return G <= 1 ? n : (n + (uint64_t)G * 256 - 1) / ((uint64_t)G * 256) * 256;
+}
+static inline uint64_t mt_fetch_span(uint64_t n, int G) { return G <= 1 ? n : mt_fetch_slice(n, G) * (uint64_t)G; }
+static inline void mt_fetch_slice_of(uint64_t n, int r, int G, uint64_t *lo, uint64_t *hi)
+{
+    const uint64_t s = mt_fetch_slice(n, G);
+    *lo = MT_MIN((uint64_t)(G <= 1 ? 0 : r) * s, n);
+    *hi = MT_MIN(*lo + s, n);
+}
 static inline uint64_t mt_grad_acc_elems(uint64_t n, int G) { return G <= 1 ? n : mt_grad_slice(n, G) * (uint64_t)G; }
 /* Rank r's slice of n elements among G: [*lo, *hi), empty when lo >= n. */
 static inline void mt_grad_slice_of(uint64_t n, int r, int G, uint64_t *lo, uint64_t *hi)
@@ -129,6 +145,12 @@ typedef struct mt_be_class {
      * send_grads: rank r's accumulator then holds, in its slice, the sum of
      * every rank's. */
     void (*reduce_grads)(mt_be *const *ranks, int n, int unit);
+    /* Completes a load in slices (mt_be.fetch_slices), issued once for all
+     * ranks after each one's load_weights of unit into slot, which copied
+     * only its slice from the host: every rank's slot then holds the whole
+     * unit (on CUDA, NCCL's all-gather on the copy streams) before a visit
+     * reads it. NULL where the class cannot (the group then fetches whole). */
+    void (*gather_weights)(mt_be *const *ranks, int n, int slot, int unit);
 } mt_be_class;
 
 /* The class of a resolved backend kind; NULL, with the reason in err
@@ -153,7 +175,9 @@ typedef struct mt_be_ops {
      * a sequence. */
     void (*set_tokens)(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions);
     /* Copies unit's weights from its host tile (the bf16 block, or the fp32
-     * master in fp32 mode) into slot, after the slot's previous user released it. */
+     * master in fp32 mode) into slot, after the slot's previous user released it.
+     * With fetch_slices, only the rank's slice (mt_fetch_slice_of), which the
+     * class's gather_weights completes. */
     void (*load_weights)(mt_be *be, int slot, int unit);
     /* A visit of unit in phase (mt_phase) begins: its compute waits for the
      * weights in slot (-1: none) and for the checkpoints it reads. */
@@ -200,14 +224,18 @@ struct mt_be {
     mt_be_needs held;      /* what the last reserve() allocated, by the same count as needs() */
     uint64_t device_fixed; /* device bytes held from create() on, outside any reservation */
     int rank, n_ranks;     /* in a data-parallel group (join); 0 and 1 alone */
+    int fetch_slices;      /* in a group: load_weights fetches the rank's slice, gather_weights the rest */
 };
 
 /* A data-parallel group of n backends of class cls over one model
  * (engine/group.c): a backend itself, which divides each step's
  * micro-batches among its ranks and reduces their gradients. devices: one
- * per rank (-1: no device to make current, the CPU). Takes the ranks, which
- * it destroys with itself (also on failure). */
-mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devices, int n, mt_be **out, mt_err err);
+ * per rank (-1: no device to make current, the CPU); fetch: how the ranks
+ * receive a unit's weights (MT_FETCH_SLICES: in slices that gather_weights
+ * completes; otherwise whole). Takes the ranks, which it destroys with
+ * itself (also on failure). */
+mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devices, int n, mt_weight_fetch fetch,
+                          mt_be **out, mt_err err);
 
 extern const mt_be_class mt_cpu_be_class;
 #ifdef MT_HAVE_CUDA

@@ -184,7 +184,7 @@ static mt_status create_backend(mt_model *m, const mt_be_class *cls, mt_err err)
             return st;
         }
     }
-    return mt_group_create(cls, ranks, devices, n, &m->be, err);
+    return mt_group_create(cls, ranks, devices, n, (mt_weight_fetch)m->pol.weight_fetch, &m->be, err);
 }
 
 /* Makes the backend ready for this shape: created on first use, reserved

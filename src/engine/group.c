@@ -2,7 +2,9 @@
  * mt_group_create): a backend made of G backends of one class, the ranks,
  * which share the model's one host copy of the state. To the scheduler it is
  * one backend; underneath, every visit goes to every rank (each loads the
- * unit's weights from the host tile over its own link), each micro-batch to
+ * unit's weights from the host tile over its own link, or with
+ * MT_FETCH_SLICES its G-th of them, which the class's gather_weights
+ * completes from the others': NCCL's all-gather on CUDA), each micro-batch to
  * the one rank that owns it (contiguous runs: rank r owns [r M / G,
  * (r + 1) M / G)), and a unit's gradients, accumulated by each rank over its
  * micro-batches, are reduced across the ranks (the class's reduce_grads:
@@ -117,6 +119,7 @@ static void group_load_weights(mt_be *be, int slot, int unit)
         use(g, r);
         g->rank[r]->ops->load_weights(g->rank[r], slot, unit);
     }
+    if (g->rank[0]->fetch_slices) g->cls->gather_weights(g->rank, g->n, slot, unit);
 }
 
 static void group_begin_visit(mt_be *be, int slot, int unit, int phase)
@@ -251,7 +254,8 @@ static const mt_be_ops group_ops = {
     .trace_read = group_trace_read,
 };
 
-mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devices, int n, mt_be **out, mt_err err)
+mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devices, int n, mt_weight_fetch fetch,
+                          mt_be **out, mt_err err)
 {
     *out = NULL;
     group_be *g = calloc(1, sizeof *g);
@@ -271,10 +275,13 @@ mt_status mt_group_create(const mt_be_class *cls, mt_be **ranks, const int *devi
     mt_status st;
     if (cls->join) st = cls->join(rk, n, err);
     else st = mt_fail(err, MT_ERR_UNSUPPORTED, "the %s backend cannot train on several devices", cls->name);
+    if (!st && fetch == MT_FETCH_SLICES && n > 1 && !cls->gather_weights)
+        st = mt_fail(err, MT_ERR_UNSUPPORTED, "the %s backend cannot fetch weights in slices", cls->name);
     if (st) {
         group_destroy(&g->base);
         return st;
     }
+    for (int r = 0; r < n; r++) rk[r]->fetch_slices = fetch == MT_FETCH_SLICES && n > 1;
     *out = &g->base;
     return MT_OK;
 }

@@ -21,6 +21,7 @@ typedef struct train_args {
     int warmup, slots, threads, cpu, restart, force, attention, nondet_attention;
     int n_devices;      /* --devices: 0 (the default GPU), 1, or several (data parallel) */
     int32_t devices[64];
+    uint32_t weight_fetch; /* --weight-fetch: mt_weight_fetch */
     uint64_t seed;
     int argc;
     char **argv;
@@ -79,6 +80,8 @@ static const char train_help[] =
     "  --slots N          weight slots (default 2)\n"
     "  --devices LIST     the GPUs, e.g. 0,1,2,3 (default: GPU 0); several train data parallel, sharing one\n"
     "                     host copy of the model, --grad-accum divided among them (a multiple of their number)\n"
+    "  --weight-fetch F   how each of several GPUs receives a layer's weights: whole (each over its own\n"
+    "                     link; auto, the default, picks it) or slices (each a share, then an NCCL all-gather)\n"
     "  --threads N        CPU threads (default: all cores)\n"
     "  --cpu              use the CPU backend even when a GPU is present\n"
     "  --attention A      the GPU's attention: auto (cuDNN's fused kernels where installed and they\n"
@@ -135,6 +138,12 @@ static void parse_train(int argc, char **argv, train_args *a)
         else if (cli_opt(argc, argv, &i, "--ffn", &v)) a->ffn = (int)cli_int("--ffn", v, 1, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--slots", &v)) a->slots = (int)cli_int("--slots", v, 2, 16);
         else if (cli_opt(argc, argv, &i, "--devices", &v)) a->n_devices = cli_devices("--devices", v, a->devices, 64);
+        else if (cli_opt(argc, argv, &i, "--weight-fetch", &v)) {
+            if (!strcmp(v, "auto")) a->weight_fetch = MT_FETCH_AUTO;
+            else if (!strcmp(v, "whole")) a->weight_fetch = MT_FETCH_WHOLE;
+            else if (!strcmp(v, "slices")) a->weight_fetch = MT_FETCH_SLICES;
+            else cli_die("train: --weight-fetch takes auto, whole or slices, not '%s'", v);
+        }
         else if (cli_opt(argc, argv, &i, "--threads", &v)) a->threads = (int)cli_int("--threads", v, 1, 4096);
         else if (cli_opt(argc, argv, &i, "--seed", &v)) a->seed = (uint64_t)cli_int("--seed", v, 0, INT64_MAX);
         else if (cli_opt(argc, argv, &i, "--log-every", &v)) a->log_every = (int)cli_int("--log-every", v, 1, 1 << 30);
@@ -575,6 +584,7 @@ static mt_offload_policy policy_of(const train_args *a)
     pol.weight_slots = (uint32_t)a->slots;
     if (a->n_devices == 1) pol.device = a->devices[0];
     if (a->n_devices > 1) pol.num_devices = (uint32_t)a->n_devices, pol.devices = a->devices;
+    pol.weight_fetch = a->weight_fetch;
     pol.optimizer_threads = (uint32_t)a->threads;
     pol.attention = (uint32_t)a->attention;
     pol.attention_flags = a->nondet_attention ? MT_ATTENTION_NONDETERMINISTIC : 0;

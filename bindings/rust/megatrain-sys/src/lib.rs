@@ -127,6 +127,13 @@ c_enum!(mt_attention {
     MT_ATTENTION_MAX_ENUM = 0x7FFF_FFFF,
 });
 
+c_enum!(mt_weight_fetch {
+    MT_FETCH_AUTO = 0,
+    MT_FETCH_WHOLE = 1,
+    MT_FETCH_SLICES = 2,
+    MT_FETCH_MAX_ENUM = 0x7FFF_FFFF,
+});
+
 /// mt_offload_policy.attention_flags
 pub const MT_ATTENTION_NONDETERMINISTIC: u32 = 1;
 
@@ -257,7 +264,7 @@ pub struct mt_offload_policy {
     pub attention: u32,
     pub attention_flags: u32,
     pub num_devices: u32,
-    pub reserved2: u32,
+    pub weight_fetch: u32,
     pub devices: *const i32,
 }
 

@@ -102,7 +102,7 @@ layout! {
     attention: 96,
     attention_flags: 100,
     num_devices: 104,
-    reserved2: 108,
+    weight_fetch: 108,
     devices: 112,
 }
 

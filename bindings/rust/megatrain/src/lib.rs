@@ -184,6 +184,12 @@ c_enum!(Attention {
     CUDNN = sys::MT_ATTENTION_CUDNN,
 });
 
+c_enum!(WeightFetch {
+    AUTO = sys::MT_FETCH_AUTO,
+    WHOLE = sys::MT_FETCH_WHOLE,
+    SLICES = sys::MT_FETCH_SLICES,
+});
+
 c_enum!(LrSchedule {
     CONSTANT = sys::MT_LR_CONSTANT,
     COSINE = sys::MT_LR_COSINE,
@@ -508,6 +514,9 @@ pub struct OffloadPolicy {
     /// micro-batches divided among them, a multiple of their number;
     /// gradients reduced over NCCL). Empty: the one GPU `device`.
     pub devices: Vec<i32>,
+    /// How each of those GPUs receives a unit's weights: whole over its
+    /// own link, or a slice each and an NCCL all-gather (`mt_weight_fetch`).
+    pub weight_fetch: WeightFetch,
     /// None: warnings and errors go to stderr.
     pub log: Option<LogFn>,
     /// Polled between unit visits and micro-batches: once it is true, the
@@ -536,6 +545,7 @@ impl Default for OffloadPolicy {
             attention: Attention(r.attention),
             nondeterministic_attention: r.attention_flags & sys::MT_ATTENTION_NONDETERMINISTIC != 0,
             devices: Vec::new(),
+            weight_fetch: WeightFetch(r.weight_fetch),
             log: None,
             abort: None,
         }
@@ -563,6 +573,7 @@ impl fmt::Debug for OffloadPolicy {
             )
             .field("recompute", &self.recompute)
             .field("devices", &self.devices)
+            .field("weight_fetch", &self.weight_fetch)
             .field("log", &self.log.as_ref().map(|_| "Fn"))
             .field("abort", &self.abort)
             .finish()
@@ -624,6 +635,7 @@ impl OffloadPolicy {
         r.timeline = self.timeline as u32;
         r.recompute = self.recompute.0;
         r.attention = self.attention.0;
+        r.weight_fetch = self.weight_fetch.0;
         r.attention_flags = if self.nondeterministic_attention {
             sys::MT_ATTENTION_NONDETERMINISTIC
         } else {

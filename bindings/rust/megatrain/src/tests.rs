@@ -121,6 +121,27 @@ fn device_list_is_passed_and_checked() {
     );
 }
 
+/// The weight fetch reaches the library: a value it does not know is
+/// refused by name; the default is AUTO.
+#[test]
+fn weight_fetch_is_passed_and_checked() {
+    assert_eq!(OffloadPolicy::default().weight_fetch, WeightFetch::AUTO);
+    let pol = OffloadPolicy {
+        backend: Backend::CUDA,
+        devices: vec![0, 1],
+        weight_fetch: WeightFetch(3),
+        ..Default::default()
+    };
+    let err = Model::new(&ModelConfig::default(), &pol).unwrap_err();
+    assert_eq!(err.status, Status::INVALID_ARGUMENT);
+    assert!(
+        err.message
+            .contains("weight_fetch 3 is not an mt_weight_fetch"),
+        "{}",
+        err.message
+    );
+}
+
 #[test]
 fn refused_config_has_status_and_message() {
     // 7 query heads, which the default 8 key/value heads do not divide
