@@ -29,4 +29,6 @@ SHAPE="--preset 7b --seq-len 4096 --micro-batch 4 --steps 3 --host-budget 110 --
 run step_7b_1gpu 300 build/bench/step $SHAPE --grad-accum 8
 run "step_7b_${G}gpu" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs" --weight-fetch whole
 run "step_7b_${G}gpu_slices" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs" --weight-fetch slices
+# with 3 slots the all-gather, queued behind the reduce-scatter, has a visit's time to finish (docs/benchmarks.md)
+run "step_7b_${G}gpu_slices_k3" 300 build/bench/step $SHAPE --grad-accum $((8 * G)) --devices "$devs" --weight-fetch slices --slots 3
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
