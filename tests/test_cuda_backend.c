@@ -776,6 +776,16 @@ Test(cuda_backend, group_of_one_gpu_is_the_plain_backend)
     mt_model_destroy(one);
 }
 
+/* The tests of two GPUs skip on a machine with one (and fail without a GPU
+ * where one is required). */
+static void require_two_gpus(void)
+{
+    char why[256];
+    const int n = mt_device_count(why, sizeof why);
+    if (n < 1) MT_GPU_MISSING("%s", why);
+    if (n < 2) cr_skip_test("needs two GPUs; this machine has %d", n);
+}
+
 /* Two GPUs against one, fp32: the same steps' losses to 1e-5 relative and
  * the weights after 3 steps within 1e-4 of each tensor's largest (the
  * reduction adds the two GPUs' partial sums, one GPU adds the micro-batches
@@ -783,10 +793,7 @@ Test(cuda_backend, group_of_one_gpu_is_the_plain_backend)
  * one GPU. */
 Test(cuda_backend, two_gpus_train_as_one)
 {
-    char why[256];
-    const int n = mt_device_count(why, sizeof why);
-    if (n < 1) MT_GPU_MISSING("%s", why);
-    if (n < 2) cr_skip_test("needs two GPUs; this machine has %d", n);
+    require_two_gpus();
     mt_model_config c = cfg_of(MT_PRECISION_FP32, 1, 1, 64);
     mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
     const int32_t devs[2] = {0, 1};
@@ -830,10 +837,7 @@ Test(cuda_backend, two_gpus_train_as_one)
  * machine with one GPU. */
 static void slices_on_two_gpus(int precision, int tied)
 {
-    char why[256];
-    const int n = mt_device_count(why, sizeof why);
-    if (n < 1) MT_GPU_MISSING("%s", why);
-    if (n < 2) cr_skip_test("needs two GPUs; this machine has %d", n);
+    require_two_gpus();
     mt_model_config c = cfg_of(precision, 1, tied, 64);
     mt_offload_policy p = quiet_policy(MT_BACKEND_CUDA);
     const int32_t devs[2] = {0, 1};

@@ -172,6 +172,13 @@ static void fail_op(cu_be *b, const char *what)
     b->failed = 1;
 }
 
+// A failure whose message is whole already (NCCL's).
+static void fail_why(cu_be *b, const char *why)
+{
+    if (!b->failed) snprintf(b->why, sizeof b->why, "%s", why);
+    b->failed = 1;
+}
+
 static const mt_unit_desc *unit_desc(cu_be *b, int u) { return &b->req.layout->units[u]; }
 static void destroy_events(cudaEvent_t *ev, int n);
 
@@ -1201,17 +1208,25 @@ static void load_lean_scales(cu_be *b, int unit, float *scale_at)
                           b->h2d));
 }
 
-// The bytes of a slot that unit's load fills: its streamed block and, for a tied head, which reads the
-// embedding matrix too, the embedding's block behind it at *at (the head's padded elements). A load in slices
-// divides [0, span) among the ranks.
-static uint64_t slot_span(cu_be *b, int unit, size_t *at)
+// The head of a model with tied embeddings reads the embedding matrix too, which its slot holds behind its own.
+static int tied_head(cu_be *b, int unit) { return unit == b->L + 1 && b->req.cfg->tie_word_embeddings; }
+
+// What a load of unit copies into a slot: its streamed block to the slot's start and, for a tied head, the
+// embedding's block to `at` (the head's padded elements on); span, the bytes of the slot it fills, is what a
+// load in slices divides among the ranks.
+struct load_src {
+    const char *own, *emb;
+    size_t own_bytes, emb_bytes, at, span;
+};
+
+static load_src load_src_of(cu_be *b, int unit)
 {
-    size_t bytes, eb;
-    host_block(b, unit, &bytes);
-    *at = unit_desc(b, unit)->padded * b->es;
-    if (!(unit == b->L + 1 && b->req.cfg->tie_word_embeddings)) return bytes;
-    host_block(b, 0, &eb);
-    return *at + eb;
+    load_src l = {};
+    l.own = (const char *)host_block(b, unit, &l.own_bytes);
+    l.at = unit_desc(b, unit)->padded * b->es;
+    if (tied_head(b, unit)) l.emb = (const char *)host_block(b, 0, &l.emb_bytes);
+    l.span = l.emb ? l.at + l.emb_bytes : l.own_bytes;
+    return l;
 }
 
 // After the copies (and in a group fetching slices, the all-gather): lean codes become the bf16 weights the
@@ -1219,10 +1234,9 @@ static uint64_t slot_span(cu_be *b, int unit, size_t *at)
 static void finish_load(cu_be *b, int slot, int unit)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
-    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings;
     if (u->lean)
         OK(b, mt_cu_q16_to_bf16(b->h2d, b->slots[slot], b->slot_scale[slot],
-                                u->padded + (tied_head ? unit_desc(b, 0)->padded : 0)),
+                                u->padded + (tied_head(b, unit) ? unit_desc(b, 0)->padded : 0)),
            "weight codes to bf16");
     CU(b, cudaEventRecord(b->slot_loaded[slot], b->h2d));
 }
@@ -1233,29 +1247,25 @@ static void finish_load(cu_be *b, int slot, int unit)
 static void cu_load_weights(mt_be *be, int slot, int unit)
 {
     cu_be *b = (cu_be *)be;
-    size_t bytes, eb = 0, at;
-    const char *src = (const char *)host_block(b, unit, &bytes);
-    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings;
-    const char *e = tied_head ? (const char *)host_block(b, 0, &eb) : NULL;
-    const uint64_t span = slot_span(b, unit, &at);
-    uint64_t lo = 0, hi = span;
-    if (be->fetch_slices) mt_fetch_slice_of(span, be->rank, be->n_ranks, &lo, &hi);
-    const size_t own_lo = MT_MIN(lo, bytes), own_hi = MT_MIN(hi, bytes); // of the unit's block
-    const size_t emb_lo = tied_head ? MT_MIN(MT_MAX(lo, at), at + eb) - at : 0;
-    const size_t emb_hi = tied_head ? MT_MIN(MT_MAX(hi, at), at + eb) - at : 0; // of the embedding's
+    const load_src l = load_src_of(b, unit);
+    uint64_t lo = 0, hi = l.span;
+    if (be->fetch_slices) mt_fetch_slice_of(l.span, be->rank, be->n_ranks, &lo, &hi);
+    const size_t own_lo = MT_MIN(lo, l.own_bytes), own_hi = MT_MIN(hi, l.own_bytes); // of the unit's block
+    const size_t emb_lo = l.emb ? MT_MIN(MT_MAX(lo, l.at), l.at + l.emb_bytes) - l.at : 0;
+    const size_t emb_hi = l.emb ? MT_MIN(MT_MAX(hi, l.at), l.at + l.emb_bytes) - l.at : 0; // of the embedding's
     const mt_unit_desc *u = unit_desc(b, unit);
-    const size_t scales = u->lean ? u->scale_bytes + (tied_head ? unit_desc(b, 0)->scale_bytes : 0) : 0;
+    const size_t scales = u->lean ? u->scale_bytes + (l.emb ? unit_desc(b, 0)->scale_bytes : 0) : 0;
     CU(b, cudaStreamWaitEvent(b->h2d, b->slot_free[slot], 0));
     const int c = copy_start(b, b->h2d, 0, MT_COPY_WEIGHTS, (own_hi - own_lo) + (emb_hi - emb_lo) + scales);
     if (own_hi > own_lo)
-        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + own_lo, src + own_lo, own_hi - own_lo, cudaMemcpyHostToDevice,
-                              b->h2d));
+        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + own_lo, l.own + own_lo, own_hi - own_lo,
+                              cudaMemcpyHostToDevice, b->h2d));
     if (emb_hi > emb_lo)
-        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + at + emb_lo, e + emb_lo, emb_hi - emb_lo,
+        CU(b, cudaMemcpyAsync((char *)b->slots[slot] + l.at + emb_lo, l.emb + emb_lo, emb_hi - emb_lo,
                               cudaMemcpyHostToDevice, b->h2d));
     if (u->lean) { // the scales in the same order as the codes: the embedding's behind the head's
         load_lean_scales(b, unit, b->slot_scale[slot]);
-        if (tied_head) load_lean_scales(b, 0, b->slot_scale[slot] + u->padded / MT_LEAN_BLOCK_ELEMS);
+        if (l.emb) load_lean_scales(b, 0, b->slot_scale[slot] + u->padded / MT_LEAN_BLOCK_ELEMS);
     }
     copy_end(b, c, b->h2d);
     b->slot_copy[slot] = c;
@@ -1453,15 +1463,10 @@ static void cu_reduce_grads(mt_be *const *ranks, int n, int unit)
         cu_be *b = (cu_be *)ranks[r];
         cudaSetDevice(b->device);
         if (mt_nccl_reduce_scatter_f32(b->nccl, grads_of(b, unit), (size_t)count, r, b->comm, b->comp, why,
-                                       sizeof why) && !b->failed) {
-            snprintf(b->why, sizeof b->why, "%s", why);
-            b->failed = 1;
-        }
+                                       sizeof why))
+            fail_why(b, why);
     }
-    if (mt_nccl_group_end(b0->nccl, why, sizeof why) && !b0->failed) {
-        snprintf(b0->why, sizeof b0->why, "%s", why);
-        b0->failed = 1;
-    }
+    if (mt_nccl_group_end(b0->nccl, why, sizeof why)) fail_why(b0, why);
 }
 
 // A group's load in slices (engine/backend.h): one in-place NCCL all-gather of the slot's span per rank, on
@@ -1472,23 +1477,16 @@ static void cu_reduce_grads(mt_be *const *ranks, int n, int unit)
 static void cu_gather_weights(mt_be *const *ranks, int n, int slot, int unit)
 {
     cu_be *b0 = (cu_be *)ranks[0];
-    size_t at;
-    const uint64_t count = mt_fetch_slice(slot_span(b0, unit, &at), n);
+    const uint64_t count = mt_fetch_slice(load_src_of(b0, unit).span, n);
     char why[256];
     mt_nccl_group_begin(b0->nccl);
     for (int r = 0; r < n; r++) {
         cu_be *b = (cu_be *)ranks[r];
         cudaSetDevice(b->device);
-        if (mt_nccl_all_gather_u8(b->nccl, b->slots[slot], (size_t)count, r, b->comm, b->h2d, why, sizeof why) &&
-            !b->failed) {
-            snprintf(b->why, sizeof b->why, "%s", why);
-            b->failed = 1;
-        }
+        if (mt_nccl_all_gather_u8(b->nccl, b->slots[slot], (size_t)count, r, b->comm, b->h2d, why, sizeof why))
+            fail_why(b, why);
     }
-    if (mt_nccl_group_end(b0->nccl, why, sizeof why) && !b0->failed) {
-        snprintf(b0->why, sizeof b0->why, "%s", why);
-        b0->failed = 1;
-    }
+    if (mt_nccl_group_end(b0->nccl, why, sizeof why)) fail_why(b0, why);
     for (int r = 0; r < n; r++) {
         cu_be *b = (cu_be *)ranks[r];
         cudaSetDevice(b->device);

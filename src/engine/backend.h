@@ -92,7 +92,11 @@ static inline int mt_ck_row(int L, int n, int idx)
     return idx - below;
 }
 
-/* Data parallelism (engine/group.c): G ranks reduce a unit's n gradient
+/* Data parallelism (engine/group.c): each of G ranks holds the largest
+ * share of a step's M micro-batches. */
+static inline int mt_rank_share(int M, int G) { return G <= 1 ? M : (M + G - 1) / G; }
+
+/* G ranks reduce a unit's n gradient
  * elements in G equal slices of mt_grad_slice(n, G) elements (a multiple of
  * 64: 256-byte aligned in fp32), rank r's slice [r s, r s + s) cut at n; the
  * accumulators hold mt_grad_acc_elems(n, G), all G slices. Alone (G <= 1)

@@ -216,7 +216,7 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     mt_be_request r = mt_be_request_of(m, &s);
     r.pol = &pol;
     r.n_ranks = ranks_of(m); /* each rank plans for its share (engine/group.c) */
-    r.shape.n_micro = (n_micro + r.n_ranks - 1) / r.n_ranks;
+    r.shape.n_micro = mt_rank_share(n_micro, r.n_ranks);
     if (m->backend == MT_BACKEND_CUDA) { /* several GPUs: the least free of them */
         const uint64_t fr = mt_plan_gpu_free(&m->pol);
         if (fr) r.gpu_free = fr + m->be->device_fixed;

@@ -80,7 +80,7 @@ static mt_status group_reserve(mt_be *be, const mt_be_shape *shape, mt_err err)
 {
     group_be *g = grp(be);
     mt_be_shape s = *shape;
-    s.n_micro = (shape->n_micro + g->n - 1) / g->n;
+    s.n_micro = mt_rank_share(shape->n_micro, g->n);
     mt_be_needs h;
     memset(&h, 0, sizeof h);
     for (int r = 0; r < g->n; r++) {

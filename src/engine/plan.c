@@ -150,7 +150,7 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     /* several GPUs: each plans for its share of the micro-batches */
     const int ranks = pol.num_devices > 1 ? (int)pol.num_devices : 1;
     mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len,
-                                         ((int)shape.num_micro_batches + ranks - 1) / ranks, 1},
+                                         mt_rank_share((int)shape.num_micro_batches, ranks), 1},
                        0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0, 0, 0, ranks};
     st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
