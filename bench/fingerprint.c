@@ -13,9 +13,9 @@
  * llama3 RoPE scaling, several micro-batches, three weight slots and more
  * than one logits chunk; on CUDA each runs with activations kept on the
  * device and kept attention outputs, and again with checkpoints in host
- * memory and full recompute. `fixtures DIR cpu|cuda` runs the models of the
- * transformers fixtures (tests/fixtures) with their weights, in both
- * precisions. `7b` runs three steps of the Llama-2-7B shape
+ * memory and full recompute. `fixtures DIR cpu|cuda` runs the models of
+ * every transformers fixture (tests/fixtures) with their weights, in bf16,
+ * fp32 and lean. `7b` runs three steps of the Llama-2-7B shape
  * at 131072 tokens each on the GPU (about two minutes on an H200). */
 #include <megatrain.h>
 
@@ -150,15 +150,21 @@ static int train(const run *r, const mt_model_config *cfg_in, const char *load_d
     return rc;
 }
 
-/* `fingerprint fixtures DIR cpu|cuda`: the models of the transformers
- * fixtures (DIR/NAME/model, Hugging Face folders), their weights loaded, in
- * fp32 and bf16; on CUDA with activations kept and with host checkpoints. */
+/* `fingerprint fixtures DIR cpu|cuda`: the model of every transformers
+ * fixture (DIR/NAME/model, Hugging Face folders; every family, tied heads,
+ * windows, experts), its weights loaded, in bf16, fp32 and lean; on CUDA
+ * with activations kept and with host checkpoints. */
 static int fixtures(const char *dir, int cuda)
 {
-    static const char *names[] = {"llama3_rope", "llama_gqa", "llama_gqa_d64", "qwen2_tied", "qwen2_tied_d32"};
+    static const char *names[] = {"gemma2_window", "gemma3_window", "llama3_rope",      "llama_gqa",
+                                  "llama_gqa_d64", "llama_packed",  "mistral_window",   "mixtral",
+                                  "mixtral_routed", "phi3_window",  "qwen2_tied",       "qwen2_tied_d32",
+                                  "qwen2_window",  "qwen3_gqa",     "qwen3_moe",        "qwen3_moe_routed"};
+    static const uint32_t precs[] = {MT_PRECISION_BF16, MT_PRECISION_FP32, MT_PRECISION_LEAN};
+    static const char *prec_names[] = {"bf16", "fp32", "lean"};
     int rc = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        for (uint32_t prec = 0; prec < 2; prec++) {
+        for (size_t p = 0; p < sizeof precs / sizeof precs[0]; p++) {
             char path[4096], name[96];
             snprintf(path, sizeof path, "%s/%s/model", dir, names[i]);
             mt_model_config cfg;
@@ -168,8 +174,8 @@ static int fixtures(const char *dir, int cuda)
                 fprintf(stderr, "%s: mt_config_load: %s: %s\n", path, mt_status_str(st), mt_last_errmsg());
                 return 1;
             }
-            cfg.precision = prec ? MT_PRECISION_FP32 : MT_PRECISION_BF16;
-            snprintf(name, sizeof name, "%s-%s", names[i], prec ? "fp32" : "bf16");
+            cfg.precision = precs[p];
+            snprintf(name, sizeof name, "%s-%s", names[i], prec_names[p]);
             const uint32_t seq = cfg.max_position_embeddings < 64 ? cfg.max_position_embeddings : 64;
             const run r = {name, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, seq, 2, 2};
             if (!cuda) {
