@@ -8,6 +8,7 @@
 #include "model/layout.h"
 #include "engine/model.h"
 #include "engine/plan.h"
+#include "model/runner.h"
 #include "core/threadpool.h"
 
 static mt_model_config small_config(int precision, int tied, int bias)
@@ -199,27 +200,29 @@ Test(tiler, plan_accounting)
     cr_assert_eq(pf.grad_bytes, pf.master_bytes);
 }
 
-/* The CUDA backend's MLP pieces: one piece while the (tokens, F) buffers fit
- * the 2 GiB cap, else equal pieces of a multiple of 128 tokens, each within
- * the cap, no more of them than pieces of the widest aligned size, covering T. */
+/* The MLP pieces (model/runner.h; the CUDA backend caps them at 2 GiB): one
+ * piece while the (tokens, F) buffers fit the cap, else equal pieces of a
+ * multiple of 128 tokens, each within the cap, no more of them than pieces of
+ * the widest aligned size, covering T. */
 Test(tiler, mlp_pieces_cover_the_tokens_within_the_cap)
 {
     const uint64_t Ts[] = {1, 4096, 16384, 97000, 131072, 262144, 1048576, 1u << 24};
     const uint64_t Fs[] = {200, 11008, 14336, 18944};
+    const uint64_t cap = (uint64_t)2 << 30;
     for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
         for (size_t j = 0; j < sizeof Fs / sizeof *Fs; j++)
             for (uint64_t es = 2; es <= 4; es += 2) {
-                const uint64_t T = Ts[i], row = Fs[j] * es, ft = mt_plan_mlp_piece_tokens(T, Fs[j], es);
+                const uint64_t T = Ts[i], row = Fs[j] * es, ft = mt_mlp_piece_tokens(T, Fs[j], es, cap);
                 cr_assert(ft >= 1 && ft <= T, "T %llu F %llu: piece %llu", (unsigned long long)T,
                           (unsigned long long)Fs[j], (unsigned long long)ft);
-                if (T * row <= MT_MLP_PIECE_BYTES) {
+                if (T * row <= cap) {
                     cr_assert_eq(ft, T, "fits whole: one piece");
                     continue;
                 }
                 /* the most pieces: as many as the largest aligned piece within the cap needs */
-                const uint64_t widest = MT_MLP_PIECE_BYTES / row / 128 * 128;
+                const uint64_t widest = cap / row / 128 * 128;
                 const uint64_t pieces = (T + ft - 1) / ft, most = (T + widest - 1) / widest;
-                cr_assert(ft % 128 == 0 && ft * row <= MT_MLP_PIECE_BYTES, "T %llu F %llu es %llu: piece %llu",
+                cr_assert(ft % 128 == 0 && ft * row <= cap, "T %llu F %llu es %llu: piece %llu",
                           (unsigned long long)T, (unsigned long long)Fs[j], (unsigned long long)es,
                           (unsigned long long)ft);
                 cr_assert(pieces <= most, "T %llu: %llu pieces where %llu would do", (unsigned long long)T,
@@ -256,7 +259,7 @@ Test(tiler, cuda_plan_of_a_long_sequence)
     s.micro_batch_size = 1, s.seq_len = 262144, s.num_micro_batches = 1;
     mt_memory_plan plan;
     mt_memory_plan_init(&plan);
-    const mt_be_request r = {&rc, &rp, &lo, {1, 262144, 1, 1}, 0, 1, 0, 0, 0, 0, 0, 1};
+    const mt_be_request r = {.cfg = &rc, .pol = &rp, .layout = &lo, .shape = {1, 262144, 1, 1}, .threads = 1, .n_ranks = 1};
 #ifndef MT_HAVE_CUDA
     cr_assert_eq(mt_plan_compute(err, &plan, &r, 1, MT_BACKEND_CUDA), MT_ERR_UNSUPPORTED, "%s", msg);
     cr_assert(strstr(msg, "built without CUDA"), "%s", msg);

@@ -63,10 +63,8 @@
 extern "C" { // the library's own (C) headers
 #include "core/sysinfo.h"
 #include "engine/backend.h"
-#include "engine/model.h"
-#include "engine/plan.h" // the MLP's pieces and the head's chunks
 #include "model/rope.h"
-#include "model/template.h"
+#include "model/runner.h"
 }
 
 #include <cuda_runtime.h>
@@ -79,14 +77,19 @@ extern "C" { // the library's own (C) headers
 
 #define MAX_SLOTS MT_MAX_WEIGHT_SLOTS
 
+// The MLP runs in pieces of tokens whose (tokens, F) buffers stay within
+// MLP_PIECE_BYTES (mt_mlp_piece_tokens): a 262144-token micro-batch of the
+// Llama-2-7B shape would otherwise need six 5.4 GiB buffers, and T * F
+// elements past 2^31. The head computes the logits in chunks of
+// LOGITS_CHUNK_BYTES of fp32.
+#define MLP_PIECE_BYTES ((uint64_t)2 << 30)
+#define LOGITS_CHUNK_BYTES ((uint64_t)256 << 20)
+
 struct cu_be {
     mt_be base;
-    mt_model *m;              // tiles and logging; NULL in a backend that only counts (needs)
-    mt_be_request req;        // what the arena is laid out for
+    mt_be_request req;        // what the arena is laid out for (the model's tiles NULL in a backend that only counts)
     mt_be_shape shape;        // req.shape
-    const mt_template *tpl;
-    mt_dims d;
-    mt_work w;                // the template's working buffers, in the arena
+    mt_runner run;            // the template's calls, dims and working buffers (in the arena)
     int L, K;
     mt_cu_dtype dt;
     size_t es; // bytes per activation element
@@ -121,7 +124,7 @@ struct cu_be {
     int *docs;      // (n_micro) on the host: the micro-batch packs documents
     int mb;         // the micro-batch the kernels run on
     float *inv_freq;// (D/2)
-    float *inv_freq_local; // (D/2) the sliding layers' (Gemma 3's rope_local_base_freq), or NULL
+    float *inv_freq_local; // (D/2) the sliding layers' own (mt_rope_has_local), or NULL
     void *attn_ws;  // the attention's workspace: the kernels' backward, cuDNN's forward and backward
     size_t attn_ws_bytes;
     mt_cudnn_attn *cudnn; // cuDNN's fused attention (bf16, policy not KERNELS, loadable), or NULL
@@ -129,10 +132,9 @@ struct cu_be {
     int cudnn_fwd, cudnn_bwd; // the attention forward / backward runs on cuDNN (batches without documents)
     int cudnn_warned;     // a cuDNN call failed and was served by the kernels: said once
     char cudnn_why[200];  // why there is no cuDNN (b->cudnn_version 0)
-    void *red_scratch; // reductions' scratch (the largest need)
+    void *red_scratch; // reductions' scratch: the largest that the template declares (mt_runner_scratch_bytes)
+    size_t red_bytes;
     double *d_loss, *d_sumsq;
-    float *moe;         // (n_micro, L, 2E) with experts: each layer's routing statistics (mt_exec.moe)
-    int32_t *moe_offs;  // (E+1) the experts' first routed rows, read back by moe_route
     int32_t *h_tokens;  // pinned staging for set_tokens
     char why[256];
     int failed;         // the first error, reported by sync()
@@ -312,10 +314,23 @@ static void k_rmsnorm(void *kc, void *y, float *rstd, const void *x, const void 
     OK(b, mt_cu_rmsnorm(b->comp, b->dt, y, rstd, b->dt, x, w, T, C, eps, woff, NULL), "rmsnorm");
 }
 
+// Whether the reductions' scratch holds need bytes (the template declared the call's shape); a
+// failure of the step where it does not.
+static int scratch_ok(cu_be *b, size_t need, const char *what, int rows, int cols)
+{
+    if (need <= b->red_bytes) return 1;
+    if (!b->failed)
+        snprintf(b->why, sizeof b->why, "%s of %d x %d: %zu bytes of scratch, more than the %zu that the layer "
+                 "template's reductions declared", what, rows, cols, need, b->red_bytes);
+    b->failed = 1;
+    return 0;
+}
+
 static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const void *x, const void *w,
                           const float *rstd, int T, int C, float eps, float woff)
 {
     cu_be *b = B(kc);
+    if (!scratch_ok(b, mt_cu_rmsnorm_bwd_scratch_bytes(T, C, NULL), "rmsnorm backward", T, C)) return;
     OK(b, mt_cu_rmsnorm_bwd(b->comp, dx, dw, dy, b->dt, x, b->dt, w, rstd, T, C, eps, woff, b->red_scratch, NULL),
        "rmsnorm backward");
 }
@@ -339,7 +354,8 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 {
     cu_be *b = B(kc);
     gemm(b, "weight-gradient", 1, 0, N, K, M, dy, x, 1, dW, 1.0f, NULL);
-    if (db) OK(b, mt_cu_bias_grad(b->comp, db, b->dt, dy, M, N, b->red_scratch), "bias gradient");
+    if (db && scratch_ok(b, mt_cu_bias_grad_scratch_bytes(M, N), "bias gradient", M, N))
+        OK(b, mt_cu_bias_grad(b->comp, db, b->dt, dy, M, N, b->red_scratch), "bias gradient");
 }
 
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
@@ -349,7 +365,7 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int loc
     const float *inv_freq = local && b->inv_freq_local ? b->inv_freq_local : b->inv_freq;
     if (local && !b->inv_freq_local && !b->failed)
         snprintf(b->why, sizeof b->why, "rope: local frequencies asked of a model without them"), b->failed = 1;
-    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->d.T, inv_freq, T, nh, D, inverse),
+    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->run.d.T, inv_freq, T, nh, D, inverse),
        inverse ? "rope backward" : "rope");
 }
 
@@ -359,7 +375,7 @@ static int attn_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_CUATTN_BF
 // document's where it packs documents, else NULL (the sequence's first).
 static const int32_t *key_starts(const cu_be *b, int window)
 {
-    const size_t off = (size_t)b->mb * b->d.T;
+    const size_t off = (size_t)b->mb * b->run.d.T;
     return window ? b->win_start + off : b->docs[b->mb] ? b->doc_start + off : NULL;
 }
 
@@ -370,7 +386,7 @@ static void cudnn_failed(cu_be *b, int bwd, int rc, const char *why)
     if (rc == MT_CUDNN_EEXEC) *(bwd ? &b->cudnn_bwd : &b->cudnn_fwd) = 0;
     if (b->cudnn_warned) return;
     b->cudnn_warned = 1;
-    mt_log(&b->m->log, rc == MT_CUDNN_EEXEC ? MT_LOG_WARN : MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it%s",
+    mt_log(b->req.log, rc == MT_CUDNN_EEXEC ? MT_LOG_WARN : MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it%s",
            bwd ? "backward" : "forward", why, rc == MT_CUDNN_EEXEC ? " from now on" : "");
 }
 
@@ -471,6 +487,7 @@ static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const 
                             float scale)
 {
     cu_be *b = B(kc);
+    if (!scratch_ok(b, mt_cu_embedding_bwd_scratch_bytes(T), "embedding backward", T, C)) return;
     OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, scale, b->red_scratch), "embedding backward");
 }
 
@@ -478,6 +495,7 @@ static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_
                             float softcap)
 {
     cu_be *b = B(kc);
+    if (!scratch_ok(b, mt_cu_cross_entropy_scratch_bytes(n), "cross-entropy", n, V)) return;
     OK(b, mt_cu_cross_entropy(b->comp, logits, targets, n, V, dscale, softcap, MT_IGNORE_INDEX, b->dt, dlogits,
                               b->d_loss, NULL, b->red_scratch, NULL),
        "cross-entropy");
@@ -506,16 +524,16 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 // The routing, and the experts' first rows read back to the host: the one wait of a sparse layer
 // (the template sizes each expert's GEMM by them). After a failure the offsets are all zero, so
 // that no GEMM runs on rows that were never written; the failure is reported by sync().
-static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
-                        float *stats, const float *logits, int T, int E, int k, int norm)
+static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
+                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm)
 {
     cu_be *b = B(kc);
     memset(offs, 0, (size_t)(E + 1) * sizeof *offs);
     if (b->failed) return;
-    OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, b->moe_offs, stats, logits, T, E, k, norm),
+    OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, norm),
        "expert routing");
     int32_t got[MT_MAX_EXPERTS + 1];
-    CU(b, cudaMemcpyAsync(got, b->moe_offs, (size_t)(E + 1) * sizeof *got, cudaMemcpyDeviceToHost, b->comp));
+    CU(b, cudaMemcpyAsync(got, offs_buf, (size_t)(E + 1) * sizeof *got, cudaMemcpyDeviceToHost, b->comp));
     CU(b, cudaStreamSynchronize(b->comp));
     if (b->failed) return;
     for (int e = 0; e < E; e++)
@@ -564,6 +582,19 @@ static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double sc
     OK(b, mt_cu_moe_aux_loss(b->comp, b->d_loss, stats, L, E, scale), "load-balancing loss");
 }
 
+// The scratch of a reduction the template declares, as the kernels above ask it.
+static size_t cu_scratch_bytes(const mt_reduction *r)
+{
+    const int rows = (int)r->rows, cols = (int)r->cols;
+    switch (r->op) {
+    case MT_RED_RMSNORM_BWD: return mt_cu_rmsnorm_bwd_scratch_bytes(rows, cols, NULL);
+    case MT_RED_EMBEDDING_BWD: return mt_cu_embedding_bwd_scratch_bytes(rows);
+    case MT_RED_BIAS_GRAD: return mt_cu_bias_grad_scratch_bytes(rows, cols);
+    case MT_RED_CROSS_ENTROPY: return mt_cu_cross_entropy_scratch_bytes(rows);
+    }
+    return 0;
+}
+
 static mt_kernels cuda_kernels(void)
 {
     mt_kernels k;
@@ -595,6 +626,7 @@ static mt_kernels cuda_kernels(void)
     k.moe_combine = k_moe_combine;
     k.moe_dot_scale = k_moe_dot_scale;
     k.moe_aux_loss = k_moe_aux_loss;
+    k.scratch_bytes = cu_scratch_bytes;
     return k;
 }
 
@@ -602,7 +634,7 @@ static const mt_kernels CUDA_KERNELS = cuda_kernels();
 
 // ---- checkpoints ---------------------------------------------------------------------
 
-static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->d.T * b->d.C * b->es; }
+static size_t ck_row_bytes(const cu_be *b) { return (size_t)b->shape.n_micro * b->run.d.T * b->run.d.C * b->es; }
 
 // The device rows of checkpoints: L+1, two in evaluation (which keeps
 // nothing), L+1-ck_host with host checkpoints; rc fewer and a spare with
@@ -620,7 +652,7 @@ static void *ck_at(cu_be *b, int idx, int mb)
     const int rotating = !b->shape.want_grad || (b->ck_host && idx <= b->ck_host + 1);
     // own rows (and the spare) follow the two rotating ones, which stand for the host checkpoints
     const size_t row = rotating ? (size_t)(idx % 2) : (size_t)(mt_ck_row(b->L, b->rc, idx) - b->ck_host);
-    return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->d.T * (size_t)b->d.C * b->es;
+    return (char *)b->ck + row * ck_row_bytes(b) + (size_t)mb * (size_t)b->run.d.T * (size_t)b->run.d.C * b->es;
 }
 
 static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size_t)idx * ck_row_bytes(b); }
@@ -630,19 +662,18 @@ static void *ck_host_at(cu_be *b, int idx) { return (char *)b->ck_pinned + (size
 static mt_layer_acts acts_of(cu_be *b, int unit, int mb)
 {
     const int l = unit - 1;
-    const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->d.T;
-    mt_layer_acts a = {b->w.att, b->w.lse, b->w.h, l < b->keep_att, l < b->keep_h,
-                       b->w.q, b->w.k, b->w.v, l < b->keep_qkv, mt_config_layer_window(b->req.cfg, l, b->d.seq_len),
-                       mt_config_layer_local_rope(b->req.cfg, l), l};
+    const size_t i = (size_t)l * b->shape.n_micro + mb, T = (size_t)b->run.d.T;
+    mt_layer_acts a = mt_runner_acts(&b->run, unit);
+    a.att_kept = l < b->keep_att, a.h_kept = l < b->keep_h, a.qkv_kept = l < b->keep_qkv;
     if (a.att_kept) {
-        a.att = (char *)b->att_keep + i * T * b->d.Q * b->es;
-        a.lse = b->lse_keep + i * T * b->d.H;
+        a.att = (char *)b->att_keep + i * T * b->run.d.Q * b->es;
+        a.lse = b->lse_keep + i * T * b->run.d.H;
     }
-    if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->d.C * b->es;
+    if (a.h_kept) a.h = (char *)b->h_keep + i * T * b->run.d.C * b->es;
     if (a.qkv_kept) {
-        a.q = (char *)b->qkv_keep + i * T * (size_t)(b->d.Q + 2 * b->d.KV) * b->es;
-        a.k = (char *)a.q + T * b->d.Q * b->es;
-        a.v = (char *)a.k + T * b->d.KV * b->es;
+        a.q = (char *)b->qkv_keep + i * T * (size_t)(b->run.d.Q + 2 * b->run.d.KV) * b->es;
+        a.k = (char *)a.q + T * b->run.d.Q * b->es;
+        a.v = (char *)a.k + T * b->run.d.KV * b->es;
     }
     return a;
 }
@@ -662,27 +693,25 @@ static void *carve(carver *c, size_t bytes)
     return c->base ? c->base + at : NULL;
 }
 
-// The sizes of req's micro-batch.
-static void set_dims(cu_be *b)
+// The sizes of req's micro-batch: the template's through the runner, and this backend's choices.
+static mt_status set_dims(cu_be *b, mt_err err)
 {
     const mt_model_config *c = b->req.cfg;
     const mt_be_shape *s = &b->req.shape;
-    mt_dims *d = &b->d;
-    memset(d, 0, sizeof *d);
     b->shape = *s;
     b->L = (int)c->num_hidden_layers;
     b->K = (int)b->req.pol->weight_slots;
     b->dt = c->precision == MT_PRECISION_FP32 ? MT_CU_F32 : MT_CU_BF16;
     b->es = b->dt == MT_CU_BF16 ? 2 : 4;
-    b->tpl = mt_template_for(c);
-    mt_dims_init(d, c, s->n_seq, s->seq_len);
+    mt_status st = mt_runner_init(&b->run, c, b->req.layout, &CUDA_KERNELS, b, s->n_seq, s->seq_len, s->n_micro,
+                                  "CUDA", err);
+    if (st) return st;
+    mt_dims *d = &b->run.d;
     d->es = b->es;
-    d->n_micro = s->n_micro;
-    // the MLP in pieces (plan.h): a 262144-token micro-batch of the Llama-2-7B
-    // shape would otherwise need six 5.4 GiB buffers, and T * F elements past 2^31
     d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
-                                    : (int)mt_plan_mlp_piece_tokens((uint64_t)d->T, (uint64_t)d->F, b->es);
-    d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, MT_LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
+                                    : (int)mt_mlp_piece_tokens((uint64_t)d->T, (uint64_t)d->F, b->es, MLP_PIECE_BYTES);
+    d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
+    return MT_OK;
 }
 
 // The attention's workspace: the kernels' backward, and cuDNN's forward and
@@ -690,7 +719,7 @@ static void set_dims(cu_be *b)
 static size_t attn_workspace_bytes(const cu_be *b)
 {
     const mt_be_shape *s = &b->shape;
-    const mt_dims *d = &b->d;
+    const mt_dims *d = &b->run.d;
     size_t n = s->want_grad ? mt_cuattn_workspace_bytes(s->n_seq, s->seq_len, d->H, d->Hkv, d->D) : 0;
     if (b->cudnn_fwd) n = MT_MAX(n, mt_cudnn_attn_forward_workspace_bound(s->n_seq, s->seq_len, d->H, d->Hkv, d->D));
     if (b->cudnn_bwd)
@@ -703,7 +732,7 @@ static void layout_buffers(cu_be *b, carver *c)
 {
     const mt_layout *lo = b->req.layout;
     const mt_be_shape *s = &b->shape;
-    const mt_dims *d = &b->d;
+    const mt_dims *d = &b->run.d;
     const size_t T = (size_t)d->T, C = (size_t)d->C, Q = (size_t)d->Q;
     const size_t es = b->es, M = (size_t)s->n_micro;
     const int tied = b->req.cfg->tie_word_embeddings != 0;
@@ -728,18 +757,15 @@ static void layout_buffers(cu_be *b, carver *c)
     b->doc_start = (int32_t *)carve(c, M * T * 4);
     b->win_start = d->window ? (int32_t *)carve(c, M * T * 4) : NULL;
     b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
-    b->inv_freq_local = b->req.cfg->arch == MT_ARCH_GEMMA3 ? (float *)carve(c, (size_t)d->D / 2 * 4) : NULL;
-    // the template's working buffers
-    mt_work_buf wb[MT_WORK_MAX_BUFS];
-    const int n = b->tpl->work(d, s->want_grad, wb);
-    for (int i = 0; i < n; i++)
-        *(void **)((char *)&b->w + wb[i].field) = carve(c, (size_t)wb[i].elems * (wb[i].f32 ? 4 : es));
+    b->inv_freq_local = mt_rope_has_local(b->req.cfg) ? (float *)carve(c, (size_t)d->D / 2 * 4) : NULL;
+    // the template's working buffers and state
+    mt_runner_buf rb[MT_RUNNER_MAX_BUFS];
+    const int n = mt_runner_buffers(&b->run, s->want_grad, rb);
+    for (int i = 0; i < n; i++) *rb[i].where = carve(c, (size_t)rb[i].elems * (rb[i].f32 ? 4 : es));
     b->d_loss = (double *)carve(c, 8);
     b->d_sumsq = (double *)carve(c, 8);
-    b->moe = d->E ? (float *)carve(c, M * (size_t)b->L * 2 * (size_t)d->E * 4) : NULL;
-    b->moe_offs = d->E ? (int32_t *)carve(c, ((size_t)d->E + 1) * 4) : NULL;
-    size_t red = mt_cu_sumsq_scratch_bytes();
-    red = MT_MAX(red, mt_cu_cross_entropy_scratch_bytes(d->chunk));
+    // the reductions' scratch: send_grads' sum of squares, and what the template declares
+    b->red_bytes = MT_MAX(mt_cu_sumsq_scratch_bytes(), mt_runner_scratch_bytes(&b->run, s->want_grad));
     if (s->want_grad) {
         // in a group, room for every rank's slice (engine/backend.h)
         const size_t acc_elems = mt_grad_acc_elems(lo->largest_unit_padded, b->req.n_ranks);
@@ -751,15 +777,8 @@ static void layout_buffers(cu_be *b, carver *c)
             b->stage[1] = carve(c, lo->largest_unit_padded * 2);
         }
         b->dx = (float *)carve(c, M * T * C * 4);
-        red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T, d->C, NULL));
-        if (d->qk_norm) { // the norms of each head of q and k: T * H and T * Hkv rows of D
-            red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T * d->H, d->D, NULL));
-            red = MT_MAX(red, mt_cu_rmsnorm_bwd_scratch_bytes(d->T * d->Hkv, d->D, NULL));
-        }
-        red = MT_MAX(red, mt_cu_embedding_bwd_scratch_bytes(d->T));
-        red = MT_MAX(red, mt_cu_bias_grad_scratch_bytes(d->T, d->Q));
     }
-    b->red_scratch = carve(c, red);
+    b->red_scratch = carve(c, b->red_bytes);
     b->attn_ws_bytes = attn_workspace_bytes(b);
     b->attn_ws = b->attn_ws_bytes ? carve(c, b->attn_ws_bytes) : NULL;
 }
@@ -800,7 +819,7 @@ static int most_kept(cu_be *b, size_t room, int cap, int tier)
 static void attn_candidates(cu_be *b, int *cf, int *cb, char *no, size_t len)
 {
     const mt_be_shape *s = &b->shape;
-    const mt_dims *d = &b->d;
+    const mt_dims *d = &b->run.d;
     *cf = *cb = 0;
     snprintf(no, len, "the policy asks for the library's kernels");
     if (b->req.pol->attention == MT_ATTENTION_KERNELS) return;
@@ -830,12 +849,12 @@ static int rc_max(int L, int h) { return h ? MT_MAX(0, (L - h - 1) / 2) : L / 2;
 
 // The arrays of each micro-batch's staging: tokens, targets, positions, document starts and,
 // with a sliding window, its starts.
-static int staged_arrays(const cu_be *b) { return b->d.window ? 5 : 4; }
+static int staged_arrays(const cu_be *b) { return b->run.d.window ? 5 : 4; }
 
 // The pinned bytes of h host checkpoints and of the tokens' staging.
 static uint64_t pinned_of(const cu_be *b, int h)
 {
-    return (uint64_t)b->shape.n_micro * b->d.T * staged_arrays(b) * sizeof(int32_t) + (uint64_t)h * ck_row_bytes(b);
+    return (uint64_t)b->shape.n_micro * b->run.d.T * staged_arrays(b) * sizeof(int32_t) + (uint64_t)h * ck_row_bytes(b);
 }
 
 // What b->req needs, with free_b bytes free on the device: decides where the
@@ -847,11 +866,11 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
     const mt_offload_policy *pol = b->req.pol;
     const mt_be_shape *s = &b->shape;
     memset(n, 0, sizeof *n);
-    set_dims(b);
-    if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CUDA backend has no layer template for this architecture");
-    if (!mt_cuattn_head_dim_ok(b->d.D))
+    mt_status st = set_dims(b, err);
+    if (st) return st;
+    if (!mt_cuattn_head_dim_ok(b->run.d.D))
         return mt_fail(err, MT_ERR_UNSUPPORTED,
-                       "the CUDA backend's attention supports head_dim of a multiple of 8 up to 256, not %d", b->d.D);
+                       "the CUDA backend's attention supports head_dim of a multiple of 8 up to 256, not %d", b->run.d.D);
     // the budget covers the GEMM workspace (allocated with the backend) and the arena
     const size_t held = mt_gemm_device_bytes();
     const uint64_t budget =
@@ -911,11 +930,11 @@ static mt_status size_up(cu_be *b, size_t free_b, mt_be_needs *n, mt_err err)
         const size_t margin = pol->gpu_budget_bytes ? 0 : (size_t)512 << 20;
         const size_t room = MT_MIN((size_t)budget, free_b > margin ? free_b - margin : 0);
         const int cap = b->req.keep_layers_cap ? MT_MIN(b->L, (int)b->req.keep_layers_cap) : b->L;
-        const int att = most_kept(b, room, cap, 0);
-        const int h = att == b->L ? most_kept(b, room, cap, 1) : 0;
-        // with q and k normed per head the backward needs them before their norms: kept q, k, v
-        // would not save their recompute
-        const int qkv = h == b->L && !b->d.qk_norm ? most_kept(b, room, cap, 2) : 0;
+        // in order, what the template says kept activations spare it (mt_template.keeps)
+        const unsigned keeps = mt_runner_keeps(&b->run);
+        const int att = keeps & MT_KEEP_ATT ? most_kept(b, room, cap, 0) : 0;
+        const int h = att == b->L && keeps & MT_KEEP_H ? most_kept(b, room, cap, 1) : 0;
+        const int qkv = h == b->L && keeps & MT_KEEP_QKV ? most_kept(b, room, cap, 2) : 0;
         need = arena_bytes(b, att, h, qkv);
     }
     const size_t row = ck_row_bytes(b);
@@ -1037,7 +1056,7 @@ static void attn_describe(const cu_be *b, char *out, size_t len)
         snprintf(out, len, "attention: cuDNN %zu.%zu %s%s%s (the kernels for batches that pack documents%s)",
                  v / 10000, v / 100 % 100, b->cudnn_fwd ? "forward" : "", b->cudnn_fwd && b->cudnn_bwd ? " and " : "",
                  b->cudnn_bwd ? (det ? "deterministic backward" : "non-deterministic backward") : "",
-                 b->d.window ? " and for the sliding-window layers" : "");
+                 b->run.d.window ? " and for the sliding-window layers" : "");
     else
         snprintf(out, len, "attention: the library's kernels");
 }
@@ -1049,7 +1068,7 @@ static void attn_describe(const cu_be *b, char *out, size_t len)
 static mt_status check_cudnn_plans(cu_be *b, mt_err err)
 {
     const mt_be_shape *s = &b->shape;
-    const mt_dims *d = &b->d;
+    const mt_dims *d = &b->run.d;
     for (int bwd = 0; bwd < 2; bwd++) {
         int *use = bwd ? &b->cudnn_bwd : &b->cudnn_fwd;
         if (!*use) continue;
@@ -1069,18 +1088,18 @@ static mt_status check_cudnn_plans(cu_be *b, mt_err err)
             return mt_fail(err, MT_ERR_UNSUPPORTED, "the policy asks for cuDNN's attention, but its %s: %s",
                            bwd ? "backward" : "forward", why);
         *use = 0;
-        mt_log(&b->m->log, MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it",
+        mt_log(b->req.log, MT_LOG_INFO, "cuDNN attention %s: %s; the library's kernels run it",
                bwd ? "backward" : "forward", why);
     }
     return MT_OK;
 }
 
-static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
+static mt_status cu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
 {
     cu_be *b = (cu_be *)be;
+    const mt_be_shape *s = &r->shape;
     cu_release(be);
-    b->req = mt_be_request_of(b->m, s);
-    b->req.n_ranks = be->n_ranks;
+    b->req = *r;
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
     mt_be_needs n;
@@ -1098,7 +1117,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     layout_buffers(b, &c);
     b->shape = *s;
     b->docs = (int *)calloc((size_t)s->n_micro, sizeof *b->docs);
-    if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->d.T * staged_arrays(b) * sizeof(int32_t),
+    if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->run.d.T * staged_arrays(b) * sizeof(int32_t),
                                   cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         free_device(b);
@@ -1114,22 +1133,22 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
                        mt_fmt_bytes(b1, sizeof b1, (uint64_t)ck_host * ck_row_bytes(b)));
     }
     // frequencies, as the CPU backend computes them (positions come with each micro-batch's tokens)
-    float *inv = (float *)malloc((size_t)b->d.D / 2 * sizeof *inv);
+    float *inv = (float *)malloc((size_t)b->run.d.D / 2 * sizeof *inv);
     if (!inv) {
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     }
     mt_rope_inv_freq_of(inv, b->req.cfg, 0);
-    cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
+    cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
     cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8), e4 = cudaSuccess;
-    if (b->inv_freq_local) { // Gemma 3's sliding layers (the synchronous copy above is done with inv)
+    if (b->inv_freq_local) { // the sliding layers' own (the synchronous copy above is done with inv)
         mt_rope_inv_freq_of(inv, b->req.cfg, 1);
-        e4 = cudaMemcpy(b->inv_freq_local, inv, (size_t)b->d.D / 2 * 4, cudaMemcpyHostToDevice);
+        e4 = cudaMemcpy(b->inv_freq_local, inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
     }
-    // the dense layers' rows of the routing statistics stay zero (the legacy stream's memset done
-    // before the compute stream, which does not wait for it, can read them)
-    if (!e2 && b->moe) e2 = cudaMemset(b->moe, 0, (size_t)s->n_micro * b->L * 2 * b->d.E * 4);
-    if (!e2 && b->moe) e2 = cudaDeviceSynchronize();
+    // the template's state starts zero (the legacy stream's memset done before the compute stream,
+    // which does not wait for it, can read it)
+    if (!e2 && b->run.state) e2 = cudaMemset(b->run.state, 0, mt_runner_state_bytes(&b->run));
+    if (!e2 && b->run.state) e2 = cudaDeviceSynchronize();
     free(inv);
     if (e1 || e2 || e3 || e4) {
         cudaGetLastError();
@@ -1158,7 +1177,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
     if (n.recomputed)
         snprintf(again, sizeof again, ", %d of %d checkpoints recomputed in the backward (%d more layer forwards)",
                  n.recomputed, b->L + 1, n.recomputed);
-    mt_log(&b->m->log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",
+    mt_log(b->req.log, MT_LOG_INFO, "CUDA backend: %s of GPU memory for %d x %d x %d tokens per step%s%s%s; %s",
            mt_fmt_bytes(b1, sizeof b1, need), s->n_micro, s->n_seq, s->seq_len, kept, where, again, att);
     return MT_OK;
 }
@@ -1166,7 +1185,7 @@ static mt_status cu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions)
 {
     cu_be *b = (cu_be *)be;
-    const size_t n = (size_t)b->d.T, M = (size_t)b->shape.n_micro;
+    const size_t n = (size_t)b->run.d.T, M = (size_t)b->shape.n_micro;
     // the staging buffer (tokens, targets, positions, document starts of every micro-batch) is
     // free: every step, evaluation and logits call ends in sync()
     int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = ht + M * n, *hp = hg + M * n, *hs = hp + M * n, *hw = hs + M * n;
@@ -1176,11 +1195,11 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
         memcpy(hg, targets, n * 4);
         CU(b, cudaMemcpyAsync(b->targets + (size_t)mb * n, hg, n * 4, cudaMemcpyHostToDevice, b->comp));
     }
-    b->docs[mb] = mt_doc_layout(hp, hs, positions, b->d.n_seq, b->d.seq_len);
+    b->docs[mb] = mt_doc_layout(hp, hs, positions, b->run.d.n_seq, b->run.d.seq_len);
     CU(b, cudaMemcpyAsync(b->pos + (size_t)mb * n, hp, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (b->docs[mb]) CU(b, cudaMemcpyAsync(b->doc_start + (size_t)mb * n, hs, n * 4, cudaMemcpyHostToDevice, b->comp));
-    if (b->d.window) {
-        mt_window_starts(hw, hs, b->d.n_seq, b->d.seq_len, b->d.window);
+    if (b->run.d.window) {
+        mt_window_starts(hw, hs, b->run.d.n_seq, b->run.d.seq_len, b->run.d.window);
         CU(b, cudaMemcpyAsync(b->win_start + (size_t)mb * n, hw, n * 4, cudaMemcpyHostToDevice, b->comp));
     }
 }
@@ -1191,7 +1210,7 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
 static const void *host_block(cu_be *b, int unit, size_t *bytes)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
-    const mt_tile *t = &b->m->tiles.tile[unit];
+    const mt_tile *t = &b->req.tiles->tile[unit];
     if (b->dt == MT_CU_BF16) {
         *bytes = u->weight_bytes;
         return u->lean ? (const void *)mt_tile_wq(t, u) : (const void *)mt_tile_weights_bf16(t, u);
@@ -1204,7 +1223,7 @@ static const void *host_block(cu_be *b, int unit, size_t *bytes)
 static void load_lean_scales(cu_be *b, int unit, float *scale_at)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
-    CU(b, cudaMemcpyAsync(scale_at, mt_tile_sw(&b->m->tiles.tile[unit], u), u->scale_bytes, cudaMemcpyHostToDevice,
+    CU(b, cudaMemcpyAsync(scale_at, mt_tile_sw(&b->req.tiles->tile[unit], u), u->scale_bytes, cudaMemcpyHostToDevice,
                           b->h2d));
 }
 
@@ -1306,33 +1325,29 @@ static void cu_end_visit(mt_be *be, int slot)
 
 // ---- units -----------------------------------------------------------------------------------
 
-// What the template runs on for micro-batch mb (the kernels' RoPE positions
-// and documents are the micro-batch's).
-static mt_exec exec_of(cu_be *b, int mb)
-{
-    b->mb = mb;
-    float *moe = b->moe ? b->moe + (size_t)mb * b->L * 2 * b->d.E : NULL;
-    mt_exec x = {&CUDA_KERNELS, b, &b->d, &b->w, moe};
-    return x;
-}
-
-static float *dx_of(cu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
-static const int32_t *tokens_of(cu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
+static float *dx_of(cu_be *b, int mb) { return b->dx + (size_t)mb * b->run.d.T * b->run.d.C; }
 static float *grads_of(cu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc[b->gbuf]; }
+
+// What the runner's calls of unit for micro-batch mb run on (the kernels'
+// RoPE positions and documents are the micro-batch's); acts: where a layer's
+// activations live (acts_of).
+static mt_unit_io io_of(cu_be *b, int slot, int unit, int mb, const mt_layer_acts *acts)
+{
+    const size_t off = (size_t)mb * b->run.d.T;
+    b->mb = mb;
+    mt_unit_io io = {slot >= 0 ? b->slots[slot] : NULL, unit > 0 ? ck_at(b, unit - 1, mb) : NULL,
+                     unit <= b->L ? ck_at(b, unit, mb) : NULL, b->tokens + off, b->targets + off,
+                     b->dx ? dx_of(b, mb) : NULL, b->acc[b->gbuf], b->tied_acc, acts};
+    return io;
+}
 
 static void cu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), b->es);
+    const mt_layer_acts a = unit > 0 ? acts_of(b, unit, mb) : mt_layer_acts{};
+    const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    mt_run_forward(&b->run, unit, mb, &io);
     const int r = unit % 2;
-    if (unit == 0) {
-        b->tpl->embed_forward(&x, w, tokens_of(b, mb), ck_at(b, 0, mb));
-    } else {
-        const mt_layer_acts a = acts_of(b, unit, mb);
-        b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
-    }
     if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->ck_host - 1) { // to the host, behind the next unit
         CU(b, cudaEventRecord(b->ck_row_done[r], b->comp));
         CU(b, cudaStreamWaitEvent(b->d2h, b->ck_row_done[r], 0));
@@ -1347,55 +1362,24 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
 static void cu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    if (unit == 0) {
-        b->tpl->embed_backward(&x, grads_of(b, 0), tokens_of(b, mb), dx_of(b, mb));
-        return;
-    }
-    void *w[MT_T_ROLE_COUNT];
-    float *gw[MT_T_ROLE_COUNT];
-    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), b->es);
-    mt_bind_unit_f32(gw, b->acc[b->gbuf], unit_desc(b, unit));
-    const void *in = ck_at(b, unit - 1, mb);
-    const mt_layer_acts a = acts_of(b, unit, mb);
-    b->tpl->layer_forward(&x, w, in, NULL, &a);
-    b->tpl->layer_backward(&x, w, gw, in, dx_of(b, mb), &a);
-}
-
-// The head's weights, and the LM matrix: its own or, tied, the embedding's
-// (loaded behind the head's block).
-static const void *bind_head(cu_be *b, int slot, void **w)
-{
-    const mt_unit_desc *u = unit_desc(b, b->L + 1);
-    mt_bind_unit(w, b->slots[slot], u, b->es);
-    return b->req.cfg->tie_word_embeddings ? (const void *)((char *)b->slots[slot] + u->padded * b->es)
-                                           : (const void *)w[MT_T_LM_HEAD];
+    const mt_layer_acts a = unit > 0 ? acts_of(b, unit, mb) : mt_layer_acts{};
+    const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    mt_run_backward(&b->run, unit, mb, &io);
 }
 
 static void cu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    float *gw[MT_T_ROLE_COUNT];
-    const void *lm = bind_head(b, slot, w);
-    float *glm = NULL;
-    memset(gw, 0, sizeof gw);
-    if (want_grad) {
-        mt_bind_unit_f32(gw, b->acc[b->gbuf], unit_desc(b, b->L + 1));
-        glm = b->tied_acc ? b->tied_acc : gw[MT_T_LM_HEAD];
-    }
-    b->tpl->head(&x, w, lm, gw, glm, ck_at(b, b->L, mb), b->targets + (size_t)mb * b->d.T, loss_scale,
-                 want_grad ? dx_of(b, mb) : NULL);
+    mt_unit_io io = io_of(b, slot, b->L + 1, mb, NULL);
+    if (!want_grad) io.grads = NULL;
+    mt_run_head(&b->run, mb, &io, loss_scale);
 }
 
 static void cu_head_logits(mt_be *be, int slot, int mb, float *out)
 {
     cu_be *b = (cu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    const void *lm = bind_head(b, slot, w);
-    b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);
+    const mt_unit_io io = io_of(b, slot, b->L + 1, mb, NULL);
+    mt_run_head_logits(&b->run, mb, &io, out);
 }
 
 // ---- gradients ---------------------------------------------------------------------------------
@@ -1426,7 +1410,7 @@ static void cu_send_grads(mt_be *be, int unit)
 {
     cu_be *b = (cu_be *)be;
     const mt_unit_desc *u = unit_desc(b, unit);
-    const mt_tile *t = &b->m->tiles.tile[unit];
+    const mt_tile *t = &b->req.tiles->tile[unit];
     uint64_t lo, hi;
     mt_grad_slice_of(u->padded, be->rank, be->n_ranks, &lo, &hi);
     const size_t n = (size_t)(hi - lo);
@@ -1567,14 +1551,14 @@ static mt_be_ops cuda_ops(void)
 
 static const mt_be_ops cu_ops = cuda_ops();
 
-static mt_status cu_create(mt_model *m, int device, mt_be **out, mt_err err)
+static mt_status cu_create(const mt_be_request *r, int device, mt_be **out, mt_err err)
 {
     *out = NULL;
     cu_be *b = (cu_be *)calloc(1, sizeof *b);
     if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CUDA backend");
     b->base.ops = &cu_ops;
     b->base.n_ranks = 1;
-    b->m = m;
+    b->req = *r;
     b->device = device;
     char why[256] = "";
     int ok = cudaSetDevice(device) == cudaSuccess;
@@ -1597,12 +1581,12 @@ static mt_status cu_create(mt_model *m, int device, mt_be **out, mt_err err)
         return mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", why);
     }
     // cuDNN's attention, where the policy and the precision would use it
-    if (m->pol.attention != MT_ATTENTION_KERNELS && m->cfg.precision != MT_PRECISION_FP32) {
-        b->cudnn = mt_cudnn_attn_create(!(m->pol.attention_flags & MT_ATTENTION_NONDETERMINISTIC), b->cudnn_why,
+    if (r->pol->attention != MT_ATTENTION_KERNELS && r->cfg->precision != MT_PRECISION_FP32) {
+        b->cudnn = mt_cudnn_attn_create(!(r->pol->attention_flags & MT_ATTENTION_NONDETERMINISTIC), b->cudnn_why,
                                         sizeof b->cudnn_why);
         b->cudnn_version = mt_cudnn_attn_version(b->cudnn);
         if (!b->cudnn)
-            mt_log(&m->log, m->pol.attention == MT_ATTENTION_CUDNN ? MT_LOG_WARN : MT_LOG_INFO,
+            mt_log(r->log, r->pol->attention == MT_ATTENTION_CUDNN ? MT_LOG_WARN : MT_LOG_INFO,
                    "cuDNN attention: %s; the library's kernels run the attention", b->cudnn_why);
     }
     b->base.device_fixed = mt_gemm_device_bytes();

@@ -7,8 +7,8 @@
  * Every call runs when issued: there are no streams to order and nothing to
  * wait for, and the kernels cannot fail once reserve() has allocated. */
 #include "engine/backend.h"
-#include "engine/model.h"
-#include "model/template.h"
+#include "model/runner.h"
+#include "model/rope.h"
 #include "optim/adamw.h"
 #include "optim/q16.h"
 #include "cpu/cpu_ops.h"
@@ -22,12 +22,9 @@
 
 typedef struct cpu_be {
     mt_be base;
-    mt_model *m;          /* tiles and pool; NULL in a backend that only counts */
+    mt_be_request req;    /* the model (its tiles NULL in a backend that only counts) and the shape reserved */
     mt_pool *pool;
-    const mt_template *tpl;
-    mt_be_request req;
-    mt_dims d;
-    mt_work w;
+    mt_runner run;        /* the template's calls, dims and working buffers */
     int L;
     size_t slot_elems;
     float *slots[MT_MAX_WEIGHT_SLOTS];
@@ -44,9 +41,8 @@ typedef struct cpu_be {
     int32_t *win_start;        /* (n_micro, T) with a sliding window: each token's first key (mt_window_starts) */
     int mb;                    /* the micro-batch the kernels run on */
     float *inv_freq;           /* (D/2) */
-    float *inv_freq_local;     /* (D/2) the sliding layers' (Gemma 3), or NULL */
+    float *inv_freq_local;     /* (D/2) the sliding layers' own (mt_rope_has_local), or NULL */
     void *ws;                  /* the ops' per-thread workspace */
-    float *moe;                /* (n_micro, L, 2E) with experts: each layer's routing statistics (mt_exec.moe) */
     double loss_sum, sumsq;
 } cpu_be;
 
@@ -89,7 +85,7 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cpu_be *b = kc;
-    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->d.T, local ? b->inv_freq_local : b->inv_freq, T, nh, D,
+    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->run.d.T, local ? b->inv_freq_local : b->inv_freq, T, nh, D,
                 inverse);
 }
 
@@ -97,7 +93,7 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int loc
  * document's where it packs documents, else NULL (the sequence's first) */
 static const int32_t *key_starts(const cpu_be *b, int window)
 {
-    const size_t off = (size_t)b->mb * b->d.T;
+    const size_t off = (size_t)b->mb * b->run.d.T;
     return window ? b->win_start + off : b->docs[b->mb] ? b->doc_start + off : NULL;
 }
 
@@ -201,10 +197,10 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 
 /* ---- mixture of experts (cpu_moe.c) ---- */
 
-static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
-                        float *stats, const float *logits, int T, int E, int k, int norm)
+static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
+                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm)
 {
-    (void)kc;
+    (void)kc, (void)offs_buf; /* offs are made in host memory directly */
     mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, k, norm);
 }
 
@@ -287,28 +283,28 @@ static void add(buf_list *l, void *where, size_t bytes)
     l->bytes[l->n++] = MT_MAX(bytes, (size_t)1);
 }
 
-/* The sizes of b->req's micro-batch. */
-static void set_dims(cpu_be *b)
+/* The sizes of b->req's micro-batch: the template's through the runner, and the CPU's choices. */
+static mt_status set_dims(cpu_be *b, mt_err err)
 {
-    const mt_model_config *c = b->req.cfg;
     const mt_be_shape *s = &b->req.shape;
-    mt_dims *d = &b->d;
-    mt_dims_init(d, c, s->n_seq, s->seq_len);
+    mt_status st = mt_runner_init(&b->run, b->req.cfg, b->req.layout, &cpu_kernels, b, s->n_seq, s->seq_len,
+                                  s->n_micro, "CPU", err);
+    if (st) return st;
+    mt_dims *d = &b->run.d;
     d->es = sizeof(float);
-    d->n_micro = s->n_micro;
     d->FT = d->T; /* the whole MLP at once */
     d->chunk = MT_MIN(d->T, HEAD_CHUNK);
-    b->L = (int)c->num_hidden_layers;
-    b->tpl = mt_template_for(c);
+    b->L = (int)b->req.cfg->num_hidden_layers;
     /* the CPU backend keeps every checkpoint unless a test asks */
     b->rc = s->want_grad ? (int)MT_MIN(b->req.recomputed_checkpoints, (uint32_t)b->L / 2) : 0;
+    return MT_OK;
 }
 
 static void list_buffers(cpu_be *b, buf_list *l)
 {
     const mt_layout *lo = b->req.layout;
     const mt_be_shape *s = &b->req.shape;
-    const mt_dims *d = &b->d;
+    const mt_dims *d = &b->run.d;
     const size_t T = (size_t)d->T, C = (size_t)d->C, M = (size_t)s->n_micro, f = sizeof(float);
     const int tied = b->req.cfg->tie_word_embeddings != 0;
     const mt_unit_desc *embed = &lo->units[0], *head = &lo->units[b->L + 1];
@@ -330,12 +326,11 @@ static void list_buffers(cpu_be *b, buf_list *l)
     add(l, &b->docs, M * sizeof(int32_t));
     if (d->window) add(l, &b->win_start, M * T * sizeof(int32_t));
     add(l, &b->inv_freq, (size_t)d->D / 2 * f);
-    if (b->req.cfg->arch == MT_ARCH_GEMMA3) add(l, &b->inv_freq_local, (size_t)d->D / 2 * f);
+    if (mt_rope_has_local(b->req.cfg)) add(l, &b->inv_freq_local, (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
-    if (d->E) add(l, &b->moe, M * (size_t)b->L * 2 * (size_t)d->E * f);
-    mt_work_buf wb[MT_WORK_MAX_BUFS];
-    const int n = b->tpl->work(d, s->want_grad, wb);
-    for (int i = 0; i < n; i++) add(l, (char *)&b->w + wb[i].field, (size_t)wb[i].elems * f);
+    mt_runner_buf rb[MT_RUNNER_MAX_BUFS];
+    const int n = mt_runner_buffers(&b->run, s->want_grad, rb);
+    for (int i = 0; i < n; i++) add(l, rb[i].where, (size_t)rb[i].elems * f);
 }
 
 static void free_buffers(cpu_be *b)
@@ -363,8 +358,8 @@ static mt_status cpu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
     cpu_be b;
     memset(&b, 0, sizeof b);
     b.req = *r;
-    set_dims(&b);
-    if (!b.tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CPU backend has no layer template for this architecture");
+    mt_status st = set_dims(&b, err);
+    if (st) return st;
     buf_list l;
     list_buffers(&b, &l);
     count(&l, n);
@@ -376,24 +371,24 @@ static mt_status cpu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
 static void cpu_destroy(mt_be *be)
 {
     cpu_be *b = (cpu_be *)be;
-    if (b->tpl) free_buffers(b);
+    if (b->run.tpl) free_buffers(b);
     free(b);
 }
 
 static void cpu_release(mt_be *be)
 {
     cpu_be *b = (cpu_be *)be;
-    if (b->tpl) free_buffers(b);
+    if (b->run.tpl) free_buffers(b);
 }
 
-static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
+static mt_status cpu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
 {
     cpu_be *b = (cpu_be *)be;
+    const mt_be_shape *s = &r->shape;
     cpu_release(be);
-    b->req = mt_be_request_of(b->m, s);
-    b->req.n_ranks = be->n_ranks;
-    set_dims(b);
-    if (!b->tpl) return mt_fail(err, MT_ERR_UNSUPPORTED, "the CPU backend has no layer template for this architecture");
+    b->req = *r;
+    mt_status st = set_dims(b, err);
+    if (st) return st;
     buf_list l;
     list_buffers(b, &l);
     for (int i = 0; i < l.n; i++)
@@ -407,13 +402,13 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
         }
     count(&l, &b->base.held);
     for (int mb = 0; mb < s->n_micro; mb++) {
-        const size_t off = (size_t)mb * b->d.T;
+        const size_t off = (size_t)mb * b->run.d.T;
         b->docs[mb] = mt_doc_layout(b->pos + off, b->doc_start + off, NULL, s->n_seq, s->seq_len);
-        if (b->d.window) mt_window_starts(b->win_start + off, b->doc_start + off, s->n_seq, s->seq_len, b->d.window);
+        if (b->run.d.window) mt_window_starts(b->win_start + off, b->doc_start + off, s->n_seq, s->seq_len, b->run.d.window);
     }
-    mt_rope_inv_freq_of(b->inv_freq, &b->m->cfg, 0);
-    if (b->inv_freq_local) mt_rope_inv_freq_of(b->inv_freq_local, &b->m->cfg, 1);
-    if (b->moe) memset(b->moe, 0, (size_t)s->n_micro * b->L * 2 * b->d.E * sizeof(float)); /* dense layers' rows */
+    mt_rope_inv_freq_of(b->inv_freq, b->req.cfg, 0);
+    if (b->inv_freq_local) mt_rope_inv_freq_of(b->inv_freq_local, b->req.cfg, 1);
+    if (b->run.state) memset(b->run.state, 0, mt_runner_state_bytes(&b->run));
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
 }
@@ -421,18 +416,18 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_shape *s, mt_err err)
 static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_t *targets, const int32_t *positions)
 {
     cpu_be *b = (cpu_be *)be;
-    const size_t T = (size_t)b->d.T;
+    const size_t T = (size_t)b->run.d.T;
     memcpy(b->tokens + (size_t)mb * T, tokens, T * sizeof *tokens);
     if (targets) memcpy(b->targets + (size_t)mb * T, targets, T * sizeof *targets);
     /* without documents the positions are as reserve() left them, unless the last batch packed some */
     if (positions || b->docs[mb]) {
-        b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->d.n_seq, b->d.seq_len);
-        if (b->d.window)
-            mt_window_starts(b->win_start + mb * T, b->doc_start + mb * T, b->d.n_seq, b->d.seq_len, b->d.window);
+        b->docs[mb] = mt_doc_layout(b->pos + mb * T, b->doc_start + mb * T, positions, b->run.d.n_seq, b->run.d.seq_len);
+        if (b->run.d.window)
+            mt_window_starts(b->win_start + mb * T, b->doc_start + mb * T, b->run.d.n_seq, b->run.d.seq_len, b->run.d.window);
     }
 }
 
-static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout.units[unit]; }
+static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->req.layout->units[unit]; }
 
 /* Elements [lo, hi) of a unit's weights in fp32, to dst[lo, hi): from the
  * tile's bf16 block, in lean mode the bf16 values of its codes (what the GPU
@@ -441,7 +436,7 @@ static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->m->layout
 static void copy_unit(cpu_be *b, float *dst, int unit, uint64_t lo, uint64_t hi)
 {
     const mt_unit_desc *u = unit_desc(b, unit);
-    const mt_tile *t = &b->m->tiles.tile[unit];
+    const mt_tile *t = &b->req.tiles->tile[unit];
     const uint16_t *w = mt_tile_weights_bf16(t, u);
     if (lo >= hi) return;
     if (u->lean) mt_q16_blocks_to_f32(mt_tile_wq(t, u) + lo, mt_tile_sw(t, u) + lo / MT_Q16_BLOCK, hi - lo, dst + lo);
@@ -453,7 +448,7 @@ static void copy_unit(cpu_be *b, float *dst, int unit, uint64_t lo, uint64_t hi)
  * embedding matrix behind them, which the head also reads. */
 static uint64_t slot_span(cpu_be *b, int unit)
 {
-    const int tied_head = unit == b->L + 1 && b->m->cfg.tie_word_embeddings;
+    const int tied_head = unit == b->L + 1 && b->req.cfg->tie_word_embeddings;
     return unit_desc(b, unit)->padded + (tied_head ? unit_desc(b, 0)->padded : 0);
 }
 
@@ -478,91 +473,54 @@ static void cpu_end_visit(mt_be *be, int slot) { (void)be, (void)slot; }
 static float *ck_at(cpu_be *b, int idx, int mb)
 {
     const int row = mt_ck_row(b->L, b->rc, idx);
-    return b->ck + ((size_t)row * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->d.T * (size_t)b->d.C;
+    return b->ck + ((size_t)row * (size_t)b->req.shape.n_micro + (size_t)mb) * (size_t)b->run.d.T * (size_t)b->run.d.C;
 }
 
-static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->d.T * b->d.C; }
+static float *dx_of(cpu_be *b, int mb) { return b->dx + (size_t)mb * b->run.d.T * b->run.d.C; }
 /* Where unit's weight gradients accumulate: the embedding's, tied to the head, have their own buffer. */
 static float *grads_of(cpu_be *b, int unit) { return unit == 0 && b->tied_acc ? b->tied_acc : b->acc; }
-static const int32_t *tokens_of(cpu_be *b, int mb) { return b->tokens + (size_t)mb * b->d.T; }
-/* What the template runs on for micro-batch mb (the kernels' RoPE positions
- * and documents are the micro-batch's). */
-static mt_exec exec_of(cpu_be *b, int mb)
-{
-    b->mb = mb;
-    float *moe = b->moe ? b->moe + (size_t)mb * b->L * 2 * b->d.E : NULL;
-    return (mt_exec){&cpu_kernels, b, &b->d, &b->w, moe};
-}
 
-/* The layer's activations all live in the work buffers: nothing is kept. */
-static mt_layer_acts acts_of(cpu_be *b, int unit)
+/* What the runner's calls of unit for micro-batch mb run on: every
+ * checkpoint kept, every activation in the work buffers (acts). The
+ * kernels run on that micro-batch's positions and documents. */
+static mt_unit_io io_of(cpu_be *b, int slot, int unit, int mb, const mt_layer_acts *acts)
 {
-    return (mt_layer_acts){b->w.att, b->w.lse, b->w.h, 0, 0, b->w.q, b->w.k, b->w.v, 0,
-                           mt_config_layer_window(&b->m->cfg, unit - 1, b->d.seq_len),
-                           mt_config_layer_local_rope(&b->m->cfg, unit - 1), unit - 1};
+    const size_t off = (size_t)mb * b->run.d.T;
+    b->mb = mb;
+    return (mt_unit_io){slot >= 0 ? b->slots[slot] : NULL, unit > 0 ? ck_at(b, unit - 1, mb) : NULL,
+                        unit <= b->L ? ck_at(b, unit, mb) : NULL, b->tokens + off, b->targets + off, dx_of(b, mb),
+                        b->acc, b->tied_acc, acts};
 }
 
 static void cpu_forward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
-    if (unit == 0) {
-        b->tpl->embed_forward(&x, w, tokens_of(b, mb), ck_at(b, 0, mb));
-    } else {
-        const mt_layer_acts a = acts_of(b, unit);
-        b->tpl->layer_forward(&x, w, ck_at(b, unit - 1, mb), ck_at(b, unit, mb), &a);
-    }
+    const mt_layer_acts a = mt_runner_acts(&b->run, unit);
+    const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    mt_run_forward(&b->run, unit, mb, &io);
 }
 
 static void cpu_backward(mt_be *be, int slot, int unit, int mb)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    if (unit == 0) {
-        b->tpl->embed_backward(&x, grads_of(b, 0), tokens_of(b, mb), dx_of(b, mb));
-        return;
-    }
-    void *w[MT_T_ROLE_COUNT];
-    float *gw[MT_T_ROLE_COUNT];
-    mt_bind_unit(w, b->slots[slot], unit_desc(b, unit), sizeof(float));
-    mt_bind_unit_f32(gw, b->acc, unit_desc(b, unit));
-    const float *in = ck_at(b, unit - 1, mb);
-    const mt_layer_acts a = acts_of(b, unit);
-    b->tpl->layer_forward(&x, w, in, NULL, &a);
-    b->tpl->layer_backward(&x, w, gw, in, dx_of(b, mb), &a);
-}
-
-/* The head's weights, and the LM matrix: its own or, tied, the embedding's
- * (loaded behind the head's block). */
-static const void *bind_head(cpu_be *b, int slot, void **w)
-{
-    const mt_unit_desc *u = unit_desc(b, b->L + 1);
-    mt_bind_unit(w, b->slots[slot], u, sizeof(float));
-    return b->m->cfg.tie_word_embeddings ? (const void *)(b->slots[slot] + u->padded) : w[MT_T_LM_HEAD];
+    const mt_layer_acts a = mt_runner_acts(&b->run, unit);
+    const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    mt_run_backward(&b->run, unit, mb, &io);
 }
 
 static void cpu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    float *gw[MT_T_ROLE_COUNT];
-    const void *lm = bind_head(b, slot, w);
-    mt_bind_unit_f32(gw, b->acc, unit_desc(b, b->L + 1));
-    float *glm = b->tied_acc ? b->tied_acc : gw[MT_T_LM_HEAD];
-    b->tpl->head(&x, w, lm, gw, glm, ck_at(b, b->L, mb), b->targets + (size_t)mb * b->d.T, loss_scale,
-                 want_grad ? dx_of(b, mb) : NULL);
+    mt_unit_io io = io_of(b, slot, b->L + 1, mb, NULL);
+    if (!want_grad) io.grads = NULL;
+    mt_run_head(&b->run, mb, &io, loss_scale);
 }
 
 static void cpu_head_logits(mt_be *be, int slot, int mb, float *out)
 {
     cpu_be *b = (cpu_be *)be;
-    const mt_exec x = exec_of(b, mb);
-    void *w[MT_T_ROLE_COUNT];
-    const void *lm = bind_head(b, slot, w);
-    b->tpl->head_logits(&x, w, lm, ck_at(b, b->L, mb), out);
+    const mt_unit_io io = io_of(b, slot, b->L + 1, mb, NULL);
+    mt_run_head_logits(&b->run, mb, &io, out);
 }
 
 static void cpu_begin_grads(mt_be *be, int unit)
@@ -577,7 +535,7 @@ static void cpu_send_grads(mt_be *be, int unit)
 {
     cpu_be *b = (cpu_be *)be;
     const mt_unit_desc *u = unit_desc(b, unit);
-    const mt_tile *t = &b->m->tiles.tile[unit];
+    const mt_tile *t = &b->req.tiles->tile[unit];
     uint64_t lo, hi;
     mt_grad_slice_of(u->padded, be->rank, be->n_ranks, &lo, &hi);
     if (lo >= hi) return;
@@ -657,15 +615,15 @@ static const mt_be_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
-static mt_status cpu_create(mt_model *m, int device, mt_be **out, mt_err err)
+static mt_status cpu_create(const mt_be_request *r, int device, mt_be **out, mt_err err)
 {
     (void)device;
     cpu_be *b = calloc(1, sizeof *b);
     if (!b) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for the CPU backend");
     b->base.ops = &cpu_ops;
     b->base.n_ranks = 1;
-    b->m = m;
-    b->pool = m->pool;
+    b->req = *r;
+    b->pool = r->pool;
     *out = &b->base;
     return MT_OK;
 }

@@ -19,7 +19,19 @@ const mt_be_class *mt_be_class_of(mt_backend kind, mt_err err)
 
 mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s)
 {
-    mt_be_request r = {&m->cfg, &m->pol, &m->layout, *s, 0, mt_pool_size(m->pool), m->mlp_piece_tokens,
-                       m->keep_layers_cap, m->host_checkpoints, m->recomputed_checkpoints, m->host_budget, 1};
+    const mt_be_request r = {.cfg = &m->cfg,
+                             .pol = &m->pol,
+                             .layout = &m->layout,
+                             .shape = *s,
+                             .threads = mt_pool_size(m->pool),
+                             .mlp_piece_tokens = m->mlp_piece_tokens,
+                             .keep_layers_cap = m->keep_layers_cap,
+                             .host_checkpoints = m->host_checkpoints,
+                             .recomputed_checkpoints = m->recomputed_checkpoints,
+                             .host_budget = m->host_budget,
+                             .n_ranks = 1,
+                             .tiles = &m->tiles,
+                             .log = &m->log,
+                             .pool = m->pool};
     return r;
 }

@@ -20,10 +20,10 @@
 #include "core/internal.h"
 #include "model/layout.h"
 #include "memory/tiler.h"
+#include "core/threadpool.h"
 #include "engine/timeline.h"
 
 typedef struct mt_be mt_be;
-typedef struct mt_model mt_model;
 
 typedef struct mt_be_shape {
     int n_seq;     /* sequences per micro-batch */
@@ -33,7 +33,10 @@ typedef struct mt_be_shape {
 } mt_be_shape;
 
 /* What a backend is asked to hold: a model (validated config and policy,
- * its layout) and a batch shape. */
+ * its layout, the host tiles it reads weights from and sends gradients to,
+ * the logger and the worker pool) and a batch shape. A backend sees the
+ * model through this alone, never through the model's handle (which only
+ * src/engine knows); the pointers live as long as the model. */
 typedef struct mt_be_request {
     const mt_model_config *cfg;
     const mt_offload_policy *pol;
@@ -51,6 +54,10 @@ typedef struct mt_be_request {
                                 * host_budget_bytes, or what the machine has available) */
     int n_ranks;               /* data parallelism: the backend is one of this many ranks (engine/group.c), its shape
                                 * one rank's share; 0 or 1: alone */
+    /* the model's state and services for a backend that runs (NULL in a request only planned for) */
+    const mt_tiles *tiles;     /* the host tiles it reads weights from and sends gradients to */
+    const mt_logger *log;
+    mt_pool *pool;             /* the CPU threads */
 } mt_be_request;
 
 /* A backend's memory for a request, counted by the code that allocates it
@@ -136,9 +143,9 @@ typedef struct mt_be_class {
     /* Fills *n for r; MT_ERR_GPU_BUDGET (and the like) when it cannot fit,
      * with *n filled as far as it could be. */
     mt_status (*needs)(const mt_be_request *r, mt_be_needs *n, mt_err err);
-    /* A backend for m on device (a CUDA device index; the CPU ignores it),
-     * nothing reserved yet. */
-    mt_status (*create)(mt_model *m, int device, mt_be **out, mt_err err);
+    /* A backend for the model of r (its shape unused) on device (a CUDA
+     * device index; the CPU ignores it), nothing reserved yet. */
+    mt_status (*create)(const mt_be_request *r, int device, mt_be **out, mt_err err);
     /* Makes ranks[0..n) (each from create, one per device, in rank order) one
      * data-parallel group: sets their rank and n_ranks, and builds what
      * reduce_grads needs (on CUDA, NCCL communicators). NULL where the class
@@ -161,16 +168,14 @@ typedef struct mt_be_class {
  * (MT_ERR_UNSUPPORTED), when this library was built without it. */
 const mt_be_class *mt_be_class_of(mt_backend kind, mt_err err);
 
-/* The request of model m for shape s. */
-mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s);
-
 typedef struct mt_be_ops {
     const char *name;
     void (*destroy)(mt_be *be);
-    /* Allocates what batches of this shape need (what needs() counts for
-     * the model's request) and records it in held; the previous allocation,
-     * if any, is released first. */
-    mt_status (*reserve)(mt_be *be, const mt_be_shape *shape, mt_err err);
+    /* Allocates what request r needs (what needs() counts for it: r's shape
+     * is this backend's share of a step, r->n_ranks its group's size) and
+     * records it in held; the previous allocation, if any, is released first.
+     * r is the create()'s model's. */
+    mt_status (*reserve)(mt_be *be, const mt_be_request *r, mt_err err);
     /* Frees what reserve() allocated (once the work issued is done). */
     void (*release)(mt_be *be);
     /* The step's inputs: tokens and targets of micro-batch mb (n_seq * seq_len

@@ -170,12 +170,14 @@ static int ranks_of(const mt_model *m) { return m->backend == MT_BACKEND_CPU && 
 static mt_status create_backend(mt_model *m, const mt_be_class *cls, mt_err err)
 {
     const int n = ranks_of(m);
-    if (n <= 1 && !m->force_group) return cls->create(m, m->pol.device, &m->be, err);
+    const mt_be_shape none = {0, 0, 0, 0};
+    const mt_be_request req = mt_be_request_of(m, &none);
+    if (n <= 1 && !m->force_group) return cls->create(&req, m->pol.device, &m->be, err);
     mt_be *ranks[MT_MAX_DEVICES] = {0};
     int devices[MT_MAX_DEVICES];
     for (int r = 0; r < n; r++) {
         devices[r] = m->backend != MT_BACKEND_CUDA ? -1 : n > 1 ? m->devices[r] : m->pol.device;
-        mt_status st = cls->create(m, devices[r] < 0 ? 0 : devices[r], &ranks[r], err);
+        mt_status st = cls->create(&req, devices[r] < 0 ? 0 : devices[r], &ranks[r], err);
         if (st) {
             for (int k = 0; k < r; k++) {
                 if (devices[k] >= 0) mt_device_use(devices[k]);
@@ -223,7 +225,8 @@ static mt_status prepare(mt_model *m, int n_seq, int seq_len, int n_micro, int w
     }
     mt_memory_plan plan;
     if ((st = mt_plan_compute(err, &plan, &r, 1, m->backend))) return st;
-    if ((st = m->be->ops->reserve(m->be, &s, err))) return st;
+    const mt_be_request own = mt_be_request_of(m, &s); /* the model's policy (r's is this call's copy) */
+    if ((st = m->be->ops->reserve(m->be, &own, err))) return st;
     m->be_shape = s;
     return MT_OK;
 }

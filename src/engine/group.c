@@ -76,11 +76,12 @@ static void group_release(mt_be *be)
 
 /* Each rank reserves the largest share; what the group holds is the sum over
  * the ranks but for device memory, which is per GPU (the largest). */
-static mt_status group_reserve(mt_be *be, const mt_be_shape *shape, mt_err err)
+static mt_status group_reserve(mt_be *be, const mt_be_request *req, mt_err err)
 {
     group_be *g = grp(be);
-    mt_be_shape s = *shape;
-    s.n_micro = mt_rank_share(shape->n_micro, g->n);
+    mt_be_request s = *req;
+    s.shape.n_micro = mt_rank_share(req->shape.n_micro, g->n);
+    s.n_ranks = g->n;
     mt_be_needs h;
     memset(&h, 0, sizeof h);
     for (int r = 0; r < g->n; r++) {
@@ -100,7 +101,7 @@ static mt_status group_reserve(mt_be *be, const mt_be_shape *shape, mt_err err)
         h.recomputed = x->recomputed;
     }
     be->held = h;
-    g->n_micro = shape->n_micro;
+    g->n_micro = req->shape.n_micro;
     return MT_OK;
 }
 

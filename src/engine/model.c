@@ -122,7 +122,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         goto fail;
     }
     mt_memory_plan plan;
-    const mt_be_request host_only = {&m->cfg, &m->pol, &m->layout, {0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 1};
+    const mt_be_request host_only = {.cfg = &m->cfg, .pol = &m->pol, .layout = &m->layout, .n_ranks = 1};
     if ((st = mt_plan_compute(err, &plan, &host_only, 0, m->backend))) goto fail;
 
     int node = m->pol.numa_node;

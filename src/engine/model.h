@@ -47,4 +47,7 @@ struct mt_model {
 
 static inline mt_err mt_model_err(mt_model *m) { return (mt_err){m->errmsg}; }
 
+/* What the backend of model m is asked to hold for shape s (engine/backend.c). */
+mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s);
+
 #endif

@@ -34,16 +34,6 @@ mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backen
     return MT_OK;
 }
 
-uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es)
-{
-    const uint64_t row = F * es;
-    if (T * row <= MT_MLP_PIECE_BYTES) return T;
-    for (uint64_t pieces = (T * row + MT_MLP_PIECE_BYTES - 1) / MT_MLP_PIECE_BYTES;; pieces++) {
-        const uint64_t ft = MT_MIN(T, ((T + pieces - 1) / pieces + 127) / 128 * 128);
-        if (ft * row <= MT_MLP_PIECE_BYTES || ft <= 128) return ft;
-    }
-}
-
 uint64_t mt_plan_gpu_free(const mt_offload_policy *pol)
 {
     uint64_t least = 0;
@@ -149,9 +139,13 @@ mt_status mt_plan(mt_memory_plan *out, const mt_model_config *cfg_in, const mt_o
     /* a plan is for training: gradient buffers included */
     /* several GPUs: each plans for its share of the micro-batches */
     const int ranks = pol.num_devices > 1 ? (int)pol.num_devices : 1;
-    mt_be_request r = {&cfg, &pol, &lo, {(int)shape.micro_batch_size, (int)shape.seq_len,
-                                         mt_rank_share((int)shape.num_micro_batches, ranks), 1},
-                       0, pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(), 0, 0, 0, 0, 0, ranks};
+    const mt_be_request r = {.cfg = &cfg,
+                             .pol = &pol,
+                             .layout = &lo,
+                             .shape = {(int)shape.micro_batch_size, (int)shape.seq_len,
+                                       mt_rank_share((int)shape.num_micro_batches, ranks), 1},
+                             .threads = pol.optimizer_threads ? (int)pol.optimizer_threads : mt_sys_ncpus(),
+                             .n_ranks = ranks};
     st = mt_plan_compute(err, &p, &r, shape_in != NULL, backend);
     mt_layout_free(&lo);
     /* a plan that does not fit is still filled; after any other failure *out is untouched */

@@ -12,15 +12,6 @@
  * none. why receives the reason CUDA is not used (may be NULL). */
 mt_status mt_resolve_backend(mt_err err, const mt_offload_policy *pol, mt_backend *out, char *why, size_t why_len);
 
-/* The CUDA backend's MLP runs in pieces of tokens: all T, or equal pieces (a
- * multiple of 128 tokens) that keep each (tokens, F) buffer of es-byte
- * elements within MT_MLP_PIECE_BYTES. Its head computes the logits in chunks
- * of MT_LOGITS_CHUNK_BYTES of fp32. (Rules of the backend, kept here so
- * that tests can check them without a GPU.) */
-#define MT_MLP_PIECE_BYTES ((uint64_t)2 << 30)
-#define MT_LOGITS_CHUNK_BYTES ((uint64_t)256 << 20)
-uint64_t mt_plan_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es);
-
 /* Fills *p for request r (with_shape 0: the host state alone, r->shape
  * unused) on the resolved backend, asking the backend what it allocates,
  * and checks it against the budgets: MT_ERR_HOST_BUDGET / MT_ERR_GPU_BUDGET

@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-#define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
+#define BUF(name, n, is_f32) MT_WORK_BUF(mt_work, name, n, is_f32)
 
 int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
 {
@@ -51,6 +51,29 @@ int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
         }
     }
     return k;
+}
+
+int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
+{
+    const uint64_t T = (uint64_t)d->T;
+    int k = 0;
+    out[k++] = (mt_reduction){MT_RED_CROSS_ENTROPY, (uint64_t)d->chunk, (uint64_t)d->V};
+    if (!want_grad) return k;
+    out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T, (uint64_t)d->C};
+    if (d->qk_norm) { /* the norms of each head of q and k: T * H and T * Hkv rows of D */
+        out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->H, (uint64_t)d->D};
+        out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->Hkv, (uint64_t)d->D};
+    }
+    out[k++] = (mt_reduction){MT_RED_EMBEDDING_BWD, T, (uint64_t)d->C};
+    out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, T, (uint64_t)d->Q}; /* q's bias; k's and v's are narrower */
+    return k;
+}
+
+unsigned mt_block_keeps(const mt_dims *d)
+{
+    /* with q and k normed per head the backward needs them before their norms: kept q, k, v would not
+     * spare their recompute */
+    return MT_KEEP_ATT | MT_KEEP_H | (d->qk_norm ? 0u : (unsigned)MT_KEEP_QKV);
 }
 
 void mt_block_embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)

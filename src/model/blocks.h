@@ -13,6 +13,11 @@ static inline void *mt_at(const mt_dims *d, const void *p, size_t i) { return (c
 /* The buffers of the Llama layer, embedding and head into out; returns their number. */
 int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out);
 
+/* The reductions of those pieces (mt_template.reductions), and what kept activations spare them
+ * (mt_template.keeps: all but q, k, v with q/k norms, whose backward needs them before the norms). */
+int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out);
+unsigned mt_block_keeps(const mt_dims *d);
+
 void mt_block_embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out);
 void mt_block_embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy);
 void mt_block_head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,

@@ -88,6 +88,8 @@ void mt_llama_attn_backward(const mt_exec *x, void *const *w, float *const *gw, 
 const mt_template mt_template_llama = {
     .name = "llama",
     .work = mt_block_work,
+    .reductions = mt_block_reductions,
+    .keeps = mt_block_keeps,
     .embed_forward = mt_block_embed_forward,
     .embed_backward = mt_block_embed_backward,
     .layer_forward = layer_forward,

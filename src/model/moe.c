@@ -34,7 +34,7 @@
  *
  * It is not a sum of per-layer terms, but f has no gradient, so d aux / d p =
  * E * f_e / N for every row of every layer: each layer's forward writes its
- * counts and probability sums into the micro-batch's statistics (mt_exec.moe,
+ * counts and probability sums into the micro-batch's statistics (mt_exec.state,
  * one row per layer), the head adds the loss once the forward is done, and
  * each layer's backward takes the gradient from the counts summed over the
  * layers. transformers computes the loss per forward call: with several
@@ -46,9 +46,29 @@
 #include <stddef.h>
 
 
-#define BUF(name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(mt_work, name), (uint64_t)(n), is_f32})
+/* The shared buffers, and the router's and experts': the router's logits and probabilities (T, E) f32,
+ * each token's k experts and weights (T*k), the routed rows' order (R = T*k; int32 in 4-byte elements),
+ * each expert's first routed row (E+1, int32: moe_route's offs_buf); the routed rows' inputs (R, C),
+ * gate, up, activation (R, FE) and outputs (R, C) act; in the backward the routing weights' gradient (R)
+ * f32, the routed rows' gradients (R, C) f32, the experts' gate and up gradients (R, FE) act and the
+ * router logits' gradient (T, E) f32 and act. */
+typedef struct moe_work {
+    mt_work base;
+    float *rlog, *rprob, *topw, *rdw, *dxs, *drlog;
+    int32_t *topi, *rrows, *rslot, *roffs;
+    void *xs, *eg, *eu, *ea, *ys, *dea, *deg, *deu, *drlog_act;
+} moe_work;
+_Static_assert(sizeof(moe_work) <= sizeof(mt_work_store), "moe_work fits mt_work_store");
 
-static int moe_work(const mt_dims *d, int want_grad, mt_work_buf *out)
+static const moe_work *W(const mt_exec *x) { return (const moe_work *)x->w; }
+
+#define BUF(name, n, is_f32) MT_WORK_BUF(moe_work, name, n, is_f32)
+
+/* Each layer's routing statistics, one row of 2E per decoder layer (dense layers' left zero): the
+ * counts and probability sums that the load-balancing loss needs from the whole forward. */
+static uint64_t moe_state_elems(const mt_dims *d) { return (uint64_t)d->L * 2 * (uint64_t)d->E; }
+
+static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
 {
     int k = mt_block_work(d, want_grad, out); /* the attention's, and the dense layers' MLP */
     const uint64_t T = (uint64_t)d->T, E = (uint64_t)d->E, R = T * (uint64_t)d->topk, C = (uint64_t)d->C;
@@ -59,6 +79,7 @@ static int moe_work(const mt_dims *d, int want_grad, mt_work_buf *out)
     BUF(topi, R, 1); /* int32: 4-byte elements */
     BUF(rrows, R, 1);
     BUF(rslot, R, 1);
+    BUF(roffs, E + 1, 1);
     BUF(xs, R * C, 0);
     BUF(eg, R * FE, 0);
     BUF(eu, R * FE, 0);
@@ -87,11 +108,12 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
-    const mt_work *b = x->w;
+    const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
-    k->linear(kc, b->rlog, 1, b->xn2, w[MT_T_ROUTER], NULL, T, C, E, 0); /* (T, E) f32 */
-    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, offs, stats, b->rlog, T, E, K, d->norm_topk);
-    k->moe_gather(kc, b->xs, b->xn2, b->rrows, R, K, C); /* (R, C) */
+    k->linear(kc, b->rlog, 1, b->base.xn2, w[MT_T_ROUTER], NULL, T, C, E, 0); /* (T, E) f32 */
+    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K,
+                 d->norm_topk);
+    k->moe_gather(kc, b->xs, b->base.xn2, b->rrows, R, K, C); /* (R, C) */
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (!n) continue;
@@ -113,12 +135,12 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
-    const mt_work *b = x->w;
+    const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE;
     mt_llama_attn_forward(x, w, in, a, out == NULL);
     if (!out) return; /* layer_backward routes again */
     int offs[MT_MAX_EXPERTS + 1]; /* 4 KiB at most */
-    route_and_up(x, w, offs, x->moe ? x->moe + (size_t)a->layer * 2 * E : NULL);
+    route_and_up(x, w, offs, x->state ? x->state + (size_t)a->layer * 2 * E : NULL);
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (n)
@@ -139,13 +161,13 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
-    const mt_work *b = x->w;
+    const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
     const size_t GU = (size_t)FE * C; /* elements of one expert's gate, up or down matrix */
     int offs[MT_MAX_EXPERTS + 1];
     route_and_up(x, w, offs, NULL); /* the statistics are the forward's */
     /* out = h + sum_j w_j y_j: each routed row's output gradient is its token's (unweighted here) */
-    const void *dya = k->as_act(kc, b->dy_act, dy, (size_t)T * C);
+    const void *dya = k->as_act(kc, b->base.dy_act, dy, (size_t)T * C);
     k->moe_gather(kc, b->ys, dya, b->rrows, R, K, C);
     for (int e = 0; e < E; e++) { /* da = dys Wd, unweighted */
         const int n = offs[e + 1] - offs[e];
@@ -169,16 +191,16 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), NULL, du, xs, n, C, FE);
     }
     /* the gradient of xn2: the experts' rows added back per token, then the router's */
-    k->zero(kc, b->dxn, (size_t)T * C * sizeof(float));
-    k->moe_combine(kc, b->dxn, 1, b->dxs, 1, NULL, b->rslot, T, K, C);
-    const int aux = x->moe && d->aux_coef != 0.0f && d->n_sparse;
+    k->zero(kc, b->base.dxn, (size_t)T * C * sizeof(float));
+    k->moe_combine(kc, b->base.dxn, 1, b->dxs, 1, NULL, b->rslot, T, K, C);
+    const int aux = x->state && d->aux_coef != 0.0f && d->n_sparse;
     const double N = (double)d->n_sparse * T; /* the rows of the loss: every sparse layer's tokens */
     const float aux_scale = aux ? (float)((double)d->aux_coef / d->n_micro * E / (N * N)) : 0.0f;
-    k->moe_route_bwd(kc, b->drlog, b->rdw, b->rprob, b->topw, b->topi, aux ? x->moe : NULL, d->L, aux_scale, T, E, K,
+    k->moe_route_bwd(kc, b->drlog, b->rdw, b->rprob, b->topw, b->topi, aux ? x->state : NULL, d->L, aux_scale, T, E, K,
                      d->norm_topk);
     const void *dl = k->as_act(kc, b->drlog_act, b->drlog, (size_t)T * E);
-    k->linear_dx(kc, b->dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
-    k->linear_dw(kc, gw[MT_T_ROUTER], NULL, dl, b->xn2, T, C, E);
+    k->linear_dx(kc, b->base.dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
+    k->linear_dw(kc, gw[MT_T_ROUTER], NULL, dl, b->base.xn2, T, C, E);
     mt_llama_attn_backward(x, w, gw, in, dy, a);
 }
 
@@ -190,15 +212,18 @@ static void head(const mt_exec *x, void *const *w, const void *lm, float *const 
     /* the load-balancing loss once the forward has routed every layer: the step's loss sum is divided
      * by its targets (1 / loss_scale), and the loss is the mean over the micro-batches. Training only:
      * loss_scale 0 (mt_eval) reports the cross-entropy alone. */
-    if (x->moe && d->aux_coef != 0.0f && d->n_sparse && loss_scale != 0.0f) {
+    if (x->state && d->aux_coef != 0.0f && d->n_sparse && loss_scale != 0.0f) {
         const double N = (double)d->n_sparse * d->T;
-        x->k->moe_aux_loss(x->kc, x->moe, d->L, d->E, (double)d->aux_coef / d->n_micro / loss_scale / (N * N));
+        x->k->moe_aux_loss(x->kc, x->state, d->L, d->E, (double)d->aux_coef / d->n_micro / loss_scale / (N * N));
     }
 }
 
 const mt_template mt_template_moe = {
     .name = "moe",
-    .work = moe_work,
+    .work = moe_work_bufs,
+    .reductions = mt_block_reductions, /* the experts' linear_dw have no biases */
+    .state_elems = moe_state_elems,
+    .keeps = mt_block_keeps,
     .embed_forward = mt_block_embed_forward, /* the embedding and the last positions' logits are Llama's */
     .embed_backward = mt_block_embed_backward,
     .layer_forward = layer_forward,

@@ -1,5 +1,6 @@
 /* RoPE frequencies (rope.h). */
 #include "model/rope.h"
+#include "model/layout.h"
 
 #include <math.h>
 
@@ -39,4 +40,11 @@ void mt_rope_inv_freq_of(float *inv_freq, const mt_model_config *c, int local)
         rp = (mt_rope_params){.theta = c->rope_local_base_freq != 0.0f ? c->rope_local_base_freq : c->rope_theta};
     }
     mt_rope_inv_freq(inv_freq, (int)c->head_dim, &rp);
+}
+
+int mt_rope_has_local(const mt_model_config *c)
+{
+    for (int l = 0; l < (int)c->num_hidden_layers; l++)
+        if (mt_config_layer_local_rope(c, l)) return 1;
+    return 0;
 }

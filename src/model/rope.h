@@ -22,4 +22,8 @@ void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp);
  * of the sliding layers (mt_config_layer_local_rope). */
 void mt_rope_inv_freq_of(float *inv_freq, const mt_model_config *cfg, int local);
 
+/* Whether any layer of a validated config rotates by the sliding layers' own
+ * frequencies: a backend then holds their table too. */
+int mt_rope_has_local(const mt_model_config *cfg);
+
 #endif

@@ -28,6 +28,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The reductions of the kernel table whose scratch depends on their shape. */
+typedef enum mt_reduction_op {
+    MT_RED_RMSNORM_BWD = 0, /* rmsnorm_bwd of rows x cols (its dw: a sum over the rows) */
+    MT_RED_EMBEDDING_BWD,   /* embedding_bwd of rows tokens */
+    MT_RED_BIAS_GRAD,       /* linear_dw with a bias, rows M x cols N */
+    MT_RED_CROSS_ENTROPY,   /* cross_entropy of a chunk of rows */
+} mt_reduction_op;
+
+/* One reduction a template calls, at its largest shape. */
+typedef struct mt_reduction {
+    mt_reduction_op op;
+    uint64_t rows, cols;
+} mt_reduction;
+
+#define MT_MAX_REDUCTIONS 16
+
 /* The kernel table. kc is the backend's own state (its stream, scratch,
  * pool). Kernels issue work and return: a backend that runs asynchronously
  * keeps the first failure and reports it when the step is synchronised, so
@@ -102,10 +118,11 @@ typedef struct mt_kernels {
      * (stably: by slot), as the slot each came from, and slot_row (R) the inverse. offs (E+1) is HOST
      * memory: expert e's routed rows are offs[e] .. offs[e+1]-1. It is the one device-to-host read of a
      * layer's routing, which a GPU backend waits for, so that the template can size one GEMM per expert
-     * with no copy of data per expert. stats (2E) f32 if not NULL: overwritten with each expert's routed
+     * with no copy of data per expert; offs_buf (E+1) int32 is a working buffer of the template's where a
+     * backend may make offs before it reads them back. stats (2E) f32 if not NULL: overwritten with each expert's routed
      * rows (as floats), then the sum over the T tokens of its probability (the load-balancing loss). */
-    void (*moe_route)(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
-                      float *stats, const float *logits, int T, int E, int k, int norm);
+    void (*moe_route)(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
+                      int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm);
     /* Its backward into dlogits (T, E) f32, overwritten: from dw (T*k) f32, the gradient of the routing
      * weights topw, through the renormalisation (norm) and the softmax; with stats (L rows of 2E, those of
      * every layer of the micro-batch) also the load-balancing loss's, aux * (the routed rows of each
@@ -124,6 +141,11 @@ typedef struct mt_kernels {
     /* Adds scale * E * sum_e c_e p_e to the step's loss, c_e and p_e each expert's routed rows and
      * probability sum over the L rows of stats (L, 2E) f32 */
     void (*moe_aux_loss)(void *kc, const float *stats, int L, int E, double scale);
+
+    /* The scratch bytes the reduction r needs on this backend (mt_reduction: the template declares every
+     * reduction it calls, the backend sizes its scratch from them, and each kernel checks the size it is
+     * given); NULL where the backend's kernels need none. */
+    size_t (*scratch_bytes)(const mt_reduction *r);
 } mt_kernels;
 
 /* The sizes of one micro-batch's computation, fixed by the backend when it
@@ -161,7 +183,10 @@ typedef enum mt_glu_act {
 void mt_dims_init(mt_dims *d, const mt_model_config *cfg, int n_seq, int seq_len);
 
 /* The working buffers of one unit's forward and backward (one micro-batch
- * at a time), laid out by the backend from mt_template_work(). */
+ * at a time), laid out by the backend from the template's work(): those of
+ * the pieces every template shares (blocks.h). A template with buffers of
+ * its own extends it, its own struct beginning with an mt_work (gemma.c,
+ * moe.c), so that a family's buffers are its template's business alone. */
 typedef struct mt_work {
     void *xn1, *q, *k, *v, *att, *h, *xn2, *g, *u, *a, *rows;         /* act */
     float *lse, *rstd1, *rstd2, *logits;                               /* f32 */
@@ -171,33 +196,31 @@ typedef struct mt_work {
      * backward the f32 gradients of q and k before the norms, and an f32 scratch */
     void *qr, *kr;
     float *rstdq, *rstdk, *dqr, *dkr, *dqk32;
-    /* Gemma's post-norms: the attention's output projection ao (T, C) and an MLP piece's output
-     * mo (FT, C) before their norms, a scratch mn (FT, C) (act); their 1/rms rstd3 (T), rstd4
-     * (FT); in the backward the f32 gradients before the norms, dpost (T, C) */
-    void *ao, *mo, *mn;
-    float *rstd3, *rstd4, *dpost;
-    /* mixture of experts: the router's logits and probabilities (T, E) f32, each token's k experts and
-     * weights (T*k), the routed rows' order (R = T*k; int32 in 4-byte elements); the routed rows' inputs
-     * (R, C), gate, up, activation (R, FE) and outputs (R, C) act; in the backward the routing weights'
-     * gradient (R) f32, the routed rows' gradients (R, C) f32, the experts' gate and up gradients (R, FE)
-     * act and the router logits' gradient (T, E) f32 and act */
-    float *rlog, *rprob, *topw, *rdw, *dxs, *drlog;
-    int32_t *topi, *rrows, *rslot;
-    void *xs, *eg, *eu, *ea, *ys, *dea, *deg, *deu, *drlog_act;
 } mt_work;
 
-/* One buffer of mt_work: where its pointer lives, its elements and type. */
+/* One buffer of a template's work struct: where its pointer lives, its elements and type. */
 typedef struct mt_work_buf {
-    size_t field; /* offsetof(mt_work, ...) */
+    size_t field; /* offsetof(the template's work struct, ...) */
     uint64_t elems;
-    int f32;      /* fp32 whatever the activation type */
+    int f32;      /* 4-byte elements (fp32, or int32) whatever the activation type */
 } mt_work_buf;
 
 #define MT_WORK_MAX_BUFS 64
 
+/* Appends buffer `name` of the work struct `type`, n elements, to out[k++] (inside a work()). */
+#define MT_WORK_BUF(type, name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(type, name), (uint64_t)(n), is_f32})
+
+/* Room for any template's work struct: pointers only, at most MT_WORK_MAX_BUFS of them (each template
+ * asserts its struct fits). */
+typedef union mt_work_store {
+    mt_work base;
+    void *ptr[MT_WORK_MAX_BUFS];
+} mt_work_store;
+
 /* Where a layer's attention inputs and output and its residual live for
  * micro-batch mb: kept from the forward for the backward (the backend
- * decides which layers keep them), or the work buffers. */
+ * decides which layers keep them, from what the template's keeps() says
+ * they spare), or the work buffers. */
 typedef struct mt_layer_acts {
     void *att;    /* attention output (T, Q) act */
     float *lse;   /* its log-sum-exp (T, H) f32 */
@@ -208,28 +231,44 @@ typedef struct mt_layer_acts {
     int qkv_kept;    /* q, k and v do */
     int window;      /* this layer's sliding window (mt_config_layer_window): 0 none */
     int rope_local;  /* this layer rotates by the sliding layers' frequencies (mt_config_layer_local_rope) */
-    int layer;       /* the decoder layer, 0 .. L-1 (the row of mt_exec.moe it routes into) */
+    int layer;       /* the decoder layer, 0 .. L-1 (the row of mt_exec.state it may use) */
 } mt_layer_acts;
+
+/* What the forward can keep for the backward's recompute to skip (mt_template.keeps). */
+enum {
+    MT_KEEP_ATT = 1, /* the attention output and its log-sum-exp */
+    MT_KEEP_H = 2,   /* the residual after attention */
+    MT_KEEP_QKV = 4, /* q, k and v after RoPE */
+};
 
 /* What a template call runs on. */
 typedef struct mt_exec {
     const mt_kernels *k;
     void *kc;
     const mt_dims *d;
-    const mt_work *w;
-    /* mixture of experts: this micro-batch's routing statistics, (L, 2E) f32 (moe_route's stats, one
-     * row per layer, dense layers' left zero), kept by the backend from the forward to the backward and
-     * the head; NULL for dense models */
-    float *moe;
+    const mt_work *w; /* the template's work struct (its first member) */
+    /* this micro-batch's state of the template's (state_elems f32), kept by the backend from the
+     * forward to the backward and the head, zero at reserve; NULL where the template keeps none.
+     * The mixture of experts keeps each layer's routing statistics there (moe.c). */
+    float *state;
 } mt_exec;
 
 /* A family's template. Weights are bound by tensor role (w[MT_T_Q], ...;
  * NULL where the unit has no such tensor); gw the same for the fp32 weight
- * gradients. */
+ * gradients. Besides the arithmetic it declares what a backend sizes for
+ * it: its working buffers, its reductions' shapes, the state it keeps per
+ * micro-batch and which activations kept from the forward spare it work. */
 typedef struct mt_template {
     const char *name;
     /* The working buffers for dims d (training: want_grad); returns their number. */
     int (*work)(const mt_dims *d, int want_grad, mt_work_buf *out);
+    /* The reductions (mt_reduction) it calls for dims d at their largest, for the backend's scratch;
+     * returns their number (at most MT_MAX_REDUCTIONS). */
+    int (*reductions)(const mt_dims *d, int want_grad, mt_reduction *out);
+    /* The f32 elements of state it keeps per micro-batch (mt_exec.state); NULL: none. */
+    uint64_t (*state_elems)(const mt_dims *d);
+    /* MT_KEEP_* bits: what kept activations spare its recompute for dims d. */
+    unsigned (*keeps)(const mt_dims *d);
     /* Embedding: out (T, C) act from tokens; backward: gwte += from dy (T, C) f32 */
     void (*embed_forward)(const mt_exec *x, void *const *w, const int32_t *tokens, void *out);
     void (*embed_backward)(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy);
