@@ -211,6 +211,35 @@ static inline void mt_model_config_init(mt_model_config *cfg)
     mt_model_config_init_sized(cfg, sizeof *cfg);
 }
 
+/* 0.2: the families this library trains, for lists and help texts. Every
+ * string lives as long as the library and must not be freed. */
+typedef struct mt_family_info {
+    uint32_t struct_size;       /* the caller's sizeof(mt_family_info), set by mt_family_info_init */
+    uint32_t arch;              /* its mt_arch value */
+    const char *name;           /* short and stable, as megatrain's checkpoints record it: "gemma3" */
+    const char *display_name;   /* "Gemma 3" */
+    const char *architecture;   /* config.json's architectures[0]: "Gemma3ForCausalLM" */
+    const char *model_type;     /* config.json's model_type: "gemma3_text" */
+    const char *layer_template; /* the layer template it runs: "llama", "gemma" or "moe" */
+    const char *particular;     /* what differs from Llama, in a few words */
+    const char *example;        /* a checkpoint of the family, whose shape mt_family_example gives */
+} mt_family_info;
+
+MT_API void mt_family_info_init_sized(mt_family_info *info, uint32_t size);
+static inline void mt_family_info_init(mt_family_info *info)
+{
+    mt_family_info_init_sized(info, sizeof *info);
+}
+
+/* The number of families: mt_family_get takes 0 .. mt_family_count() - 1. */
+MT_API uint32_t mt_family_count(void);
+/* Fills *out with family `index`, in the order of lists (not an mt_arch value). */
+MT_API mt_status mt_family_get(mt_family_info *out, uint32_t index);
+/* Sets the shape fields of *cfg (initialised by mt_model_config_init) to the
+ * family's example checkpoint, keeping its precision, seed and
+ * initializer_range, as mt_config_load does. */
+MT_API mt_status mt_family_example(mt_model_config *cfg, uint32_t arch);
+
 /* ---- where state lives and what runs it ---------------------------------- */
 
 typedef enum mt_backend {

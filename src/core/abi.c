@@ -22,6 +22,7 @@ ENDS_AT(mt_eval_stats, seconds, MT_FIRST_SIZE_EVAL_STATS);
 ENDS_AT(mt_timeline, d2h_bytes, MT_FIRST_SIZE_TIMELINE);
 ENDS_AT(mt_checkpoint_info, rng_state, MT_FIRST_SIZE_CHECKPOINT_INFO);
 ENDS_AT(mt_dataset_options, seed, MT_FIRST_SIZE_DATASET_OPTIONS);
+ENDS_AT(mt_family_info, example, MT_FIRST_SIZE_FAMILY_INFO);
 
 /* 0.1's timeline, as tests/abi/megatrain-0.1.0.h declares it */
 _Static_assert(sizeof(mt_timeline_0_1) == MT_SIZE_TIMELINE_0_1, "mt_timeline of 0.1: size");

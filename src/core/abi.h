@@ -23,6 +23,7 @@ enum {
     MT_FIRST_SIZE_TIMELINE = 128,        /* 0.2: ... d2h_bytes, wait arrays of MT_WAIT_CAPACITY */
     MT_FIRST_SIZE_CHECKPOINT_INFO = 56,  /* 0.1: ... rng_state */
     MT_FIRST_SIZE_DATASET_OPTIONS = 32,  /* 0.1: ... seed */
+    MT_FIRST_SIZE_FAMILY_INFO = 64,      /* 0.2: ... example */
 };
 
 /* mt_timeline and mt_timeline_visit as 0.1 laid them out, with wait arrays

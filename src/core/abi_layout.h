@@ -52,6 +52,18 @@ _Static_assert(offsetof(mt_model_config, router_aux_loss_coef) == 152, "mt_model
 _Static_assert(offsetof(mt_model_config, reserved2) == 156, "mt_model_config.reserved2: offset");
 _Static_assert(offsetof(mt_model_config, mlp_only_layers) == 160, "mt_model_config.mlp_only_layers: offset");
 
+_Static_assert(sizeof(mt_family_info) == 64, "mt_family_info: size");
+_Static_assert(offsetof(mt_family_info, example) + sizeof(((mt_family_info *)0)->example) == 64, "mt_family_info: no tail padding");
+_Static_assert(offsetof(mt_family_info, struct_size) == 0, "mt_family_info.struct_size: offset");
+_Static_assert(offsetof(mt_family_info, arch) == 4, "mt_family_info.arch: offset");
+_Static_assert(offsetof(mt_family_info, name) == 8, "mt_family_info.name: offset");
+_Static_assert(offsetof(mt_family_info, display_name) == 16, "mt_family_info.display_name: offset");
+_Static_assert(offsetof(mt_family_info, architecture) == 24, "mt_family_info.architecture: offset");
+_Static_assert(offsetof(mt_family_info, model_type) == 32, "mt_family_info.model_type: offset");
+_Static_assert(offsetof(mt_family_info, layer_template) == 40, "mt_family_info.layer_template: offset");
+_Static_assert(offsetof(mt_family_info, particular) == 48, "mt_family_info.particular: offset");
+_Static_assert(offsetof(mt_family_info, example) == 56, "mt_family_info.example: offset");
+
 _Static_assert(sizeof(mt_offload_policy) == 120, "mt_offload_policy: size");
 _Static_assert(offsetof(mt_offload_policy, devices) + sizeof(((mt_offload_policy *)0)->devices) == 120, "mt_offload_policy: no tail padding");
 _Static_assert(offsetof(mt_offload_policy, struct_size) == 0, "mt_offload_policy.struct_size: offset");

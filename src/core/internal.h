@@ -60,7 +60,8 @@ mt_status mt_copy_out(mt_err err, void *dst, const void *src, size_t src_size, s
  * struct_size = size. NULL p or a size below 4 writes nothing. */
 void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known);
 
-/* Validated copies of the public option structs. */
+/* Validated copies of the public option structs. mt_config_import is defined
+ * in src/model/config.c: its rules depend on the model family. */
 mt_status mt_config_import(mt_err err, mt_model_config *dst, const mt_model_config *src);
 mt_status mt_policy_import(mt_err err, mt_offload_policy *dst, const mt_offload_policy *src);
 mt_status mt_optim_import(mt_err err, mt_optim_config *dst, const mt_optim_config *src);

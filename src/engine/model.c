@@ -41,7 +41,7 @@ static void init_task(void *ctx, size_t task, int thread)
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit); /* NULL in fp32 and lean modes */
     const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
     const double std = j->cfg->initializer_range;
-    const float norm = mt_config_is_gemma(j->cfg) ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
+    const float norm = mt_family_norm_init(mt_config_family(j->cfg)); /* Gemma's norms scale by 1 + w */
     float x[MT_Q16_BLOCK];
     for (uint64_t b = lo; b < hi; b += MT_Q16_BLOCK) { /* lean mode's tensors start at a block */
         const size_t n = (size_t)MT_MIN((uint64_t)MT_Q16_BLOCK, hi - b);

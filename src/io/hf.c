@@ -52,66 +52,42 @@ static mt_status get_bool(mt_err err, const cJSON *o, const char *key, uint32_t 
     return MT_OK;
 }
 
-static const struct {
-    const char *architecture, *model_type;
-    mt_arch arch;
-} ARCHS[] = {
-    {"LlamaForCausalLM", "llama", MT_ARCH_LLAMA},
-    {"Qwen2ForCausalLM", "qwen2", MT_ARCH_QWEN2},
-    {"MistralForCausalLM", "mistral", MT_ARCH_MISTRAL},
-    {"Qwen3ForCausalLM", "qwen3", MT_ARCH_QWEN3},
-    {"Phi3ForCausalLM", "phi3", MT_ARCH_PHI3},
-    {"Gemma2ForCausalLM", "gemma2", MT_ARCH_GEMMA2},
-    {"Gemma3ForCausalLM", "gemma3_text", MT_ARCH_GEMMA3},
-    {"Qwen3MoeForCausalLM", "qwen3_moe", MT_ARCH_QWEN3_MOE},
-    {"MixtralForCausalLM", "mixtral", MT_ARCH_MIXTRAL},
-};
-#define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
-
-/* "A, B, C" of the supported architectures (model_types when types) */
-static const char *arch_list(char *buf, size_t len, int types)
-{
-    size_t n = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < N_ARCHS && n < len; i++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", types ? ARCHS[i].model_type : ARCHS[i].architecture);
-    return buf;
-}
-
-/* Sliding-window attention, as transformers reads it: Mistral and Phi-3
- * slide every layer when sliding_window is set; Qwen2 and Qwen3 the layers from
- * max_window_layers on when use_sliding_window is true; "layer_types" (one
- * per layer, written by transformers 4.53 and later), where present, says
- * which layers slide, and must be a shape mt_model_config can hold. */
-static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+/* Sliding-window attention, as transformers reads it (mt_family.window):
+ * Mistral and Phi-3 slide every layer when sliding_window is set; Qwen2 and
+ * Qwen3 the layers from max_window_layers on when use_sliding_window is true;
+ * Gemma one layer in a pattern attends fully; "layer_types" (one per layer,
+ * written by transformers 4.53 and later), where present, says which layers
+ * slide, and must be a shape mt_model_config can hold. */
+static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                                          const char *path)
 {
     mt_status st;
     const uint32_t L = c->num_hidden_layers;
     uint32_t W = 0, mwl = 0;
     if ((st = get_u32(err, j, "sliding_window", &W, 0, path))) return st;
-    if (c->arch == MT_ARCH_LLAMA) {
+    if (f->window == MT_WINDOW_NONE) {
         /* LlamaForCausalLM has no window: one that covers every position is harmless */
         if (W && W < c->max_position_embeddings)
             return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s: sliding_window %u (shorter than max_position_embeddings %u) in a Llama model is not "
+                           "%s: sliding_window %u (shorter than max_position_embeddings %u) in a %s model is not "
                            "supported (Mistral, Qwen2, Qwen3 and Phi-3 have sliding windows)",
-                           path, W, c->max_position_embeddings);
+                           path, W, c->max_position_embeddings, f->display_name);
         W = 0;
-    } else if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE) {
+    } else if (f->window == MT_WINDOW_FROM_LAYER) {
         uint32_t use = 0;
         if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
         if (!use) W = 0;
         if (use && !W)
             return mt_fail(err, MT_ERR_FORMAT, "%s: use_sliding_window is true but sliding_window is not set", path);
-        mwl = 28; /* transformers' default for both */
+        mwl = f->max_window_layers; /* transformers' default */
         if ((st = get_u32(err, j, "max_window_layers", &mwl, 0, path))) return st;
     }
     /* the layers that slide: from max_window_layers on, one in P attending fully */
     uint32_t P = 0, first = W ? MT_MIN(mwl, L) : L; /* first == L: no layer slides */
-    if (mt_config_is_gemma(c)) {
+    if (f->window == MT_WINDOW_PATTERN) {
         /* Gemma 2: every other layer (transformers 4 wrote no pattern); Gemma 3: sliding_window_pattern */
-        P = c->arch == MT_ARCH_GEMMA2 ? 2 : 6;
-        if (c->arch == MT_ARCH_GEMMA3 && (st = get_u32(err, j, "sliding_window_pattern", &P, 0, path))) return st;
+        P = f->window_pattern;
+        if (f->window_pattern_key && (st = get_u32(err, j, f->window_pattern_key, &P, 0, path))) return st;
         if (P == 1) first = L; /* every layer attends fully */
         if (P > L) P = 0;      /* no full layer among these: every layer slides */
     }
@@ -138,10 +114,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
         if (first < L && !W)
             return mt_fail(err, MT_ERR_FORMAT,
                            "%s: layer_types[%u] is sliding_attention but the model has no sliding_window%s", path,
-                           first,
-                           c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE
-                               ? " (use_sliding_window)"
-                               : "");
+                           first, f->window == MT_WINDOW_FROM_LAYER ? " (use_sliding_window)" : "");
         P = g < L ? g + 1 : 0;
         i = 0;
         for (const cJSON *e = lt->child; e; e = e->next, i++) {
@@ -170,25 +143,24 @@ static mt_status get_float_or_null(mt_err err, const cJSON *o, const char *key, 
     return v && !cJSON_IsNull(v) ? get_float(err, o, key, out, 1, path) : MT_OK;
 }
 
-/* Gemma's own keys, with transformers' defaults where a key is absent. */
-static mt_status gemma_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+/* Gemma's own keys (MT_FAMILY_GEMMA_CONFIG), with transformers' defaults where a key is absent. */
+static mt_status gemma_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                                 const char *path)
 {
     mt_status st;
-    const int g2 = c->arch == MT_ARCH_GEMMA2;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_activation");
     if (!act || cJSON_IsNull(act)) act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
-    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0))
-        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_activation %s is not supported (Gemma's is gelu_pytorch_tanh)",
-                       path, cJSON_IsString(act) ? act->valuestring : "(not a name)");
-    c->query_pre_attn_scalar = 256.0f;
+    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, f->hidden_act) != 0))
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_activation %s is not supported (Gemma's is %s)", path,
+                       cJSON_IsString(act) ? act->valuestring : "(not a name)", f->hidden_act);
+    c->query_pre_attn_scalar = f->query_pre_attn_scalar;
     if ((st = get_float(err, j, "query_pre_attn_scalar", &c->query_pre_attn_scalar, 0, path)) ||
-        (st = get_float_or_null(err, j, "attn_logit_softcapping", &c->attn_logit_softcapping, g2 ? 50.0f : 0.0f,
-                                path)) ||
-        (st = get_float_or_null(err, j, "final_logit_softcapping", &c->final_logit_softcapping, g2 ? 30.0f : 0.0f,
+        (st = get_float_or_null(err, j, "attn_logit_softcapping", &c->attn_logit_softcapping, f->attn_softcap, path)) ||
+        (st = get_float_or_null(err, j, "final_logit_softcapping", &c->final_logit_softcapping, f->final_softcap,
                                 path)))
         return st;
-    if (!g2) {
-        c->rope_local_base_freq = 10000.0f;
+    if (f->flags & MT_FAMILY_LOCAL_ROPE) {
+        c->rope_local_base_freq = f->rope_local_base_freq;
         if ((st = get_float(err, j, "rope_local_base_freq", &c->rope_local_base_freq, 0, path))) return st;
         uint32_t bidirectional = 0;
         if ((st = get_bool(err, j, "use_bidirectional_attention", &bidirectional, path))) return st;
@@ -254,7 +226,8 @@ static mt_status get_experts(mt_err err, const cJSON *j, uint32_t *out, const ch
  * Mixtral: num_local_experts, num_experts_per_tok, intermediate_size as each
  * expert's width, always renormalised. Both: router_aux_loss_coef,
  * output_router_logits. */
-static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
+static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                               const char *path)
 {
     mt_status st;
     c->router_aux_loss_coef = 0.001f;
@@ -262,8 +235,8 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, c
     if ((st = get_float(err, j, "router_aux_loss_coef", &c->router_aux_loss_coef, 0, path)) ||
         (st = get_bool(err, j, "output_router_logits", &c->output_router_logits, path)))
         return st;
-    if (c->arch == MT_ARCH_MIXTRAL) {
-        c->num_experts = 8, c->num_experts_per_tok = 2;
+    c->num_experts = f->experts, c->num_experts_per_tok = f->experts_per_tok;
+    if (f->moe == MT_MOE_MIXTRAL) {
         if ((st = get_experts(err, j, &c->num_experts, path)) ||
             (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
             return st;
@@ -278,7 +251,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, c
                            path, (double)jitter);
         return MT_OK;
     }
-    c->num_experts = 128, c->num_experts_per_tok = 8, c->moe_intermediate_size = 768, c->decoder_sparse_step = 1;
+    c->moe_intermediate_size = f->expert_ffn, c->decoder_sparse_step = 1;
     c->norm_topk_prob = 0;
     if ((st = get_experts(err, j, &c->num_experts, path)) ||
         (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)) ||
@@ -287,8 +260,8 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const cJSON *j, c
         (st = get_bool(err, j, "norm_topk_prob", &c->norm_topk_prob, path)))
         return st;
     if (c->num_experts == 0)
-        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: num_experts 0 (a Qwen3-MoE model without experts) is not supported",
-                       path);
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: num_experts 0 (a %s model without experts) is not supported",
+                       path, f->display_name);
     if (c->decoder_sparse_step == 0)
         return mt_fail(err, MT_ERR_FORMAT, "%s: decoder_sparse_step must be at least 1", path);
     /* shared experts are Qwen2-MoE's: refuse a config that asks for them */
@@ -321,7 +294,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     /* architecture */
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    int found = -1;
+    const mt_family *f = NULL;
     char known[256];
     /* multimodal checkpoints (Gemma 3 4B+, Llava, Qwen2-VL, Mistral 3, Llama 4) nest their language
      * model beside a vision tower: say that, rather than only that the architecture is unknown */
@@ -333,7 +306,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
                            "%s: %s: %s has a %s encoder beside its language model; only text-only decoder models "
                            "are supported (%s)",
                            path, towers[i], cJSON_IsString(a0) ? a0->valuestring : "the model",
-                           i ? "audio" : "vision", arch_list(known, sizeof known, 0));
+                           i ? "audio" : "vision", mt_family_list(known, sizeof known, 0));
         }
     if (archs && !cJSON_IsNull(archs)) {
         if (!cJSON_IsArray(archs) || cJSON_GetArraySize(archs) < 1)
@@ -341,21 +314,17 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         const cJSON *a0 = cJSON_GetArrayItem(archs, 0);
         if (!cJSON_IsString(a0))
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a list of names", path);
-        for (size_t i = 0; i < N_ARCHS; i++)
-            if (!strcmp(a0->valuestring, ARCHS[i].architecture)) found = (int)i;
-        if (found < 0)
+        if (!(f = mt_family_by_architecture(a0->valuestring)))
             return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: architecture %s is not supported (%s are)", path,
-                           a0->valuestring, arch_list(known, sizeof known, 0));
+                           a0->valuestring, mt_family_list(known, sizeof known, 0));
     } else if (cJSON_IsString(mtype)) {
-        for (size_t i = 0; i < N_ARCHS; i++)
-            if (!strcmp(mtype->valuestring, ARCHS[i].model_type)) found = (int)i;
-        if (found < 0)
+        if (!(f = mt_family_by_model_type(mtype->valuestring)))
             return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: model_type %s is not supported (%s are)", path,
-                           mtype->valuestring, arch_list(known, sizeof known, 1));
+                           mtype->valuestring, mt_family_list(known, sizeof known, 1));
     } else {
         return mt_fail(err, MT_ERR_FORMAT, "%s names neither \"architectures\" nor \"model_type\"", path);
     }
-    c->arch = ARCHS[found].arch;
+    c->arch = (uint32_t)f->arch;
 
     /* shape */
     if ((st = get_u32(err, j, "vocab_size", &c->vocab_size, 1, path)) ||
@@ -371,14 +340,14 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         (st = get_u32(err, j, "max_position_embeddings", &c->max_position_embeddings, 1, path)) ||
         (st = get_float(err, j, "rms_norm_eps", &c->rms_norm_eps, 0, path)))
         return st;
-    c->rope_theta = c->arch == MT_ARCH_GEMMA3 ? 1e6f : 10000.0f; /* transformers' defaults */
+    c->rope_theta = f->rope_theta; /* transformers' defaults */
     if ((st = get_float(err, j, "rope_theta", &c->rope_theta, 0, path))) return st;
-    c->tie_word_embeddings = mt_config_is_gemma(c) ? 1u : 0u; /* transformers' defaults */
+    c->tie_word_embeddings = f->tied;
     if ((st = get_bool(err, j, "tie_word_embeddings", &c->tie_word_embeddings, path))) return st;
 
     /* biases */
     c->attention_bias = 0;
-    if (c->arch == MT_ARCH_QWEN2) {
+    if (f->flags & MT_FAMILY_BIAS) {
         c->attention_bias = 1; /* Qwen2 always has q/k/v biases */
     } else if ((st = get_bool(err, j, "attention_bias", &c->attention_bias, path))) {
         return st;
@@ -389,17 +358,17 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
 
     /* activation */
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
-    if (mt_config_is_gemma(c)) {
-        if ((st = gemma_from_json(err, c, j, path))) return st;
+    if (f->flags & MT_FAMILY_GEMMA_CONFIG) {
+        if ((st = gemma_from_json(err, c, f, j, path))) return st;
     } else if (act && !cJSON_IsNull(act)) {
         if (!cJSON_IsString(act)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"hidden_act\" must be a string", path);
-        if (strcmp(act->valuestring, "silu") != 0)
-            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu is)", path,
-                           act->valuestring);
+        if (strcmp(act->valuestring, f->hidden_act) != 0)
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only %s is)", path,
+                           act->valuestring, f->hidden_act);
     }
 
-    if ((st = sliding_window_from_json(err, c, j, path))) return st;
-    if ((c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL) && (st = moe_from_json(err, c, j, path))) return st;
+    if ((st = sliding_window_from_json(err, c, f, j, path))) return st;
+    if (f->moe != MT_MOE_NONE && (st = moe_from_json(err, c, f, j, path))) return st;
 
     /* RoPE on part of each head (Phi-4-mini's 0.75) */
     float rotary = 1.0f;
@@ -421,7 +390,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
         const cJSON *local = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
         if (cJSON_IsObject(local)) {
-            if (c->arch != MT_ARCH_GEMMA3)
+            if (!(f->flags & MT_FAMILY_LOCAL_ROPE))
                 return mt_fail(err, MT_ERR_UNSUPPORTED,
                                "%s: rope_parameters.sliding_attention: a RoPE of the sliding layers of their own is "
                                "Gemma 3's only",
@@ -535,7 +504,7 @@ static void add_token_ids(cJSON *j, const mt_model_config *c, const char *source
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = src ? cJSON_GetObjectItemCaseSensitive(src, keys[i]) : NULL;
         if (v) cJSON_AddItemToObject(j, keys[i], cJSON_Duplicate(v, 1));
-        else if (c->arch == MT_ARCH_PHI3) cJSON_AddNullToObject(j, keys[i]); /* not Phi3Config's 32000 */
+        else if (mt_config_has(c, MT_FAMILY_NULL_TOKEN_IDS)) cJSON_AddNullToObject(j, keys[i]); /* not Phi3Config's 32000 */
     }
     cJSON_Delete(src);
 }
@@ -544,17 +513,16 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
-    int ai = 0;
-    for (size_t i = 0; i < N_ARCHS; i++)
-        if (ARCHS[i].arch == (mt_arch)c->arch) ai = (int)i;
-    const char *names[1] = {ARCHS[ai].architecture};
+    const mt_family *f = mt_config_family(c);
+    if (!f) f = mt_family_of(MT_ARCH_LLAMA); /* not a validated config: as before, Llama's names */
+    const char *names[1] = {f->architecture};
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(names, 1));
-    cJSON_AddStringToObject(j, "model_type", ARCHS[ai].model_type);
+    cJSON_AddStringToObject(j, "model_type", f->model_type);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
     /* Mixtral's intermediate_size is each expert's width */
     cJSON_AddNumberToObject(j, "intermediate_size",
-                            c->arch == MT_ARCH_MIXTRAL ? c->moe_intermediate_size : c->intermediate_size);
+                            f->moe == MT_MOE_MIXTRAL ? c->moe_intermediate_size : c->intermediate_size);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
@@ -576,43 +544,43 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
-    if (c->arch != MT_ARCH_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
-    if (mt_config_is_gemma(c)) {
+    if (!(f->flags & MT_FAMILY_BIAS)) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
+    if (f->flags & MT_FAMILY_GEMMA_CONFIG) {
         /* transformers' Gemma reads hidden_activation; the keys it defaults when absent, explicitly */
-        cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
-        cJSON_AddStringToObject(j, "hidden_act", "gelu_pytorch_tanh");
+        cJSON_AddStringToObject(j, "hidden_activation", f->hidden_act);
+        cJSON_AddStringToObject(j, "hidden_act", f->hidden_act);
         cJSON_AddItemToObject(j, "query_pre_attn_scalar", int_or_float_number(c->query_pre_attn_scalar));
         const float caps[2] = {c->attn_logit_softcapping, c->final_logit_softcapping};
         static const char *const cap_keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
         for (int i = 0; i < 2; i++)
             cJSON_AddItemToObject(j, cap_keys[i], caps[i] > 0.0f ? float_number(caps[i]) : cJSON_CreateNull());
-        if (c->arch == MT_ARCH_GEMMA3) {
+        if (f->flags & MT_FAMILY_LOCAL_ROPE) {
             cJSON_AddItemToObject(j, "rope_local_base_freq",
                                   float_number(c->rope_local_base_freq > 0.0f ? c->rope_local_base_freq : c->rope_theta));
             cJSON_AddBoolToObject(j, "use_bidirectional_attention", 0);
         }
     } else {
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
-        cJSON_AddStringToObject(j, "hidden_act", "silu");
+        cJSON_AddStringToObject(j, "hidden_act", f->hidden_act);
     }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == MT_ARCH_QWEN2 || c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE) {
+    if (f->window == MT_WINDOW_FROM_LAYER) {
         cJSON_AddBoolToObject(j, "use_sliding_window", c->sliding_window != 0);
         if (c->sliding_window) cJSON_AddNumberToObject(j, "max_window_layers", c->max_window_layers);
     }
     if (c->sliding_window) {
         cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
-        if (c->arch != MT_ARCH_MISTRAL && c->arch != MT_ARCH_PHI3 && c->arch != MT_ARCH_MIXTRAL) {
+        if (f->window != MT_WINDOW_EVERY_LAYER) {
             /* which layers slide, explicitly */
             cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
             for (int l = 0; l < (int)c->num_hidden_layers; l++)
                 cJSON_AddItemToArray(lt, cJSON_CreateString(mt_config_layer_slides(c, l) ? "sliding_attention"
                                                                                          : "full_attention"));
         }
-    } else if (c->arch != MT_ARCH_LLAMA) {
+    } else if (f->window != MT_WINDOW_NONE) {
         cJSON_AddNullToObject(j, "sliding_window");
     }
-    if (c->arch == MT_ARCH_QWEN3_MOE) {
+    if (f->moe == MT_MOE_QWEN3) {
         cJSON_AddNumberToObject(j, "num_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
         cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
@@ -621,12 +589,12 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON *ml = cJSON_AddArrayToObject(j, "mlp_only_layers");
         for (int l = 0; l < (int)MT_MIN(c->num_hidden_layers, 256u); l++)
             if (c->mlp_only_layers[l / 64] >> (l % 64) & 1) cJSON_AddItemToArray(ml, cJSON_CreateNumber(l));
-    } else if (c->arch == MT_ARCH_MIXTRAL) {
+    } else if (f->moe == MT_MOE_MIXTRAL) {
         cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
         cJSON_AddItemToObject(j, "router_jitter_noise", float_number(0.0f));
     }
-    if (c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_MIXTRAL) {
+    if (f->moe != MT_MOE_NONE) {
         cJSON_AddItemToObject(j, "router_aux_loss_coef", float_number(c->router_aux_loss_coef));
         cJSON_AddBoolToObject(j, "output_router_logits", c->output_router_logits != 0);
     }

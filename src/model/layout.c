@@ -38,23 +38,20 @@ static void add_experts(mt_unit_desc *u, mt_tensor_role role, const char *patter
     u->tensors[u->n_tensors - 1].experts = E;
 }
 
-/* The MLP of a sparse layer: the router and the experts' gate, up and down matrices. Qwen3-MoE names
- * them mlp.gate and mlp.experts.E.{gate,up,down}_proj; Mixtral block_sparse_moe.gate and
- * block_sparse_moe.experts.E.{w1,w3,w2} (w1 the gate, w3 the up, w2 the down projection). */
-static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
+/* The MLP of a sparse layer: the router and the experts' gate, up and down matrices, named as the
+ * family's checkpoints name them: Qwen3-MoE mlp.gate and mlp.experts.E.{gate,up,down}_proj, Mixtral
+ * block_sparse_moe.gate and block_sparse_moe.experts.E.{w1,w3,w2} (mt_family.moe_block, expert_names). */
+static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, const mt_family *f, int l)
 {
     const uint32_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
-    const int mixtral = c->arch == MT_ARCH_MIXTRAL;
-    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    static const mt_tensor_role roles[3] = {MT_T_EXP_GATE, MT_T_EXP_UP, MT_T_EXP_DOWN};
     char n[96];
-    snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, block);
+    snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, f->moe_block);
     add_tensor(u, MT_T_ROUTER, n, E, C, 1);
-    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w1" : "gate_proj");
-    add_experts(u, MT_T_EXP_GATE, n, E, F, C);
-    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w3" : "up_proj");
-    add_experts(u, MT_T_EXP_UP, n, E, F, C);
-    snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, block, mixtral ? "w2" : "down_proj");
-    add_experts(u, MT_T_EXP_DOWN, n, E, C, F);
+    for (int i = 0; i < 3; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, f->moe_block, f->expert_names[i]);
+        add_experts(u, roles[i], n, E, i < 2 ? F : C, i < 2 ? C : F);
+    }
 }
 
 void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e)
@@ -73,7 +70,8 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
     const uint32_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;
     char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "model.layers.%d." s, l), n)
-    const int fused = c->arch == MT_ARCH_PHI3; /* Phi-3's checkpoints fuse q, k, v and gate, up */
+    const mt_family *f = mt_config_family(c);
+    const int fused = (f->flags & MT_FAMILY_FUSED) != 0; /* Phi-3's checkpoints fuse q, k, v and gate, up */
     add_tensor(u, MT_T_ATTN_NORM, NAME("input_layernorm.weight"), C, 1, 0);
     add_tensor(u, MT_T_Q, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.q_proj.weight"), q, C, 1);
     add_tensor(u, MT_T_K, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.k_proj.weight"), kv, C, 1);
@@ -84,12 +82,12 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_K_BIAS, NAME("self_attn.k_proj.bias"), kv, 1, 0);
         add_tensor(u, MT_T_V_BIAS, NAME("self_attn.v_proj.bias"), kv, 1, 0);
     }
-    if (mt_config_qk_norm(c)) {
+    if (f->flags & MT_FAMILY_QK_NORM) {
         add_tensor(u, MT_T_Q_NORM, NAME("self_attn.q_norm.weight"), c->head_dim, 1, 0);
         add_tensor(u, MT_T_K_NORM, NAME("self_attn.k_norm.weight"), c->head_dim, 1, 0);
     }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
-    if (mt_config_is_gemma(c)) { /* sandwich norms: post_attention_layernorm is the attention output's */
+    if (f->flags & MT_FAMILY_SANDWICH) { /* sandwich norms: post_attention_layernorm is the attention output's */
         add_tensor(u, MT_T_POST_ATTN_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
         add_tensor(u, MT_T_MLP_NORM, NAME("pre_feedforward_layernorm.weight"), C, 1, 0);
         add_tensor(u, MT_T_POST_MLP_NORM, NAME("post_feedforward_layernorm.weight"), C, 1, 0);
@@ -97,7 +95,7 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
     }
     if (mt_config_layer_sparse(c, l)) {
-        add_moe_tensors(u, c, l);
+        add_moe_tensors(u, c, f, l);
         return;
     }
     add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
@@ -198,7 +196,8 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
     const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
     const uint64_t attn = 2 * C + q * C + 2 * kv * C + C * q + (c->attention_bias ? q + 2 * kv : 0) +
-                          (mt_config_qk_norm(c) ? 2 * (uint64_t)c->head_dim : 0) + (mt_config_is_gemma(c) ? 2 * C : 0);
+                          (mt_config_has(c, MT_FAMILY_QK_NORM) ? 2 * (uint64_t)c->head_dim : 0) +
+                          (mt_config_has(c, MT_FAMILY_SANDWICH) ? 2 * C : 0);
     /* a sparse layer's MLP: the router (E, C) and E experts of three (F_e, C) matrices */
     const uint64_t E = c->num_experts, sparse = (uint64_t)mt_config_sparse_layers(c);
     const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C;

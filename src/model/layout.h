@@ -6,6 +6,7 @@
 #define MT_LAYOUT_H
 
 #include "megatrain.h"
+#include "model/family.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -84,26 +85,14 @@ typedef struct mt_layout {
     uint64_t weight_bytes, grad_bytes, master_bytes, optim_bytes; /* lean: weight_bytes counts the weights' scales */
 } mt_layout;
 
-/* Norm scales start at 1 (Gemma's, which store the scale minus one, at 0),
- * biases at 0; neither takes weight decay. */
+/* Norm scales start at 1 (Gemma's, which store the scale minus one, at 0:
+ * mt_family_norm_init), biases at 0; neither takes weight decay. */
 static inline int mt_role_is_norm(mt_tensor_role r)
 {
     return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM ||
            r == MT_T_POST_ATTN_NORM || r == MT_T_POST_MLP_NORM;
 }
 static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS; }
-
-/* Whether a validated config is Gemma's: (1 + w) norms around attention and MLP, scaled embeddings, GeGLU. */
-static inline int mt_config_is_gemma(const mt_model_config *c)
-{
-    return c->arch == MT_ARCH_GEMMA2 || c->arch == MT_ARCH_GEMMA3;
-}
-
-/* Whether a validated config's layers normalize each head of q and k. */
-static inline int mt_config_qk_norm(const mt_model_config *c)
-{
-    return c->arch == MT_ARCH_QWEN3 || c->arch == MT_ARCH_QWEN3_MOE || c->arch == MT_ARCH_GEMMA3;
-}
 
 /* Whether layer l of a validated config has a mixture-of-experts MLP: every
  * decoder_sparse_step-th layer of a model with experts, except those of
@@ -134,7 +123,7 @@ static inline int mt_config_layer_window(const mt_model_config *c, int l, int se
  * whatever the window's length against the sequence. */
 static inline int mt_config_layer_local_rope(const mt_model_config *c, int l)
 {
-    return c->arch == MT_ARCH_GEMMA3 && mt_config_layer_slides(c, l);
+    return mt_config_has(c, MT_FAMILY_LOCAL_ROPE) && mt_config_layer_slides(c, l);
 }
 
 /* The checkpoint name of block e of t (its only name where t->experts is 0). */

@@ -7,18 +7,8 @@
 
 const mt_template *mt_template_for(const mt_model_config *cfg)
 {
-    switch (cfg->arch) {
-    case MT_ARCH_LLAMA:
-    case MT_ARCH_QWEN2:
-    case MT_ARCH_MISTRAL:
-    case MT_ARCH_QWEN3:
-    case MT_ARCH_PHI3: return &mt_template_llama;
-    case MT_ARCH_GEMMA2:
-    case MT_ARCH_GEMMA3: return &mt_template_gemma;
-    case MT_ARCH_QWEN3_MOE:
-    case MT_ARCH_MIXTRAL: return &mt_template_moe;
-    default: return NULL;
-    }
+    const mt_family *f = mt_family_of(cfg->arch);
+    return f ? f->layer_template : NULL;
 }
 
 mt_status mt_template_check(mt_err err, const mt_model_config *cfg)
@@ -39,13 +29,13 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->attn_scale = 1.0f / sqrtf((float)d->D);
     /* Gemma: query_pre_attn_scalar ** -0.5, a Python float until it meets the scores */
     if (c->query_pre_attn_scalar > 0.0f) d->attn_scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
-    d->qk_norm = mt_config_qk_norm(c);
-    const int gemma = c->arch == MT_ARCH_GEMMA2 || c->arch == MT_ARCH_GEMMA3;
-    d->norm_offset = gemma ? 1.0f : 0.0f;
-    d->glu_act = gemma ? MT_GLU_GELU_TANH : MT_GLU_SILU;
+    const mt_family *f = mt_config_family(c);
+    d->qk_norm = (f->flags & MT_FAMILY_QK_NORM) != 0;
+    d->norm_offset = f->norm_offset;
+    d->glu_act = f->glu_act;
     /* transformers: torch.tensor(hidden_size ** 0.5, dtype=the activations' dtype) */
     d->embed_scale = 1.0f;
-    if (gemma) {
+    if (f->flags & MT_FAMILY_EMBED_SCALE) {
         d->embed_scale = (float)sqrt((double)c->hidden_size);
         if (c->precision != MT_PRECISION_FP32) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));
     }

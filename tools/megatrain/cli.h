@@ -43,6 +43,8 @@ double cli_float(const char *name, const char *s, double lo, double hi);
  * one listed twice). */
 int cli_devices(const char *name, const char *s, int32_t *out, int max);
 void cli_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+/* "families: Llama, Qwen2, ..." from the library, for help texts. */
+void cli_print_families(FILE *out);
 double cli_now(void);
 void cli_fmt_duration(char *buf, size_t n, double seconds);
 /* The library's log lines, on stderr, prefixed. */

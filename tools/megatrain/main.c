@@ -1,5 +1,5 @@
-/* megatrain: train, evaluate and sample Llama-family language models with
- * the model state in host memory. */
+/* megatrain: train, evaluate and sample decoder-only language models (the
+ * library's families: mt_family_get) with the model state in host memory. */
 #define _GNU_SOURCE
 #include "cli.h"
 
@@ -26,6 +26,18 @@ static const char usage[] =
     "  info     library version, backend, machine\n"
     "\n"
     "`megatrain <command> --help` describes each one.\n";
+
+void cli_print_families(FILE *out)
+{
+    fputs("\nfamilies:", out);
+    for (uint32_t i = 0; i < mt_family_count(); i++) {
+        mt_family_info f;
+        mt_family_info_init(&f);
+        if (mt_family_get(&f, i) != MT_OK) cli_die("%s", mt_last_errmsg());
+        fprintf(out, "%s %s", i ? "," : "", f.display_name);
+    }
+    fputs(" (megatrain plan --families)\n", out);
+}
 
 void cli_die(const char *fmt, ...)
 {
@@ -197,6 +209,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
+        cli_print_families(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {

@@ -478,9 +478,13 @@ static cJSON *identity_of(const train_args *a, const mt_model_config *cfg, const
     cJSON *j = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(j, "model"), *b = cJSON_AddObjectToObject(j, "batch"),
           *s = cJSON_AddObjectToObject(j, "schedule"), *d = cJSON_AddObjectToObject(j, "data");
     if (!d) cli_die("out of memory");
-    static const char *const arch[] = {"llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe",
-                                       "mixtral"};
-    cJSON_AddStringToObject(m, "arch", cfg->arch < sizeof arch / sizeof arch[0] ? arch[cfg->arch] : "?");
+    const char *arch = "?"; /* the family's short name, which a resume compares */
+    for (uint32_t i = 0; i < mt_family_count(); i++) {
+        mt_family_info f;
+        mt_family_info_init(&f);
+        if (mt_family_get(&f, i) == MT_OK && f.arch == cfg->arch) arch = f.name;
+    }
+    cJSON_AddStringToObject(m, "arch", arch);
     cJSON_AddNumberToObject(m, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(m, "hidden_size", cfg->hidden_size);
     cJSON_AddNumberToObject(m, "intermediate_size", cfg->intermediate_size);

@@ -335,70 +335,41 @@ int cmd_eval(int argc, char **argv)
 
 static double gib(uint64_t b) { return (double)b / (1u << 30); }
 
-/* The families this library trains, each with the shape of a checkpoint people fine-tune. */
-typedef struct family {
-    const char *family, *architecture, *what, *example;
-    mt_arch arch;
-    uint32_t V, C, F, L, H, Hkv, D, window, bias, tied;
-} family;
-
-/* The experts of the mixture-of-experts families' examples: E of width FE, K a token. */
-static const struct {
-    mt_arch arch;
-    uint32_t E, K, FE;
-} MOE_SHAPES[] = {{MT_ARCH_QWEN3_MOE, 128, 8, 768}, {MT_ARCH_MIXTRAL, 8, 2, 14336}};
-
-static const family FAMILIES[] = {
-    {"Llama", "LlamaForCausalLM", "Llama 2, 3, 3.1, 3.2", "Llama-3.1-8B", MT_ARCH_LLAMA, 128256, 4096, 14336, 32,
-     32, 8, 0, 0, 0, 0},
-    {"Qwen2", "Qwen2ForCausalLM", "q/k/v biases; windows", "Qwen2.5-7B", MT_ARCH_QWEN2, 152064, 3584, 18944, 28,
-     28, 4, 0, 0, 1, 0},
-    {"Mistral", "MistralForCausalLM", "sliding window", "Mistral-7B-v0.1", MT_ARCH_MISTRAL, 32000, 4096, 14336, 32,
-     32, 8, 0, 4096, 0, 0},
-    {"Qwen3", "Qwen3ForCausalLM", "norms of q and k", "Qwen3-8B", MT_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8,
-     128, 0, 0, 0},
-    {"Phi-3", "Phi3ForCausalLM", "fused qkv, gate_up", "Phi-4", MT_ARCH_PHI3, 100352, 5120, 17920, 40, 40, 10, 0,
-     0, 0, 0},
-    {"Gemma 2", "Gemma2ForCausalLM", "sandwich norms, caps", "gemma-2-9b", MT_ARCH_GEMMA2, 256000, 3584, 14336, 42,
-     16, 8, 256, 4096, 0, 1},
-    {"Gemma 3", "Gemma3ForCausalLM", "q/k norms, local RoPE", "gemma-3-1b", MT_ARCH_GEMMA3, 262144, 1152, 6912, 26,
-     4, 1, 256, 512, 0, 1},
-    {"Qwen3-MoE", "Qwen3MoeForCausalLM", "128 experts, top-8", "Qwen3-30B-A3B", MT_ARCH_QWEN3_MOE, 151936, 2048, 6144,
-     48, 32, 4, 128, 0, 0, 0},
-    {"Mixtral", "MixtralForCausalLM", "8 experts, top-2", "Mixtral-8x7B", MT_ARCH_MIXTRAL, 32000, 4096, 14336, 32,
-     32, 8, 0, 0, 0, 0},
-};
-#define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
+/* The library's family of an mt_arch value, or NULL (a program built against a newer header). */
+static int family_info_of(mt_family_info *info, uint32_t arch)
+{
+    for (uint32_t i = 0; i < mt_family_count(); i++) {
+        mt_family_info_init(info);
+        if (mt_family_get(info, i) != MT_OK) cli_die("%s", mt_last_errmsg());
+        if (info->arch == arch) return 1;
+    }
+    return 0;
+}
 
 static const char *family_of(uint32_t arch)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++)
-        if ((uint32_t)FAMILIES[i].arch == arch) return FAMILIES[i].family;
-    return "?";
+    mt_family_info info;
+    return family_info_of(&info, arch) ? info.display_name : "?"; /* the library's string, static */
 }
 
-/* What each family's example costs in host memory by the library's plan (the GPU holds a layer or
- * two at a time). */
+/* What each family's example checkpoint costs in host memory by the library's plan (the GPU holds a
+ * layer or two at a time). The families, their examples and shapes are the library's (mt_family_get,
+ * mt_family_example). */
 static int print_families(void)
 {
-    const family *f = FAMILIES;
     printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
            "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param", "lean GiB", "B/param");
     static const uint32_t precisions[3] = {MT_PRECISION_BF16, MT_PRECISION_FP32, MT_PRECISION_LEAN};
-    for (size_t i = 0; i < N_FAMILIES; i++) {
+    for (uint32_t i = 0; i < mt_family_count(); i++) {
+        mt_family_info f;
+        mt_family_info_init(&f);
+        if (mt_family_get(&f, i) != MT_OK) cli_die("%s", mt_last_errmsg());
         double host[3] = {0, 0, 0}, bpp[3] = {0, 0, 0}, params = 0;
         for (int k = 0; k < 3; k++) {
             mt_model_config c;
             mt_model_config_init(&c);
-            c.arch = f[i].arch, c.vocab_size = f[i].V, c.hidden_size = f[i].C, c.intermediate_size = f[i].F;
-            c.num_hidden_layers = f[i].L, c.num_attention_heads = f[i].H, c.num_key_value_heads = f[i].Hkv;
-            c.head_dim = f[i].D, c.sliding_window = f[i].window, c.attention_bias = f[i].bias;
-            c.tie_word_embeddings = f[i].tied, c.precision = precisions[k];
-            for (size_t e = 0; e < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; e++)
-                if (MOE_SHAPES[e].arch == f[i].arch) {
-                    c.num_experts = MOE_SHAPES[e].E, c.num_experts_per_tok = MOE_SHAPES[e].K;
-                    c.moe_intermediate_size = MOE_SHAPES[e].FE, c.norm_topk_prob = 1;
-                }
+            c.precision = precisions[k];
+            if (mt_family_example(&c, f.arch) != MT_OK) cli_die("%s", mt_last_errmsg());
             mt_offload_policy pol;
             mt_offload_policy_init(&pol);
             pol.backend = MT_BACKEND_CPU;
@@ -409,8 +380,9 @@ static int print_families(void)
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
             host[k] = gib(state), bpp[k] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", f[i].family, f[i].architecture,
-               f[i].what, f[i].example, params / 1e9, host[0], bpp[0], host[1], bpp[1], host[2], bpp[2]);
+        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", f.display_name,
+               f.architecture, f.particular, f.example, params / 1e9, host[0], bpp[0], host[1], bpp[1], host[2],
+               bpp[2]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
          "moments) in bf16, fp32 and lean training (--precision lean: 16-bit block-scaled weights and 8-bit\n"
@@ -442,6 +414,7 @@ int cmd_plan(int argc, char **argv)
                  "the shape options change what it says. --gpu-memory plans for a GPU with that\n"
                  "much memory, on any machine (one without a GPU too); --gpu-budget caps the\n"
                  "memory of this machine's GPU.");
+            cli_print_families(stdout);
             return 0;
         } else if (cli_flag(argv, i, "--families")) {
             if (argc != 2) cli_die("plan: --families takes no other option");

@@ -1,0 +1,165 @@
+/* mt_config_import: the validated copy of an mt_model_config. The rules
+ * every model follows are here; what a family allows beyond Llama (windows,
+ * Gemma's fields, experts) is read from its descriptor (model/family.h),
+ * which is why this lives in src/model rather than with the other option
+ * structs in src/core/options.c. */
+#include "core/internal.h"
+#include "model/family.h"
+#include "model/template.h" /* MT_MAX_EXPERTS */
+
+#include <math.h>
+#include <string.h>
+
+/* Limits that keep every size computation inside 64 bits and reject typos:
+ * far above any model this design can train on one machine. */
+#define MAX_VOCAB (1u << 24)
+#define MAX_HIDDEN (1u << 17)
+#define MAX_LAYERS 4096u
+#define MAX_HEADS 1024u
+#define MAX_HEAD_DIM 1024u
+
+#define BAD(...) mt_fail(err, MT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* A float field that is 0 (unset) or finite and above lo. */
+static int unset_or_above(float f, float lo) { return f == 0.0f || (isfinite(f) && f > lo); }
+
+static mt_status gemma_fields_check(mt_err err, const mt_model_config *c, const mt_family *f)
+{
+    if (!unset_or_above(c->query_pre_attn_scalar, 0.0f))
+        return BAD("query_pre_attn_scalar %g must be 0 or a positive finite number", (double)c->query_pre_attn_scalar);
+    if (!unset_or_above(c->rope_local_base_freq, 1.0f))
+        return BAD("rope_local_base_freq %g must be 0 or a finite number above 1", (double)c->rope_local_base_freq);
+    if (!unset_or_above(c->attn_logit_softcapping, 0.0f) || !unset_or_above(c->final_logit_softcapping, 0.0f))
+        return BAD("attn_logit_softcapping %g and final_logit_softcapping %g must be 0 or positive finite numbers",
+                   (double)c->attn_logit_softcapping, (double)c->final_logit_softcapping);
+    if (!(f->flags & MT_FAMILY_GEMMA_CONFIG) &&
+        (c->query_pre_attn_scalar != 0.0f || c->attn_logit_softcapping != 0.0f || c->final_logit_softcapping != 0.0f))
+        return BAD("query_pre_attn_scalar, attn_logit_softcapping and final_logit_softcapping are Gemma's: they must "
+                   "be 0 for architecture %u",
+                   c->arch);
+    if (!(f->flags & MT_FAMILY_LOCAL_ROPE) && c->rope_local_base_freq != 0.0f)
+        return BAD("rope_local_base_freq %g is Gemma 3's: it must be 0 for architecture %u",
+                   (double)c->rope_local_base_freq, c->arch);
+    return MT_OK;
+}
+
+static int any_dense_layer(const mt_model_config *c)
+{
+    return (c->mlp_only_layers[0] | c->mlp_only_layers[1] | c->mlp_only_layers[2] | c->mlp_only_layers[3]) != 0;
+}
+
+static mt_status moe_fields_check(mt_err err, const mt_model_config *c, const mt_family *f)
+{
+    const int any = c->num_experts || c->num_experts_per_tok || c->moe_intermediate_size || c->norm_topk_prob ||
+                    c->decoder_sparse_step || c->output_router_logits || c->router_aux_loss_coef != 0.0f ||
+                    any_dense_layer(c);
+    if (f->moe == MT_MOE_NONE) {
+        if (any)
+            return BAD("num_experts and the other mixture-of-experts fields must be 0 for architecture %u (Qwen3-MoE "
+                       "and Mixtral have experts)",
+                       c->arch);
+        return MT_OK;
+    }
+    if (c->num_experts == 0 || c->num_experts > MT_MAX_EXPERTS)
+        return BAD("num_experts %u is outside [1, %u]", c->num_experts, MT_MAX_EXPERTS);
+    if (c->num_experts_per_tok == 0 || c->num_experts_per_tok > c->num_experts)
+        return BAD("num_experts_per_tok %u is outside [1, num_experts %u]", c->num_experts_per_tok, c->num_experts);
+    if (c->moe_intermediate_size == 0 || c->moe_intermediate_size > 8 * MAX_HIDDEN)
+        return BAD("moe_intermediate_size %u is outside [1, %u]", c->moe_intermediate_size, 8 * MAX_HIDDEN);
+    if (c->decoder_sparse_step > c->num_hidden_layers)
+        return BAD("decoder_sparse_step %u is more than num_hidden_layers %u", c->decoder_sparse_step,
+                   c->num_hidden_layers);
+    if (!(c->router_aux_loss_coef >= 0.0f) || !isfinite(c->router_aux_loss_coef))
+        return BAD("router_aux_loss_coef %g must be finite and >= 0", (double)c->router_aux_loss_coef);
+    for (uint32_t l = c->num_hidden_layers; l < 256; l++)
+        if (c->mlp_only_layers[l / 64] >> (l % 64) & 1)
+            return BAD("mlp_only_layers names layer %u of a model of %u layers", l, c->num_hidden_layers);
+    /* MixtralConfig has no key for either: a config.json could not say otherwise */
+    if (f->moe == MT_MOE_MIXTRAL && (!c->norm_topk_prob || c->decoder_sparse_step > 1 || any_dense_layer(c)))
+        return BAD("%s renormalises its top-k weights and has experts in every layer: norm_topk_prob must be 1, "
+                   "decoder_sparse_step 0 or 1 and mlp_only_layers empty",
+                   f->display_name);
+    return MT_OK;
+}
+
+static mt_status window_fields_check(mt_err err, const mt_model_config *c, const mt_family *f)
+{
+    if (!c->sliding_window) {
+        if (c->sliding_window_pattern || c->max_window_layers)
+            return BAD("sliding_window_pattern %u and max_window_layers %u need a sliding_window",
+                       c->sliding_window_pattern, c->max_window_layers);
+        return MT_OK;
+    }
+    if (f->window == MT_WINDOW_NONE)
+        return BAD("sliding_window %u: %s has no sliding-window attention (Mistral, Qwen2, Qwen3 and Phi-3 do)",
+                   c->sliding_window, f->display_name);
+    /* its config.json has no key for either: a config that sets them could not be saved */
+    if (f->window == MT_WINDOW_EVERY_LAYER && (c->sliding_window_pattern || c->max_window_layers))
+        return BAD("%s slides every layer: sliding_window_pattern %u and max_window_layers %u must be 0",
+                   f->display_name, c->sliding_window_pattern, c->max_window_layers);
+    if (c->sliding_window_pattern == 1 || c->sliding_window_pattern > c->num_hidden_layers)
+        return BAD("sliding_window_pattern %u must be 0 or between 2 and num_hidden_layers %u",
+                   c->sliding_window_pattern, c->num_hidden_layers);
+    if (c->max_window_layers > c->num_hidden_layers)
+        return BAD("max_window_layers %u is more than num_hidden_layers %u", c->max_window_layers,
+                   c->num_hidden_layers);
+    return MT_OK;
+}
+
+mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config *src)
+{
+    mt_model_config_init(c);
+    mt_status st = mt_copy_in(err, c, sizeof *c, src, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
+    if (st) return st;
+    const mt_family *f = mt_family_of(c->arch);
+    if (!f) return BAD("mt_model_config.arch %u is not an mt_arch value", c->arch);
+    if (c->precision > MT_PRECISION_LEAN)
+        return BAD("mt_model_config.precision %u is not an mt_precision value", c->precision);
+    if (c->vocab_size < 2 || c->vocab_size > MAX_VOCAB)
+        return BAD("vocab_size %u is outside [2, %u]", c->vocab_size, MAX_VOCAB);
+    if (c->hidden_size == 0 || c->hidden_size > MAX_HIDDEN)
+        return BAD("hidden_size %u is outside [1, %u]", c->hidden_size, MAX_HIDDEN);
+    if (c->intermediate_size == 0 || c->intermediate_size > 8 * MAX_HIDDEN)
+        return BAD("intermediate_size %u is outside [1, %u]", c->intermediate_size, 8 * MAX_HIDDEN);
+    if (c->num_hidden_layers == 0 || c->num_hidden_layers > MAX_LAYERS)
+        return BAD("num_hidden_layers %u is outside [1, %u]", c->num_hidden_layers, MAX_LAYERS);
+    if (c->num_attention_heads == 0 || c->num_attention_heads > MAX_HEADS)
+        return BAD("num_attention_heads %u is outside [1, %u]", c->num_attention_heads, MAX_HEADS);
+    if (c->num_key_value_heads == 0 || c->num_attention_heads % c->num_key_value_heads)
+        return BAD("num_key_value_heads %u must divide num_attention_heads %u", c->num_key_value_heads,
+                   c->num_attention_heads);
+    if (c->head_dim == 0) {
+        if (c->hidden_size % c->num_attention_heads)
+            return BAD("hidden_size %u is not a multiple of num_attention_heads %u (set head_dim)", c->hidden_size,
+                       c->num_attention_heads);
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    }
+    if (c->head_dim > MAX_HEAD_DIM || c->head_dim % 2)
+        return BAD("head_dim %u must be even and at most %u", c->head_dim, MAX_HEAD_DIM);
+    if (c->max_position_embeddings == 0) return BAD("max_position_embeddings is 0");
+    if (!(c->rms_norm_eps > 0.0f) || !isfinite(c->rms_norm_eps))
+        return BAD("rms_norm_eps %g must be a positive finite number", (double)c->rms_norm_eps);
+    if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
+        return BAD("rope_theta %g must be a finite number above 1", (double)c->rope_theta);
+    if (c->rope_scaling > MT_ROPE_SCALING_LINEAR)
+        return BAD("rope_scaling %u is not an mt_rope_scaling value", c->rope_scaling);
+    if (c->rope_scaling == MT_ROPE_SCALING_LLAMA3 &&
+        (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
+         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position == 0))
+        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_position > 0 (got %g, %g, %g, %u)",
+                   (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
+                   c->rope_original_max_position);
+    if (c->rope_scaling == MT_ROPE_SCALING_LINEAR && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
+        return BAD("linear rope scaling needs a finite factor >= 1 (got %g)", (double)c->rope_factor);
+    if (!(c->initializer_range >= 0.0f) || !isfinite(c->initializer_range))
+        return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
+    if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
+    if (c->reserved1) return BAD("mt_model_config.reserved1 must be zero");
+    if (c->reserved2) return BAD("mt_model_config.reserved2 must be zero");
+    if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f))) return st;
+    if ((f->flags & MT_FAMILY_FUSED) && c->attention_bias)
+        return BAD("attention_bias: %s's fused qkv_proj has no bias", f->display_name);
+    return window_fields_check(err, c, f);
+}
+#undef BAD

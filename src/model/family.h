@@ -1,0 +1,120 @@
+/* The model families: one descriptor a family, read by everything that
+ * differs between families (config validation, config.json, the tensor
+ * layout, the template and its dims, the norms' initial value, the CLI's
+ * lists through mt_family_get). A family whose layer is one already written
+ * is an entry of the table in family.c and nothing else; see
+ * docs/architecture.md, "Adding a family". */
+#ifndef MT_FAMILY_H
+#define MT_FAMILY_H
+
+#include "megatrain.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct mt_template; /* model/template.h */
+
+/* What a family is, beyond Llama's layer (MT_FAMILY_* bits of mt_family.flags). */
+enum {
+    MT_FAMILY_BIAS = 1u << 0,       /* q/k/v biases always; config.json has no attention_bias (Qwen2) */
+    MT_FAMILY_QK_NORM = 1u << 1,    /* an RMSNorm of each head of q and k before RoPE (Qwen3, Gemma 3) */
+    MT_FAMILY_FUSED = 1u << 2,      /* the checkpoint fuses q, k, v into qkv_proj and gate, up into
+                                     * gate_up_proj (Phi-3); so no q/k/v biases */
+    MT_FAMILY_SANDWICH = 1u << 3,   /* norms after attention and MLP too: post_attention_layernorm is the
+                                     * attention output's, pre/post_feedforward_layernorm the MLP's (Gemma) */
+    MT_FAMILY_EMBED_SCALE = 1u << 4,/* the embedding times sqrt(hidden_size), in the activations' type (Gemma) */
+    MT_FAMILY_GEMMA_CONFIG = 1u << 5,/* GemmaConfig's keys: hidden_activation, query_pre_attn_scalar, the
+                                     * soft-caps (which only these families may set); no mlp_bias */
+    MT_FAMILY_LOCAL_ROPE = 1u << 6, /* sliding layers rotate by their own base, rope_local_base_freq
+                                     * (Gemma 3); use_bidirectional_attention refused */
+    MT_FAMILY_NULL_TOKEN_IDS = 1u << 7, /* config.json written with null token ids where the source folder
+                                     * has none: the config class's defaults are another model's (Phi-3) */
+};
+
+/* Which layers slide, and how config.json says so. */
+typedef enum mt_window_kind {
+    MT_WINDOW_NONE = 0,        /* none: a sliding_window shorter than the positions is refused (Llama) */
+    MT_WINDOW_EVERY_LAYER = 1, /* sliding_window on every layer; no pattern (Mistral, Phi-3, Mixtral) */
+    MT_WINDOW_FROM_LAYER = 2,  /* use_sliding_window: the layers from max_window_layers on (Qwen2, Qwen3) */
+    MT_WINDOW_PATTERN = 3,     /* one layer in sliding_window_pattern attends fully (Gemma) */
+} mt_window_kind;
+
+/* How config.json describes the experts, which also says what the layout
+ * names them and which rules hold. */
+typedef enum mt_moe_format {
+    MT_MOE_NONE = 0,
+    /* Qwen3MoeConfig: num_experts, moe_intermediate_size, norm_topk_prob, decoder_sparse_step,
+     * mlp_only_layers */
+    MT_MOE_QWEN3 = 1,
+    /* MixtralConfig: num_local_experts of intermediate_size each, every layer sparse, the top-k always
+     * renormalised, router_jitter_noise (refused unless 0) */
+    MT_MOE_MIXTRAL = 2,
+} mt_moe_format;
+
+/* The shape of a checkpoint people fine-tune, for `megatrain plan --families`
+ * (mt_family_example): the fields the layout and the plan read. */
+typedef struct mt_family_shape {
+    uint32_t vocab, hidden, ffn, layers, heads, kv_heads, head_dim, window, tied;
+    uint32_t experts, experts_per_tok, expert_ffn;
+} mt_family_shape;
+
+typedef struct mt_family {
+    mt_arch arch;
+    /* names */
+    const char *name;         /* short and stable: the CLI's checkpoints record it ("gemma3") */
+    const char *display_name; /* "Gemma 3": messages and lists */
+    const char *architecture; /* config.json's architectures[0] */
+    const char *model_type;   /* config.json's model_type */
+    const char *particular;   /* what differs from Llama, in a few words (plan --families) */
+    /* the layer */
+    const struct mt_template *layer_template;
+    const char *template_name;
+    uint32_t flags;           /* MT_FAMILY_* */
+    /* norms scale by norm_offset + w: 1 where the checkpoint stores the scale minus one (Gemma), whose
+     * weights then start at 0 (mt_family_norm_init) */
+    float norm_offset;
+    int glu_act;              /* mt_glu_act of the MLP */
+    const char *hidden_act;   /* config.json's name of it: the only one accepted, and the one written */
+    /* attention windows */
+    mt_window_kind window;
+    uint32_t max_window_layers; /* MT_WINDOW_FROM_LAYER: transformers' default */
+    uint32_t window_pattern;    /* MT_WINDOW_PATTERN: the default pattern */
+    const char *window_pattern_key; /* ... and the key that may change it (NULL: none, fixed) */
+    /* config.json defaults where a key is absent: transformers' for the family */
+    float rope_theta;
+    uint32_t tied;              /* tie_word_embeddings */
+    float query_pre_attn_scalar, attn_softcap, final_softcap; /* MT_FAMILY_GEMMA_CONFIG */
+    float rope_local_base_freq; /* MT_FAMILY_LOCAL_ROPE */
+    /* mixture of experts */
+    mt_moe_format moe;
+    uint32_t experts, experts_per_tok, expert_ffn; /* config.json defaults (expert_ffn: Qwen3-MoE only) */
+    const char *moe_block;      /* the MLP's module name: "mlp", "block_sparse_moe" */
+    const char *expert_names[3];/* the experts' gate, up and down projections */
+    /* the example */
+    const char *example;
+    mt_family_shape example_shape;
+} mt_family;
+
+/* The descriptor of an mt_arch value; NULL for a value that names no family. */
+const mt_family *mt_family_of(uint32_t arch);
+/* By config.json's architectures[0] or model_type; NULL when no family has it. */
+const mt_family *mt_family_by_architecture(const char *architecture);
+const mt_family *mt_family_by_model_type(const char *model_type);
+/* The families in order (0 .. mt_family_count() - 1): what lists print. */
+const mt_family *mt_family_at(size_t i);
+
+/* The family of a config that passed mt_config_import: never NULL there. */
+static inline const mt_family *mt_config_family(const mt_model_config *c) { return mt_family_of(c->arch); }
+/* Whether a config's family has all of the MT_FAMILY_* bits `flags` (0 for an unknown arch). */
+static inline int mt_config_has(const mt_model_config *c, uint32_t flags)
+{
+    const mt_family *f = mt_family_of(c->arch);
+    return f && (f->flags & flags) == flags;
+}
+/* The value every norm scale starts at: the scale norm_offset + w starts at 1. */
+static inline float mt_family_norm_init(const mt_family *f) { return 1.0f - f->norm_offset; }
+
+/* "A, B, C" of the families' architecture names (model_types when types) into buf. */
+const char *mt_family_list(char *buf, size_t len, int types);
+
+#endif
