@@ -133,45 +133,40 @@ static const char *format_name(uint32_t format, uint32_t tok_bytes)
 
 /* The first index of a token >= limit, or n when there is none. Scans in
  * chunks with a branch-free maximum (which vectorises) and only looks for
- * the position inside a chunk that has an offender. */
+ * the position inside a chunk that has an offender. One body for both
+ * widths: `bytes` is a constant at each of scan_ids' two calls below, and
+ * the body is always inlined there, so each width gets its own loop with
+ * no test of the width inside it (as two hand-written copies did). */
 #define SCAN_CHUNK 65536u
 
-static uint64_t scan_u16(const uint16_t *t, uint64_t n, uint32_t limit, uint32_t *value)
+static inline uint32_t id_at(const void *t, uint64_t i, uint32_t bytes)
+{
+    return bytes == 2 ? le16(((const uint16_t *)t)[i]) : le32(((const uint32_t *)t)[i]);
+}
+
+static inline __attribute__((always_inline)) uint64_t scan_width(const void *t, uint64_t n, uint64_t limit,
+                                                                 uint32_t bytes, uint32_t *value)
 {
     for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
         uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
         uint32_t mx = 0;
         for (uint64_t i = 0; i < len; i++) {
-            uint32_t v = le16(t[base + i]);
+            uint32_t v = id_at(t, base + i, bytes);
             mx = v > mx ? v : mx;
         }
         if (mx < limit) continue;
         for (uint64_t i = 0; i < len; i++)
-            if (le16(t[base + i]) >= limit) {
-                *value = le16(t[base + i]);
+            if (id_at(t, base + i, bytes) >= limit) {
+                *value = id_at(t, base + i, bytes);
                 return base + i;
             }
     }
     return n;
 }
 
-static uint64_t scan_u32(const uint32_t *t, uint64_t n, uint64_t limit, uint32_t *value)
+static uint64_t scan_ids(const void *t, uint32_t bytes, uint64_t n, uint64_t limit, uint32_t *value)
 {
-    for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
-        uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
-        uint32_t mx = 0;
-        for (uint64_t i = 0; i < len; i++) {
-            uint32_t v = le32(t[base + i]);
-            mx = v > mx ? v : mx;
-        }
-        if (mx < limit) continue;
-        for (uint64_t i = 0; i < len; i++)
-            if (le32(t[base + i]) >= limit) {
-                *value = le32(t[base + i]);
-                return base + i;
-            }
-    }
-    return n;
+    return bytes == 2 ? scan_width(t, n, limit, 2, value) : scan_width(t, n, limit, 4, value);
 }
 
 /* ---- open / close --------------------------------------------------------- */
@@ -336,9 +331,7 @@ static mt_status check_tokens(mt_err err, const mt_dataset *ds, const char *path
     if (ds->tok_bytes == 2 && limit > 0xFFFF) return MT_OK; /* nothing to check */
     madvise((void *)ds->map, ds->map_size, MADV_SEQUENTIAL);
     uint32_t value = 0;
-    uint64_t at = ds->tok_bytes == 2 ? scan_u16((const uint16_t *)(const void *)ds->tok, ds->n_tokens,
-                                                (uint32_t)limit, &value)
-                                     : scan_u32((const uint32_t *)(const void *)ds->tok, ds->n_tokens, limit, &value);
+    const uint64_t at = scan_ids(ds->tok, ds->tok_bytes, ds->n_tokens, limit, &value);
     if (at == ds->n_tokens) return MT_OK;
     if (vocab_size && value >= vocab_size)
         return mt_fail(err, MT_ERR_FORMAT,
