@@ -10,6 +10,7 @@
 #define _DEFAULT_SOURCE
 #include "core/internal.h"
 #include "core/rng.h"
+#include "io/documents.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,13 +24,6 @@
 #define LLMC_MAGIC 20240520
 #define LLMC_HEADER_BYTES 1024u /* 256 int32 */
 
-/* megatrain's document file (docs/data.md): a 64-byte header, the tokens,
- * the end of each document, and a bit per token that says whether it is a
- * target of the loss. */
-#define DOCS_MAGIC "MTTOKENS"
-#define DOCS_VERSION 1u
-#define DOCS_HEADER_BYTES 64u
-#define DOCS_HAS_MASK 1u
 
 /* The stream of mt_rng_u64 that keys the shuffle of epoch e is SHUFFLE_STREAM + e. */
 #define SHUFFLE_STREAM 0x5348554646ull /* "SHUFF" */
@@ -192,7 +186,7 @@ static mt_status parse_docs(mt_err err, mt_dataset *ds, const char *path)
     for (unsigned i = 40; i < DOCS_HEADER_BYTES; i++)
         if (p[i]) return mt_fail(err, MT_ERR_FORMAT, "token file '%s': header byte %u is reserved and not zero", path, i);
     /* sizes in 64 bits with room to spare: counts above 2^56 are refused first */
-    if (n_tokens >> 56 || n_docs >> 56 || n_docs > n_tokens)
+    if (n_tokens >= DOCS_MAX_COUNT || n_docs >= DOCS_MAX_COUNT || n_docs > n_tokens)
         return mt_fail(err, MT_ERR_FORMAT, "token file '%s' announces %llu tokens in %llu documents", path,
                        (unsigned long long)n_tokens, (unsigned long long)n_docs);
     const uint64_t tok_end = DOCS_HEADER_BYTES + (n_tokens * tok_bytes + 7) / 8 * 8;
