@@ -748,6 +748,36 @@ MT_API uint64_t mt_dataset_padding(const mt_dataset *ds, mt_split split);
 MT_API mt_status mt_dataset_read(const mt_dataset *ds, mt_split split, uint64_t position, uint32_t n_seq,
                                  int32_t *tokens, int32_t *targets);
 
+/* ---- writing document files (0.2) --------------------------------------------------- */
+
+/* Writes a document file (MT_TOKENS_DOCS, docs/data.md), what `megatrain
+ * prepare` writes: documents of token ids, each id a target of the loss or
+ * not. Tokens go to path.tmp as they are appended; mt_doc_writer_finish
+ * completes, syncs and renames it to path, so nothing is under path until
+ * then (an older file there stays as it was), and a writer freed unfinished
+ * or after a failed write removes path.tmp. One writer must not be used by
+ * two threads at once. Failed calls leave their message in mt_last_errmsg(). */
+typedef struct mt_doc_writer mt_doc_writer;
+
+/* Ids are below vocab_size, in [1, 2^31]: 2 bytes a token up to 65536, else 4.
+ * On failure *out is NULL. */
+MT_API mt_status mt_doc_writer_create(mt_doc_writer **out, const char *path, uint32_t vocab_size);
+/* Appends n tokens to the current document. targets: n flags, 1 for a token
+ * the model learns to write and 0 for one it does not (a prompt); NULL: all
+ * are targets. A refused call appends nothing. */
+MT_API mt_status mt_doc_writer_append(mt_doc_writer *w, const int32_t *tokens, const uint8_t *targets, size_t n);
+/* Ends the current document; the next append starts another. Ending an
+ * empty document does nothing. */
+MT_API mt_status mt_doc_writer_end_document(mt_doc_writer *w);
+/* Ends the last document and puts the file under path (at least one document
+ * needed). After it, or after any failed write, only mt_doc_writer_free is left. */
+MT_API mt_status mt_doc_writer_finish(mt_doc_writer *w);
+MT_API void mt_doc_writer_free(mt_doc_writer *w); /* NULL ok; unfinished: path.tmp removed */
+/* The tokens, the target tokens and the ended documents so far; 0 for NULL. */
+MT_API uint64_t mt_doc_writer_num_tokens(const mt_doc_writer *w);
+MT_API uint64_t mt_doc_writer_num_targets(const mt_doc_writer *w);
+MT_API uint64_t mt_doc_writer_num_documents(const mt_doc_writer *w);
+
 /* ---- tokenizers (0.2) ------------------------------------------------------------- */
 
 /* A Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3, Qwen2 and

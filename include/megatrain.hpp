@@ -2,7 +2,8 @@
  * megatrain.hpp - a header-only C++17 wrapper of libmegatrain's C API.
  *
  * It adds ownership and exceptions and nothing else:
- * - mt::model and mt::dataset are move-only owners of the C handles;
+ * - mt::model, mt::dataset and mt::doc_writer are move-only owners of the C
+ *   handles;
  * - every failed call throws mt::error, which carries the mt_status and the
  *   library's message;
  * - mt::model_config, mt::offload_policy, ... are the C option structs with
@@ -454,6 +455,59 @@ public:
 private:
     mt_dataset *handle_ = nullptr;
     std::uint32_t seq_len_ = 0;
+};
+
+/* An mt_doc_writer: a document file being written (mt_doc_writer_create),
+ * put under its name by finish(); destroyed unfinished, it leaves no file.
+ * Move-only; moved-from or default-constructed is empty. */
+class doc_writer {
+public:
+    doc_writer() noexcept = default;
+
+    doc_writer(const std::string &path, std::uint32_t vocab_size)
+    {
+        detail::check(mt_doc_writer_create(&handle_, path.c_str(), vocab_size));
+    }
+
+    explicit doc_writer(mt_doc_writer *handle) noexcept : handle_(handle) {}
+    ~doc_writer() { mt_doc_writer_free(handle_); }
+
+    doc_writer(const doc_writer &) = delete;
+    doc_writer &operator=(const doc_writer &) = delete;
+    doc_writer(doc_writer &&other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    doc_writer &operator=(doc_writer &&other) noexcept
+    {
+        doc_writer taken(std::move(other));
+        swap(taken);
+        return *this;
+    }
+    void swap(doc_writer &other) noexcept { std::swap(handle_, other.handle_); }
+    friend void swap(doc_writer &a, doc_writer &b) noexcept { a.swap(b); }
+
+    mt_doc_writer *get() const noexcept { return handle_; }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    mt_doc_writer *release() noexcept { return std::exchange(handle_, nullptr); }
+
+    /* targets: n flags (1: learnt), or nullptr: all learnt. */
+    void append(const std::int32_t *tokens, const std::uint8_t *targets, std::size_t n)
+    {
+        detail::check(mt_doc_writer_append(handle_, tokens, targets, n));
+    }
+    /* Every token learnt (target true) or none. */
+    void append(const std::vector<std::int32_t> &tokens, bool target = true)
+    {
+        std::vector<std::uint8_t> flags(tokens.size(), target ? 1 : 0);
+        append(tokens.data(), flags.data(), tokens.size());
+    }
+    void end_document() { detail::check(mt_doc_writer_end_document(handle_)); }
+    void finish() { detail::check(mt_doc_writer_finish(handle_)); }
+
+    std::uint64_t num_tokens() const noexcept { return mt_doc_writer_num_tokens(handle_); }
+    std::uint64_t num_targets() const noexcept { return mt_doc_writer_num_targets(handle_); }
+    std::uint64_t num_documents() const noexcept { return mt_doc_writer_num_documents(handle_); }
+
+private:
+    mt_doc_writer *handle_ = nullptr;
 };
 
 } // namespace mt

@@ -27,10 +27,27 @@ printf '%s\n' '{"prompt": "Q: 2+2", "completion": " 4"}' '{"text": "plain"}' '' 
 expect "prepare: prompt/completion and text" 0 "$BIN" prepare --tokenizer "$t/data/tokenizer.json" -o "$t/mixed.mt" --show 2 "$t/mixed.jsonl"
 has "prepare: completion" "Q: 2+2\[\[ 4<|endoftext|>\]\]"
 has "prepare: text" "\[\[plain<|endoftext|>\]\]"
+# the file the library's writer made: the layout of docs/data.md, with the
+# documents, tokens and learnt tokens prepare reported
+python3 - "$t/mixed.mt" "$dir/out" <<'PY' && ok || bad "prepare: the document file's layout"
+import re, struct, sys
+b = open(sys.argv[1], "rb").read()
+out = open(sys.argv[2]).read()
+magic, version, width, n, d, vocab, flags = struct.unpack_from("<8sIIQQII", b)
+assert (magic, version, width, flags) == (b"MTTOKENS", 1, 2, 1) and not any(b[40:64]), b[:64]
+docs, toks, learnt, v = map(int, re.search(r"(\d+) documents, (\d+) tokens, (\d+) of them learnt .*vocabulary (\d+)", out).groups())
+assert (d, n, vocab) == (docs, toks, v), (d, n, vocab)
+tok_end = 64 + (n * width + 7) // 8 * 8
+ends = struct.unpack_from("<%dQ" % d, b, tok_end)
+lens = [int(x) for x in re.findall(r"--- document \d+: (\d+) tokens", out)]
+assert [e - s for s, e in zip((0,) + ends, ends)] == lens, (ends, lens)
+mask = b[tok_end + 8 * d:]
+assert len(mask) == (n + 7) // 8 and sum(bin(x).count("1") for x in mask) == learnt
+PY
 printf '%s\n' '{"prompt": "x", "completion": " y"}' '{"messages": [{"role": "robot", "content": "hi"}]}' > "$t/bad.jsonl"
 expect "prepare: a bad role" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/bad.jsonl"
 has "prepare: a bad role" "bad.jsonl:2: role \"robot\""
-[ ! -e "$t/bad.mt" ] && ok || bad "prepare: a refused input left a file"
+[ ! -e "$t/bad.mt" ] && [ ! -e "$t/bad.mt.tmp" ] && ok || bad "prepare: a refused input left a file"
 printf '%s\n' '{"messages": [' > "$t/broken.jsonl"
 expect "prepare: broken JSON" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/broken.jsonl"
 has "prepare: broken JSON" "broken.jsonl:1: not a JSON object"

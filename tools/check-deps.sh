@@ -7,13 +7,14 @@
 #
 # and inside cuda/: runtime -> kernels, gemm -> backend. Only cuda/ sees the
 # CUDA toolkit. src/dist (the multi-node bootstrap) needs only src/core: it
-# sits beside src/device, and the folders after it may use it. Prints each
-# include that points the wrong way; fails if any.
+# sits beside src/device, and the folders after it may use it. src/text (the
+# tokenizer) reads its files with src/io's helpers (fileio.h), so it comes
+# after src/io. Prints each include that points the wrong way; fails if any.
 cd "$(dirname "$0")/.." || exit 2
 rank() {
   case $1 in
     core) echo 0 ;; device|dist) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; engine) echo 5 ;;
-    cpu|io|cuda) echo 6 ;; *) echo 99 ;;
+    cpu|io|cuda) echo 6 ;; text) echo 7 ;; *) echo 99 ;;
   esac
 }
 cuda_rank() { case $1 in runtime) echo 0 ;; kernels|gemm) echo 1 ;; backend) echo 2 ;; *) echo 99 ;; esac; }

@@ -708,3 +708,67 @@ func TestAbort(t *testing.T) {
 		t.Fatalf("the step after an abort: %+v, %v", st, err)
 	}
 }
+
+func TestDocWriter(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "train.mt")
+	w, err := CreateDocWriter(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Append([]int32{1, 2, 3}, false); err != nil { // a prompt
+		t.Fatal(err)
+	}
+	if err := w.Append([]int32{4, 5, 6, 7}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.EndDocument(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AppendFlags([]int32{8, 9, 10}, []bool{true, true, false}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Append([]int32{100}, true); !errors.Is(err, ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "outside the vocabulary") {
+		t.Fatalf("an id outside the vocabulary: %v", err)
+	}
+	if w.NumTokens() != 10 || w.NumTargets() != 6 || w.NumDocuments() != 1 {
+		t.Fatalf("counts %d %d %d", w.NumTokens(), w.NumTargets(), w.NumDocuments())
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Fatal("the file is under its name before Finish")
+	}
+	if err := w.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	opt := NewDatasetOptions()
+	opt.Format, opt.VocabSize, opt.SeqLen, opt.HeldoutFraction = TokensDocs, 100, 8, 0
+	d, err := OpenDataset(path, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.NumTokens() != 10 || d.NumWindows(SplitTrain) != 2 {
+		t.Fatalf("read back %d tokens, %d windows", d.NumTokens(), d.NumWindows(SplitTrain))
+	}
+
+	// abandoned: nothing under the name, no temporary
+	gone := filepath.Join(dir, "gone.mt")
+	a, err := CreateDocWriter(gone, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Append([]int32{1, 2}, true); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	for _, p := range []string{gone, gone + ".tmp"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Fatalf("%s left behind", p)
+		}
+	}
+	if _, err := CreateDocWriter(filepath.Join(dir, "nope", "x.mt"), 100); !errors.Is(err, ErrIO) {
+		t.Fatalf("a missing folder: %v", err)
+	}
+}

@@ -176,6 +176,7 @@ const (
 	TokensU16  TokenFormat = C.MT_TOKENS_U16
 	TokensU32  TokenFormat = C.MT_TOKENS_U32
 	TokensLLMC TokenFormat = C.MT_TOKENS_LLMC
+	TokensDocs TokenFormat = C.MT_TOKENS_DOCS // 0.2: documents with a loss mask (DocWriter)
 )
 
 // Split is a part of a dataset (mt_split).

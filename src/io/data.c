@@ -10,6 +10,7 @@
 #define _DEFAULT_SOURCE
 #include "core/internal.h"
 #include "core/rng.h"
+#include "io/documents.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,13 +24,6 @@
 #define LLMC_MAGIC 20240520
 #define LLMC_HEADER_BYTES 1024u /* 256 int32 */
 
-/* megatrain's document file (docs/data.md): a 64-byte header, the tokens,
- * the end of each document, and a bit per token that says whether it is a
- * target of the loss. */
-#define DOCS_MAGIC "MTTOKENS"
-#define DOCS_VERSION 1u
-#define DOCS_HEADER_BYTES 64u
-#define DOCS_HAS_MASK 1u
 
 /* The stream of mt_rng_u64 that keys the shuffle of epoch e is SHUFFLE_STREAM + e. */
 #define SHUFFLE_STREAM 0x5348554646ull /* "SHUFF" */
@@ -133,45 +127,40 @@ static const char *format_name(uint32_t format, uint32_t tok_bytes)
 
 /* The first index of a token >= limit, or n when there is none. Scans in
  * chunks with a branch-free maximum (which vectorises) and only looks for
- * the position inside a chunk that has an offender. */
+ * the position inside a chunk that has an offender. One body for both
+ * widths: `bytes` is a constant at each of scan_ids' two calls below, and
+ * the body is always inlined there, so each width gets its own loop with
+ * no test of the width inside it (as two hand-written copies did). */
 #define SCAN_CHUNK 65536u
 
-static uint64_t scan_u16(const uint16_t *t, uint64_t n, uint32_t limit, uint32_t *value)
+static inline uint32_t id_at(const void *t, uint64_t i, uint32_t bytes)
+{
+    return bytes == 2 ? le16(((const uint16_t *)t)[i]) : le32(((const uint32_t *)t)[i]);
+}
+
+static inline __attribute__((always_inline)) uint64_t scan_width(const void *t, uint64_t n, uint64_t limit,
+                                                                 uint32_t bytes, uint32_t *value)
 {
     for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
         uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
         uint32_t mx = 0;
         for (uint64_t i = 0; i < len; i++) {
-            uint32_t v = le16(t[base + i]);
+            uint32_t v = id_at(t, base + i, bytes);
             mx = v > mx ? v : mx;
         }
         if (mx < limit) continue;
         for (uint64_t i = 0; i < len; i++)
-            if (le16(t[base + i]) >= limit) {
-                *value = le16(t[base + i]);
+            if (id_at(t, base + i, bytes) >= limit) {
+                *value = id_at(t, base + i, bytes);
                 return base + i;
             }
     }
     return n;
 }
 
-static uint64_t scan_u32(const uint32_t *t, uint64_t n, uint64_t limit, uint32_t *value)
+static uint64_t scan_ids(const void *t, uint32_t bytes, uint64_t n, uint64_t limit, uint32_t *value)
 {
-    for (uint64_t base = 0; base < n; base += SCAN_CHUNK) {
-        uint64_t len = MT_MIN((uint64_t)SCAN_CHUNK, n - base);
-        uint32_t mx = 0;
-        for (uint64_t i = 0; i < len; i++) {
-            uint32_t v = le32(t[base + i]);
-            mx = v > mx ? v : mx;
-        }
-        if (mx < limit) continue;
-        for (uint64_t i = 0; i < len; i++)
-            if (le32(t[base + i]) >= limit) {
-                *value = le32(t[base + i]);
-                return base + i;
-            }
-    }
-    return n;
+    return bytes == 2 ? scan_width(t, n, limit, 2, value) : scan_width(t, n, limit, 4, value);
 }
 
 /* ---- open / close --------------------------------------------------------- */
@@ -197,7 +186,7 @@ static mt_status parse_docs(mt_err err, mt_dataset *ds, const char *path)
     for (unsigned i = 40; i < DOCS_HEADER_BYTES; i++)
         if (p[i]) return mt_fail(err, MT_ERR_FORMAT, "token file '%s': header byte %u is reserved and not zero", path, i);
     /* sizes in 64 bits with room to spare: counts above 2^56 are refused first */
-    if (n_tokens >> 56 || n_docs >> 56 || n_docs > n_tokens)
+    if (n_tokens >= DOCS_MAX_COUNT || n_docs >= DOCS_MAX_COUNT || n_docs > n_tokens)
         return mt_fail(err, MT_ERR_FORMAT, "token file '%s' announces %llu tokens in %llu documents", path,
                        (unsigned long long)n_tokens, (unsigned long long)n_docs);
     const uint64_t tok_end = DOCS_HEADER_BYTES + (n_tokens * tok_bytes + 7) / 8 * 8;
@@ -336,9 +325,7 @@ static mt_status check_tokens(mt_err err, const mt_dataset *ds, const char *path
     if (ds->tok_bytes == 2 && limit > 0xFFFF) return MT_OK; /* nothing to check */
     madvise((void *)ds->map, ds->map_size, MADV_SEQUENTIAL);
     uint32_t value = 0;
-    uint64_t at = ds->tok_bytes == 2 ? scan_u16((const uint16_t *)(const void *)ds->tok, ds->n_tokens,
-                                                (uint32_t)limit, &value)
-                                     : scan_u32((const uint32_t *)(const void *)ds->tok, ds->n_tokens, limit, &value);
+    const uint64_t at = scan_ids(ds->tok, ds->tok_bytes, ds->n_tokens, limit, &value);
     if (at == ds->n_tokens) return MT_OK;
     if (vocab_size && value >= vocab_size)
         return mt_fail(err, MT_ERR_FORMAT,

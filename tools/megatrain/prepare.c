@@ -1,16 +1,14 @@
 /* megatrain prepare: text, chat and instruction data into a document token
  * file (MT_TOKENS_DOCS, docs/data.md) that carries the loss mask: only the
- * tokens a model should learn to write are targets. */
+ * tokens a model should learn to write are targets. The library's
+ * mt_doc_writer writes the file, a document at a time. */
 #define _GNU_SOURCE
 #include "chat.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const char prepare_help[] =
     "usage: megatrain prepare --tokenizer DIR|FILE [--chat-format F] [--text-lines] -o OUT INPUT...\n"
@@ -33,40 +31,6 @@ static const char prepare_help[] =
     "                        between [[ and ]]\n"
     "  -o, --out FILE        the token file to write (replaced atomically)\n";
 
-/* ---- the output being built -------------------------------------------------------- */
-
-typedef struct doc_file {
-    int32_t *tok;
-    unsigned char *target; /* one byte per token while building */
-    uint64_t n, cap;
-    uint64_t *ends;
-    uint64_t n_docs, cap_docs;
-    uint64_t n_targets;
-} doc_file;
-
-static void push(doc_file *f, const int32_t *ids, size_t n, int target)
-{
-    if (f->n + n > f->cap) {
-        while (f->n + n > f->cap) f->cap = f->cap ? 2 * f->cap : 1 << 16;
-        if (!(f->tok = realloc(f->tok, f->cap * sizeof *f->tok)) ||
-            !(f->target = realloc(f->target, f->cap)))
-            cli_die("out of memory");
-    }
-    memcpy(f->tok + f->n, ids, n * sizeof *ids);
-    memset(f->target + f->n, target, n);
-    f->n += n;
-    if (target) f->n_targets += n;
-}
-
-static void end_doc(doc_file *f)
-{
-    if (f->n_docs && f->ends[f->n_docs - 1] == f->n) return; /* empty: nothing to end */
-    if (f->n_docs == f->cap_docs &&
-        !(f->ends = realloc(f->ends, (f->cap_docs = f->cap_docs ? 2 * f->cap_docs : 1024) * sizeof *f->ends)))
-        cli_die("out of memory");
-    f->ends[f->n_docs++] = f->n;
-}
-
 /* ---- tokenizing ------------------------------------------------------------------------ */
 
 /* A document is built as text in pieces, each a target or not; it is then
@@ -88,7 +52,12 @@ typedef struct prep {
     int last_target;
     int32_t *ids, *prefix;
     size_t ids_cap, prefix_cap;
-    doc_file out;
+    uint8_t *flags;        /* the document's target flags, one per id */
+    size_t flags_cap;
+    mt_doc_writer *out;
+    int n_show, shown;     /* --show: how many documents to print, how many were */
+    char *show_text;
+    size_t show_cap;
     const char *where;     /* "file:line" of the document being read */
 } prep;
 
@@ -130,10 +99,30 @@ static size_t encode(prep *p, size_t len, int32_t **ids, size_t *cap)
     return n;
 }
 
+/* A document as the model sees it, each run of learnt tokens between [[ ]]. */
+static void show(prep *p, const int32_t *ids, const uint8_t *flags, size_t n)
+{
+    printf("--- document %d: %llu tokens\n", ++p->shown, (unsigned long long)n);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && flags[j] == flags[i]) j++;
+        size_t len = 0;
+        if (mt_tokenizer_decode(p->tok, ids + i, j - i, 0, p->show_text, p->show_cap, &len) == MT_OK &&
+            len >= p->show_cap) {
+            if (!(p->show_text = realloc(p->show_text, p->show_cap = len + 1))) cli_die("out of memory");
+            mt_tokenizer_decode(p->tok, ids + i, j - i, 0, p->show_text, p->show_cap, &len);
+        }
+        printf("%s%.*s%s", flags[i] ? "[[" : "", (int)len, p->show_text ? p->show_text : "", flags[i] ? "]]" : "");
+        i = j;
+    }
+    printf("\n");
+}
+
 static void end_document(prep *p)
 {
     if (!p->len) return;
     const size_t n = encode(p, p->len, &p->ids, &p->ids_cap);
+    if (n > p->flags_cap && !(p->flags = realloc(p->flags, p->flags_cap = n))) cli_die("out of memory");
     size_t from = 0;
     for (size_t e = 0; e <= p->n_edges; e++) {
         size_t to = n;
@@ -146,13 +135,16 @@ static void end_document(prep *p)
                         "the whole, so its learnt part cannot be marked: is the chat format the tokenizer's?",
                         p->where, p->edge[e]);
         }
-        push(&p->out, p->ids + from, to - from, target);
+        memset(p->flags + from, target, to - from);
         from = to;
     }
-    end_doc(&p->out);
+    if (mt_doc_writer_append(p->out, p->ids, p->flags, n) != MT_OK || mt_doc_writer_end_document(p->out) != MT_OK)
+        cli_die("%s: %s", p->where, mt_last_errmsg());
+    if (n && p->shown < p->n_show) show(p, p->ids, p->flags, n);
     p->len = 0;
     p->n_edges = 0;
 }
+
 static const char *str_member(const cJSON *o, const char *name, int required, const char *where)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -292,88 +284,12 @@ static void add_file(prep *p, const char *path, int text_lines)
     free(whole);
 }
 
-/* ---- writing ------------------------------------------------------------------------------ */
-
-static void put32(unsigned char *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put64(unsigned char *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void write_all(FILE *f, const void *p, size_t n, const char *path)
-{
-    if (n && fwrite(p, 1, n, f) != n) cli_die("writing %s: %s", path, strerror(errno));
-}
-
-/* The file of docs/data.md, under a temporary name, synced, renamed. */
-static void write_docs(const doc_file *d, uint32_t vocab, const char *path)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) cli_die("cannot write %s: %s", tmp, strerror(errno));
-    const uint32_t bytes = vocab <= 0x10000 ? 2 : 4;
-    unsigned char h[64] = {0};
-    memcpy(h, "MTTOKENS", 8);
-    put32(h + 8, 1);
-    put32(h + 12, bytes);
-    put64(h + 16, d->n);
-    put64(h + 24, d->n_docs);
-    put32(h + 32, vocab);
-    put32(h + 36, 1); /* a loss mask follows */
-    write_all(f, h, sizeof h, tmp);
-    unsigned char buf[8192];
-    size_t k = 0;
-    for (uint64_t i = 0; i < d->n; i++) {
-        if (bytes == 2) buf[k++] = (unsigned char)d->tok[i], buf[k++] = (unsigned char)(d->tok[i] >> 8);
-        else put32(buf + k, (uint32_t)d->tok[i]), k += 4;
-        if (k + 4 > sizeof buf) write_all(f, buf, k, tmp), k = 0;
-    }
-    for (uint64_t pad = (8 - d->n * bytes % 8) % 8; pad; pad--) buf[k++] = 0; /* tokens end on 8 bytes */
-    write_all(f, buf, k, tmp);
-    for (uint64_t i = 0; i < d->n_docs; i++) {
-        put64(buf, d->ends[i]);
-        write_all(f, buf, 8, tmp);
-    }
-    memset(buf, 0, sizeof buf);
-    for (uint64_t i = 0; i < d->n; i += 8) {
-        unsigned char bits = 0;
-        for (uint64_t b = 0; b < 8 && i + b < d->n; b++) bits |= (unsigned char)(d->target[i + b] << b);
-        write_all(f, &bits, 1, tmp);
-    }
-    if (fflush(f) || fsync(fileno(f)) || fclose(f)) cli_die("writing %s: %s", tmp, strerror(errno));
-    if (rename(tmp, path)) cli_die("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-}
-
 /* ---- the command ---------------------------------------------------------------------------- */
 
-/* The first n documents decoded, each run of learnt tokens between [[ ]]. */
-static void show(const prep *p, int n)
-{
-    const doc_file *d = &p->out;
-    char *text = NULL;
-    size_t cap = 0;
-    for (uint64_t doc = 0, from = 0; doc < d->n_docs && doc < (uint64_t)n; from = d->ends[doc++]) {
-        printf("--- document %llu: %llu tokens\n", (unsigned long long)doc + 1, (unsigned long long)(d->ends[doc] - from));
-        for (uint64_t i = from; i < d->ends[doc];) {
-            uint64_t j = i;
-            while (j < d->ends[doc] && d->target[j] == d->target[i]) j++;
-            size_t len = 0;
-            if (mt_tokenizer_decode(p->tok, d->tok + i, j - i, 0, text, cap, &len) == MT_OK && len >= cap) {
-                if (!(text = realloc(text, cap = len + 1))) cli_die("out of memory");
-                mt_tokenizer_decode(p->tok, d->tok + i, j - i, 0, text, cap, &len);
-            }
-            printf("%s%.*s%s", d->target[i] ? "[[" : "", (int)len, text ? text : "", d->target[i] ? "]]" : "");
-            i = j;
-        }
-        printf("\n");
-    }
-    free(text);
-}
+/* cli_die exits without unwinding: the writer being filled is freed at exit,
+ * which removes its temporary, so a refused input leaves no file behind. */
+static mt_doc_writer *unfinished;
+static void drop_unfinished(void) { mt_doc_writer_free(unfinished); }
 
 int cmd_prepare(int argc, char **argv)
 {
@@ -406,23 +322,27 @@ int cmd_prepare(int argc, char **argv)
     if (*eos && mt_tokenizer_token_to_id(p.tok, eos) < 0)
         cli_die("prepare: the EOS token \"%s\" is not in the tokenizer's vocabulary", eos);
     p.eos = *eos ? eos : NULL;
-    for (int i = 0; i < n_inputs; i++) add_file(&p, inputs[i], text_lines);
-    if (!p.out.n_docs) cli_die("prepare: the inputs hold no document");
-    if (!p.out.n_targets) cli_die("prepare: the documents hold no token to learn");
     const uint32_t vocab = mt_tokenizer_vocab_size(p.tok);
-    write_docs(&p.out, vocab, out);
-    show(&p, n_show);
+    p.n_show = n_show;
+    if (mt_doc_writer_create(&p.out, out, vocab) != MT_OK) cli_die("%s", mt_last_errmsg());
+    unfinished = p.out;
+    atexit(drop_unfinished);
+    for (int i = 0; i < n_inputs; i++) add_file(&p, inputs[i], text_lines);
+    const uint64_t n_docs = mt_doc_writer_num_documents(p.out), n_tok = mt_doc_writer_num_tokens(p.out),
+                   n_targets = mt_doc_writer_num_targets(p.out);
+    if (!n_docs) cli_die("prepare: the inputs hold no document");
+    if (!n_targets) cli_die("prepare: the documents hold no token to learn");
+    if (mt_doc_writer_finish(p.out) != MT_OK) cli_die("%s", mt_last_errmsg());
     printf("%s: %llu documents, %llu tokens, %llu of them learnt (%.1f%%), vocabulary %u, chat format %s%s%s\n", out,
-           (unsigned long long)p.out.n_docs, (unsigned long long)p.out.n, (unsigned long long)p.out.n_targets,
-           100.0 * (double)p.out.n_targets / (double)p.out.n, vocab, chat_format_name(p.chat), *eos ? ", EOS " : "", eos);
+           (unsigned long long)n_docs, (unsigned long long)n_tok, (unsigned long long)n_targets,
+           100.0 * (double)n_targets / (double)n_tok, vocab, chat_format_name(p.chat), *eos ? ", EOS " : "", eos);
     mt_tokenizer_free(p.tok);
     free(p.ids);
     free(p.prefix);
+    free(p.flags);
     free(p.text);
     free(p.edge);
     free(p.edge_target);
-    free(p.out.tok);
-    free(p.out.target);
-    free(p.out.ends);
-    return 0;
+    free(p.show_text);
+    return 0; /* the writer, finished, is freed at exit */
 }

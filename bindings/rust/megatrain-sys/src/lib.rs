@@ -168,6 +168,8 @@ c_enum!(mt_token_format {
     MT_TOKENS_U16 = 1,
     MT_TOKENS_U32 = 2,
     MT_TOKENS_LLMC = 3,
+    /// 0.2: documents with a loss mask (mt_doc_writer writes them).
+    MT_TOKENS_DOCS = 4,
     MT_TOKENS_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -429,6 +431,13 @@ pub struct mt_dataset {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
+/// Opaque (0.2): a document file being written; one thread at a time.
+#[repr(C)]
+pub struct mt_doc_writer {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
 // ---- functions --------------------------------------------------------------------
 
 // No #[link] here: build.rs links the library as pkg-config says.
@@ -531,6 +540,27 @@ extern "C" {
         tokens: *mut i32,
         targets: *mut i32,
     ) -> mt_status;
+
+    // 0.2: document files
+    pub fn mt_doc_writer_create(
+        out: *mut *mut mt_doc_writer,
+        path: *const c_char,
+        vocab_size: u32,
+    ) -> mt_status;
+    /// `targets`: `n` flags (1: learnt, 0: not), or NULL: all learnt.
+    pub fn mt_doc_writer_append(
+        w: *mut mt_doc_writer,
+        tokens: *const i32,
+        targets: *const u8,
+        n: usize,
+    ) -> mt_status;
+    pub fn mt_doc_writer_end_document(w: *mut mt_doc_writer) -> mt_status;
+    pub fn mt_doc_writer_finish(w: *mut mt_doc_writer) -> mt_status;
+    /// NULL ok; unfinished: the temporary is removed.
+    pub fn mt_doc_writer_free(w: *mut mt_doc_writer);
+    pub fn mt_doc_writer_num_tokens(w: *const mt_doc_writer) -> u64;
+    pub fn mt_doc_writer_num_targets(w: *const mt_doc_writer) -> u64;
+    pub fn mt_doc_writer_num_documents(w: *const mt_doc_writer) -> u64;
 }
 
 // ---- the header's inline initialisers ------------------------------------------------

@@ -217,6 +217,7 @@ c_enum!(TokenFormat {
     U16 = sys::MT_TOKENS_U16,
     U32 = sys::MT_TOKENS_U32,
     LLMC = sys::MT_TOKENS_LLMC,
+    DOCS = sys::MT_TOKENS_DOCS,
 });
 
 c_enum!(Split {
@@ -1367,6 +1368,104 @@ impl Dataset {
         let mut targets = vec![0; n];
         self.read_into(split, position, &mut tokens, &mut targets)?;
         Ok((tokens, targets))
+    }
+}
+
+// ---- writing document files (0.2) ----------------------------------------------------
+
+/// A document file (`TokenFormat::DOCS`) being written: documents of token
+/// ids, each id learnt or not. The file appears under its path only when
+/// [`DocWriter::finish`] succeeds; dropped unfinished, it leaves nothing.
+pub struct DocWriter {
+    raw: NonNull<sys::mt_doc_writer>,
+}
+
+// SAFETY: a writer may be used from any thread, one at a time (&mut self).
+unsafe impl Send for DocWriter {}
+
+impl Drop for DocWriter {
+    fn drop(&mut self) {
+        // SAFETY: raw came from mt_doc_writer_create and is freed once.
+        unsafe { sys::mt_doc_writer_free(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for DocWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DocWriter")
+            .field("num_documents", &self.num_documents())
+            .field("num_tokens", &self.num_tokens())
+            .finish()
+    }
+}
+
+impl DocWriter {
+    /// Starts a file for ids below `vocab_size` (written to `path` + ".tmp"
+    /// until finish).
+    pub fn create(path: impl AsRef<Path>, vocab_size: u32) -> Result<DocWriter> {
+        let path = c_path(path.as_ref())?;
+        let mut out = ptr::null_mut();
+        // SAFETY: a C string and an out pointer.
+        thread_result(unsafe { sys::mt_doc_writer_create(&mut out, path.as_ptr(), vocab_size) })?;
+        let raw = NonNull::new(out).ok_or_else(|| Error {
+            status: Status::INTERNAL,
+            message: "mt_doc_writer_create returned MT_OK and no writer".to_string(),
+        })?;
+        Ok(DocWriter { raw })
+    }
+
+    /// Appends tokens to the current document, every one learnt (`learnt`)
+    /// or none.
+    pub fn append(&mut self, tokens: &[i32], learnt: bool) -> Result<()> {
+        let flags = vec![learnt as u8; tokens.len()];
+        self.append_flags(tokens, &flags)
+    }
+
+    /// Appends tokens with a flag each: true for a token the model learns.
+    pub fn append_flags(&mut self, tokens: &[i32], learnt: &[u8]) -> Result<()> {
+        if learnt.len() != tokens.len() {
+            return Err(invalid(format!(
+                "doc writer append: {} tokens and {} flags",
+                tokens.len(),
+                learnt.len()
+            )));
+        }
+        // SAFETY: both slices hold tokens.len() entries.
+        thread_result(unsafe {
+            sys::mt_doc_writer_append(
+                self.raw.as_ptr(),
+                tokens.as_ptr(),
+                learnt.as_ptr(),
+                tokens.len(),
+            )
+        })
+    }
+
+    /// Ends the current document (an empty one is none).
+    pub fn end_document(&mut self) -> Result<()> {
+        // SAFETY: a live writer.
+        thread_result(unsafe { sys::mt_doc_writer_end_document(self.raw.as_ptr()) })
+    }
+
+    /// Ends the last document and puts the file under its path.
+    pub fn finish(self) -> Result<()> {
+        // SAFETY: a live writer; dropped (freed) after.
+        thread_result(unsafe { sys::mt_doc_writer_finish(self.raw.as_ptr()) })
+    }
+
+    pub fn num_tokens(&self) -> u64 {
+        // SAFETY: a live writer.
+        unsafe { sys::mt_doc_writer_num_tokens(self.raw.as_ptr()) }
+    }
+
+    pub fn num_targets(&self) -> u64 {
+        // SAFETY: a live writer.
+        unsafe { sys::mt_doc_writer_num_targets(self.raw.as_ptr()) }
+    }
+
+    pub fn num_documents(&self) -> u64 {
+        // SAFETY: a live writer.
+        unsafe { sys::mt_doc_writer_num_documents(self.raw.as_ptr()) }
     }
 }
 

@@ -416,3 +416,47 @@ fn status_debug_and_display() {
     assert_eq!(format!("{:?}", Status(99)), "Status(99)");
     assert_eq!(Status::ABORTED.to_string(), "aborted by the caller");
 }
+
+#[test]
+fn doc_writer_round_trip() {
+    let dir = Scratch::new("docs");
+    let path = dir.0.join("train.mt");
+    let mut w = DocWriter::create(&path, 100).unwrap();
+    w.append(&[1, 2, 3], false).unwrap(); // a prompt
+    w.append(&[4, 5, 6, 7], true).unwrap();
+    w.end_document().unwrap();
+    w.append_flags(&[8, 9, 10], &[1, 1, 0]).unwrap();
+    let err = w.append(&[100], true).unwrap_err();
+    assert_eq!(err.status, Status::INVALID_ARGUMENT);
+    assert!(
+        err.message.contains("outside the vocabulary"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        (w.num_tokens(), w.num_targets(), w.num_documents()),
+        (10, 6, 1)
+    );
+    assert!(!path.exists(), "the file is under its name before finish");
+    w.finish().unwrap();
+    let opts = DatasetOptions {
+        format: TokenFormat::DOCS,
+        vocab_size: 100,
+        seq_len: 8,
+        heldout_fraction: 0.0,
+        ..DatasetOptions::default()
+    };
+    let ds = Dataset::open(&path, &opts).unwrap();
+    assert_eq!(ds.num_tokens(), 10);
+    assert_eq!(ds.num_windows(Split::TRAIN), 2);
+
+    // abandoned: nothing under the name, no temporary
+    let gone = dir.0.join("gone.mt");
+    let mut w = DocWriter::create(&gone, 100).unwrap();
+    w.append(&[1, 2], true).unwrap();
+    drop(w);
+    assert!(!gone.exists() && !dir.0.join("gone.mt.tmp").exists());
+    let err = DocWriter::create(dir.0.join("nope/x.mt"), 100).unwrap_err();
+    assert_eq!(err.status, Status::IO);
+    assert!(err.message.contains("does not exist"), "{}", err.message);
+}
