@@ -349,7 +349,7 @@ mt_status mt_engine_grads(mt_model *m, const mt_batch *b, uint64_t n_targets, do
     return MT_OK;
 }
 
-static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
+mt_status mt_engine_step(mt_model *m, const mt_batch *batch_in, const mt_optim_config *opt_in, mt_step_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_err err = mt_model_err(m);
@@ -425,7 +425,7 @@ static mt_status step(mt_model *m, const mt_batch *batch_in, const mt_optim_conf
     return MT_OK;
 }
 
-static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
+mt_status mt_engine_eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stats)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_optimizer_drain(&m->opt);
@@ -454,7 +454,7 @@ static mt_status eval(mt_model *m, const mt_batch *batch_in, mt_eval_stats *stat
     return mt_copy_out(err, stats, &s, sizeof s, MT_FIRST_SIZE_EVAL_STATS, "mt_eval_stats");
 }
 
-static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
+mt_status mt_engine_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
 {
     if (!m) return MT_ERR_INVALID_ARGUMENT;
     mt_optimizer_drain(&m->opt);
@@ -479,80 +479,21 @@ static mt_status logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint
     return stopped ? fail_aborted(m, "mt_model_logits") : MT_OK;
 }
 
-/* The entry points that reach the backend make the policy's device current
- * on the caller's thread for the call and leave the caller's own current
- * device as they found it (device/device.h). */
-mt_status mt_step(mt_model *m, const mt_batch *batch, const mt_optim_config *opt, mt_step_stats *stats)
-{
-    const int prev = mt_engine_enter(m);
-    const mt_status st = step(m, batch, opt, stats);
-    mt_device_restore(prev);
-    return st;
-}
-
-mt_status mt_eval(mt_model *m, const mt_batch *batch, mt_eval_stats *stats)
-{
-    const int prev = mt_engine_enter(m);
-    const mt_status st = eval(m, batch, stats);
-    mt_device_restore(prev);
-    return st;
-}
-
-mt_status mt_model_logits(mt_model *m, const int32_t *tokens, uint32_t n_seq, uint32_t seq_len, float *out)
-{
-    const int prev = mt_engine_enter(m);
-    const mt_status st = logits(m, tokens, n_seq, seq_len, out);
-    mt_device_restore(prev);
-    return st;
-}
-
 int mt_engine_enter(const mt_model *m)
 {
     /* several GPUs: the group makes each rank's current in turn; the caller's is put back all the same */
     return m && m->backend == MT_BACKEND_CUDA ? mt_device_use(m->pol.device) : -1;
 }
 
-uint64_t mt_model_step_count(const mt_model *m) { return m ? m->step : 0; }
-
-void mt_timeline_init_sized(mt_timeline *t, uint32_t size) { mt_struct_init(t, size, NULL, 0); }
-
-mt_status mt_model_timeline(mt_model *m, mt_timeline *out, mt_timeline_visit *visits, uint32_t cap)
+void mt_engine_fini(mt_model *m)
 {
-    if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_err err = mt_model_err(m);
-    mt_err_clear(err);
-    if (!out) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: out is NULL");
-    /* a caller built against 0.1 passes 0.1's size and gets 0.1's layout */
-    uint32_t size;
-    memcpy(&size, out, sizeof size);
-    const int v0_1 = size == MT_SIZE_TIMELINE_0_1;
-    mt_timeline tl;
-    mt_timeline_init(&tl);
-    mt_status st = v0_1 ? MT_OK : mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
-    if (st) return st;
-    if (!m->pol.timeline || m->backend != MT_BACKEND_CUDA)
-        return mt_fail(err, MT_ERR_UNSUPPORTED,
-                       "mt_model_timeline needs the CUDA backend and mt_offload_policy.timeline set when the model is "
-                       "created");
-    if (!m->trace_valid)
-        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_timeline: no step recorded yet (or the last one failed)");
-    if (v0_1) {
-        const uint32_t n = visits ? MT_MIN(cap, (uint32_t)m->trace.n_visits) : 0;
-        mt_timeline_visit *vis = n ? calloc(n, sizeof *vis) : NULL;
-        if (n && !vis) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "mt_model_timeline: out of host memory");
-        mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, vis, n);
-        tl.step = m->step;
-        mt_timeline_to_0_1((mt_timeline_0_1 *)out, &tl, (mt_timeline_visit_0_1 *)visits, vis, n);
-        free(vis);
-        return MT_OK;
+    mt_trace_free(&m->trace);
+    if (m->be) {
+        const int prev = mt_engine_enter(m);
+        m->be->ops->destroy(m->be);
+        mt_device_restore(prev);
+        m->be = NULL;
     }
-    mt_trace_split(&m->trace, m->trace_before, m->trace_after, &tl, visits, cap);
-    tl.step = m->step;
-    return mt_copy_out(err, out, &tl, sizeof tl, MT_FIRST_SIZE_TIMELINE, "mt_timeline");
+    free(m->visits);
+    m->visits = NULL;
 }
-
-void mt_batch_init_sized(mt_batch *b, uint32_t size) { mt_struct_init(b, size, NULL, 0); }
-
-void mt_step_stats_init_sized(mt_step_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }
-
-void mt_eval_stats_init_sized(mt_eval_stats *s, uint32_t size) { mt_struct_init(s, size, NULL, 0); }

@@ -154,16 +154,10 @@ void mt_model_destroy(mt_model *m)
 {
     if (!m) return;
     mt_optimizer_fini(&m->opt);
-    mt_trace_free(&m->trace);
-    if (m->be) {
-        const int prev = mt_engine_enter(m);
-        m->be->ops->destroy(m->be);
-        mt_device_restore(prev);
-    }
+    mt_engine_fini(m);
     mt_tiles_free(&m->tiles);
     mt_pool_destroy(m->pool);
     mt_layout_free(&m->layout);
-    free(m->visits);
     free(m->caller_json);
     free(m->source_dir);
     free(m);

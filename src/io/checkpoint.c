@@ -19,7 +19,6 @@
 #define _GNU_SOURCE
 #include "io/fileio.h"
 #include "io/hf.h"
-#include "engine/model.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -87,9 +86,9 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 static void rm_rf(const char *path) { (void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* trainer_state.json; takes caller (the caller's members, may be NULL) */
-static const char *precision_name(const mt_model *m)
+static const char *precision_name(const mt_model_files *m)
 {
-    return m->cfg.precision == MT_PRECISION_FP32 ? "fp32" : m->cfg.precision == MT_PRECISION_LEAN ? "lean" : "bf16";
+    return m->cfg->precision == MT_PRECISION_FP32 ? "fp32" : m->cfg->precision == MT_PRECISION_LEAN ? "lean" : "bf16";
 }
 
 /* Lean mode's state, six arrays a unit, as the tiles hold them (padding
@@ -98,14 +97,14 @@ static const char *precision_name(const mt_model *m)
  * (U8) and their blocks' scales. */
 enum { LEAN_WEIGHT_PARTS = 2, LEAN_PARTS = 6 };
 
-static void lean_part(const mt_model *m, int u, int p, char *name, size_t len, void **data, uint64_t *numel,
+static void lean_part(const mt_model_files *m, int u, int p, char *name, size_t len, void **data, uint64_t *numel,
                       int *dtype)
 {
     static const char *const what[LEAN_PARTS] = {"weight.codes",     "weight.scales",  "exp_avg.codes",
                                                  "exp_avg_sq.codes", "exp_avg.scales", "exp_avg_sq.scales"};
     static const int type[LEAN_PARTS] = {MT_ST_I16, MT_ST_F32, MT_ST_U8, MT_ST_U8, MT_ST_F32, MT_ST_F32};
-    const mt_unit_desc *ud = &m->layout.units[u];
-    const mt_tile *tl = &m->tiles.tile[u];
+    const mt_unit_desc *ud = &m->layout->units[u];
+    const mt_tile *tl = &m->tiles->tile[u];
     void *const at[LEAN_PARTS] = {mt_tile_wq(tl, ud), mt_tile_sw(tl, ud), mt_tile_qm(tl, ud),
                                   mt_tile_qv(tl, ud), mt_tile_sm(tl, ud), mt_tile_sv(tl, ud)};
     snprintf(name, len, "unit.%d.%s", u, what[p]);
@@ -115,10 +114,10 @@ static void lean_part(const mt_model *m, int u, int p, char *name, size_t len, v
 }
 
 /* Parts [p0, p1) of every unit into path. */
-static mt_status write_lean_parts(mt_err err, const mt_model *m, const char *path, int p0, int p1)
+static mt_status write_lean_parts(mt_err err, const mt_model_files *m, const char *path, int p0, int p1)
 {
     const int per = p1 - p0;
-    const size_t n = (size_t)m->layout.n_units * (size_t)per;
+    const size_t n = (size_t)m->layout->n_units * (size_t)per;
     mt_st_write_req *r = calloc(n, sizeof *r);
     char(*names)[64] = calloc(n, sizeof *names);
     mt_status st;
@@ -141,11 +140,11 @@ static mt_status write_lean_parts(mt_err err, const mt_model *m, const char *pat
 
 /* Checks parts [p0, p1) of every unit in s, and that s holds nothing else
  * (dry_run), or copies them into the tiles. */
-static mt_status read_lean_parts(mt_err err, mt_model *m, mt_st_set *s, const char *where, int p0, int p1,
+static mt_status read_lean_parts(mt_err err, const mt_model_files *m, mt_st_set *s, const char *where, int p0, int p1,
                                  int dry_run)
 {
     static const char *const dtype_name[] = {[MT_ST_F32] = "F32", [MT_ST_U8] = "U8", [MT_ST_I16] = "I16"};
-    for (int u = 0; u < m->layout.n_units; u++)
+    for (int u = 0; u < m->layout->n_units; u++)
         for (int p = p0; p < p1; p++) {
             char name[64];
             void *data;
@@ -164,7 +163,7 @@ static mt_status read_lean_parts(mt_err err, mt_model *m, mt_st_set *s, const ch
     return MT_OK;
 }
 
-static mt_status write_state(mt_err err, const char *dir, const mt_model *m, const mt_checkpoint_info *info,
+static mt_status write_state(mt_err err, const char *dir, const mt_model_files *m, const mt_checkpoint_info *info,
                              cJSON *caller)
 {
     cJSON *j = cJSON_CreateObject();
@@ -183,8 +182,8 @@ static mt_status write_state(mt_err err, const char *dir, const mt_model *m, con
         snprintf(num, sizeof num, "%" PRIu64, info->rng_state[i]);
         cJSON_AddItemToArray(rng, cJSON_CreateString(num));
     }
-    if (m->cfg.precision == MT_PRECISION_LEAN) { /* the stochastic rounding's bits: the run's, not the loader's seed */
-        snprintf(num, sizeof num, "%" PRIu64, m->opt.seed);
+    if (m->cfg->precision == MT_PRECISION_LEAN) { /* the stochastic rounding's bits: the run's, not the loader's seed */
+        snprintf(num, sizeof num, "%" PRIu64, m->seed);
         cJSON_AddStringToObject(j, "rounding_seed", num);
     }
     while (caller && caller->child) {
@@ -250,13 +249,8 @@ static void prune(const char *dir, uint64_t keep)
     free(below);
 }
 
-mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_info *info_in)
+mt_status mt_ck_save(mt_err err, const mt_model_files *m, const char *dir, const mt_checkpoint_info *info_in)
 {
-    if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
-    mt_err err = mt_model_err(m);
-    mt_err_clear(err);
-    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_save: dir is NULL");
     mt_checkpoint_info info;
     mt_checkpoint_info_init(&info);
     mt_status st;
@@ -279,7 +273,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         return st;
     }
     mt_path_join(path, sizeof path, tmp, "model.safetensors");
-    const int lean = m->cfg.precision == MT_PRECISION_LEAN;
+    const int lean = m->cfg->precision == MT_PRECISION_LEAN;
     if (lean && !(st = write_lean_parts(err, m, path, 0, LEAN_WEIGHT_PARTS))) {
         mt_path_join(path, sizeof path, tmp, "optimizer.safetensors");
         st = write_lean_parts(err, m, path, LEAN_WEIGHT_PARTS, LEAN_PARTS);
@@ -299,7 +293,7 @@ mt_status mt_checkpoint_save(mt_model *m, const char *dir, const mt_checkpoint_i
         }
         free(both), free(a), free(b), free(names);
     }
-    if (!st) st = mt_write_config(err, &m->cfg, m->source_dir, tmp);
+    if (!st) st = mt_write_config(err, m->cfg, m->source_dir, tmp);
     if (!st) st = write_state(err, tmp, m, &info, caller);
     else cJSON_Delete(caller);
     if (!st) st = mt_sync_dir(err, tmp);
@@ -382,13 +376,13 @@ static mt_status find_step_dir(mt_err err, const char *dir, char *out, size_t si
 }
 
 /* The checkpoint's model must have this model's shape. */
-static mt_status check_config(mt_err err, const mt_model *m, const char *ckdir)
+static mt_status check_config(mt_err err, const mt_model_files *m, const char *ckdir)
 {
     mt_model_config c;
     mt_model_config_init(&c);
     mt_status st = mt_config_load(&c, ckdir);
     if (st) return mt_fail(err, st, "%s", mt_last_errmsg());
-    const mt_model_config *h = &m->cfg;
+    const mt_model_config *h = m->cfg;
 #define SAME(f)                                                                                                     \
     if (c.f != h->f)                                                                                                \
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "checkpoint %s is for a model with " #f " %g, this model has %g", \
@@ -400,13 +394,8 @@ static mt_status check_config(mt_err err, const mt_model *m, const char *ckdir)
     return MT_OK;
 }
 
-mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *info_out)
+mt_status mt_ck_load(mt_err err, mt_model_files *m, const char *dir, mt_checkpoint_info *info_out)
 {
-    if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
-    mt_err err = mt_model_err(m);
-    mt_err_clear(err);
-    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_checkpoint_load: dir is NULL");
     mt_checkpoint_info info;
     mt_checkpoint_info_init(&info);
     mt_status st;
@@ -437,8 +426,8 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     for (int i = 0; !st && i < 4; i++)
         if (parse_u64(cJSON_GetArrayItem(rng, i), &info.rng_state[i]))
             st = mt_fail(err, MT_ERR_FORMAT, "%s: rng_state[%d] is not an unsigned integer", path, i);
-    uint64_t rounding_seed = m->opt.seed;
-    if (!st && m->cfg.precision == MT_PRECISION_LEAN &&
+    uint64_t rounding_seed = m->seed;
+    if (!st && m->cfg->precision == MT_PRECISION_LEAN &&
         parse_u64(cJSON_GetObjectItemCaseSensitive(j, "rounding_seed"), &rounding_seed))
         st = mt_fail(err, MT_ERR_FORMAT, "%s lacks a valid rounding_seed (lean mode's stochastic rounding)", path);
     /* the caller's members, handed back once the load has succeeded */
@@ -466,7 +455,7 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
     if (!st) st = mt_st_index(err, &model);
     if (!st) st = mt_st_index(err, &opt);
     /* everything validated before anything is written */
-    const int lean = m->cfg.precision == MT_PRECISION_LEAN;
+    const int lean = m->cfg->precision == MT_PRECISION_LEAN;
     for (int dry = 1; dry >= 0 && !st; dry--) {
         if (lean) {
             st = read_lean_parts(err, m, &model, where_model, 0, LEAN_WEIGHT_PARTS, dry);
@@ -483,7 +472,7 @@ mt_status mt_checkpoint_load(mt_model *m, const char *dir, mt_checkpoint_info *i
         return st;
     }
     m->step = info.step;
-    m->opt.seed = rounding_seed;
+    m->seed = rounding_seed;
     free(m->caller_json);
     m->caller_json = NULL;
     if (caller_text) { /* a copy the model frees with free() */

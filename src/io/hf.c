@@ -3,7 +3,6 @@
  * listed by model.safetensors.index.json). See docs/formats.md. */
 #include "io/hf.h"
 #include "io/fileio.h"
-#include "engine/model.h"
 #include "io/safetensors.h"
 #include "optim/q16.h"
 
@@ -611,15 +610,15 @@ int mt_tensor_ndim(const mt_tensor_desc *t)
     return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) ? 1 : 2;
 }
 
-mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, char (*names)[128], size_t *count)
+mt_st_write_req *mt_tensor_write_list(const mt_model_files *m, int which, int dtype, char (*names)[128], size_t *count)
 {
     mt_st_write_req *r = calloc(MT_MAX(mt_tensor_count(m), (size_t)1), sizeof *r);
     if (!r) return NULL;
     static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
     size_t k = 0;
-    for (int u = 0; u < m->layout.n_units; u++) {
-        const mt_unit_desc *ud = &m->layout.units[u];
-        const mt_tile *tl = &m->tiles.tile[u];
+    for (int u = 0; u < m->layout->n_units; u++) {
+        const mt_unit_desc *ud = &m->layout->units[u];
+        const mt_tile *tl = &m->tiles->tile[u];
         /* lean mode: the weights' values from their codes (it has no master; its moments are written per unit) */
         const int src = ud->lean ? MT_ST_Q16 : MT_ST_F32;
         const unsigned char *base = ud->lean ? (const unsigned char *)mt_tile_wq(tl, ud)
@@ -659,11 +658,11 @@ mt_st_write_req *mt_tensor_write_list(const mt_model *m, int which, int dtype, c
     return r;
 }
 
-size_t mt_tensor_count(const mt_model *m)
+size_t mt_tensor_count(const mt_model_files *m)
 {
     size_t n = 0;
-    for (int u = 0; u < m->layout.n_units; u++)
-        for (int i = 0; i < m->layout.units[u].n_tensors; i++) n += mt_tensor_blocks(&m->layout.units[u].tensors[i]);
+    for (int u = 0; u < m->layout->n_units; u++)
+        for (int i = 0; i < m->layout->units[u].n_tensors; i++) n += mt_tensor_blocks(&m->layout->units[u].tensors[i]);
     return n;
 }
 
@@ -686,7 +685,7 @@ mt_status mt_write_config(mt_err err, const mt_model_config *cfg, const char *so
     return st;
 }
 
-mt_status mt_save_tensors(mt_err err, const mt_model *m, const char *path, int which, int dtype)
+mt_status mt_save_tensors(mt_err err, const mt_model_files *m, const char *path, int which, int dtype)
 {
     size_t n = mt_tensor_count(m);
     char(*names)[128] = malloc(MT_MAX(n, (size_t)1) * sizeof *names);
@@ -723,19 +722,15 @@ static mt_status copy_tokenizer(mt_err err, const char *from, const char *to)
     return MT_OK;
 }
 
-mt_status mt_model_save(mt_model *m, const char *dir)
+mt_status mt_hf_save(mt_err err, const mt_model_files *m, const char *dir)
 {
-    if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
-    mt_err err = mt_model_err(m);
-    mt_err_clear(err);
-    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_save: dir is NULL");
     char path[4096];
     mt_path_join(path, sizeof path, dir, "model.safetensors");
     mt_status st;
     if ((st = mt_mkdir_p(err, dir)) ||
-        (st = mt_save_tensors(err, m, path, 0, m->cfg.precision == MT_PRECISION_FP32 ? MT_ST_F32 : MT_ST_BF16)) ||
-        (st = mt_write_config(err, &m->cfg, m->source_dir, dir)) || (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
+        (st = mt_save_tensors(err, m, path, 0, m->cfg->precision == MT_PRECISION_FP32 ? MT_ST_F32 : MT_ST_BF16)) ||
+        (st = mt_write_config(err, m->cfg, m->source_dir, dir)) ||
+        (m->source_dir && (st = copy_tokenizer(err, m->source_dir, dir))))
         return st;
     return mt_sync_dir(err, dir);
 }
@@ -750,16 +745,16 @@ mt_status mt_model_save(mt_model *m, const char *dir)
 #define LEAN_WINDOW (1u << 24) /* elements: 64 MiB of scratch */
 _Static_assert(LEAN_WINDOW % MT_Q16_BLOCK == 0, "a window holds whole blocks");
 
-static mt_status read_lean_weights(mt_err err, mt_model *m, const mt_st_read_req *req, const int *lean_unit,
+static mt_status read_lean_weights(mt_err err, const mt_model_files *m, const mt_st_read_req *req, const int *lean_unit,
                                    const uint64_t *lean_off, size_t n)
 {
     float *x = malloc(LEAN_WINDOW * sizeof *x);
     mt_st_read_req *part = malloc(MT_MAX(n, (size_t)1) * sizeof *part);
     mt_status st = x && part ? MT_OK : mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory reading weights");
-    for (int u = 0; u < m->layout.n_units && !st; u++) {
-        const mt_unit_desc *ud = &m->layout.units[u];
+    for (int u = 0; u < m->layout->n_units && !st; u++) {
+        const mt_unit_desc *ud = &m->layout->units[u];
         if (!ud->lean) continue;
-        const mt_tile *tl = &m->tiles.tile[u];
+        const mt_tile *tl = &m->tiles->tile[u];
         for (uint64_t a = 0; a < ud->padded && !st; a += LEAN_WINDOW) {
             const uint64_t b = MT_MIN(a + LEAN_WINDOW, ud->padded);
             size_t np = 0;
@@ -786,7 +781,7 @@ static mt_status read_lean_weights(mt_err err, mt_model *m, const mt_st_read_req
     return st;
 }
 
-mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *which, int n_which, const char *where,
+mt_status mt_load_tensors(mt_err err, const mt_model_files *m, mt_st_set *s, const int *which, int n_which, const char *where,
                           int write_bf16, int dry_run)
 {
     static const char *const suffix[] = {"", ".exp_avg", ".exp_avg_sq"};
@@ -800,9 +795,9 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
     size_t k = 0, nl = 0;
     /* validate everything before touching the model */
     for (int w = 0; w < n_which && !st; w++)
-        for (int u = 0; u < m->layout.n_units && !st; u++) {
-            const mt_unit_desc *ud = &m->layout.units[u];
-            const mt_tile *tl = &m->tiles.tile[u];
+        for (int u = 0; u < m->layout->n_units && !st; u++) {
+            const mt_unit_desc *ud = &m->layout->units[u];
+            const mt_tile *tl = &m->tiles->tile[u];
             /* lean mode: the weights into their codes (no master; moments per unit, checkpoint.c) */
             const int lean = ud->lean && which[w] == 0;
             float *base = which[w] == 0 ? mt_tile_master(tl, ud) : which[w] == 1 ? mt_tile_m(tl, ud) : mt_tile_v(tl, ud);
@@ -836,7 +831,7 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
         const mt_st_tensor *t = &s->t[i];
         size_t len = strlen(t->name);
         if (t->used || (len >= 19 && !strcmp(t->name + len - 19, "rotary_emb.inv_freq"))) continue;
-        if (m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
+        if (m->cfg->tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
         st = mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", s->files[t->file].path,
                      t->name);
     }
@@ -846,11 +841,11 @@ mt_status mt_load_tensors(mt_err err, mt_model *m, mt_st_set *s, const int *whic
     return st;
 }
 
-static void zero_moments(mt_model *m)
+static void zero_moments(const mt_model_files *m)
 {
-    for (int u = 0; u < m->layout.n_units; u++) {
-        const mt_unit_desc *ud = &m->layout.units[u];
-        const mt_tile *tl = &m->tiles.tile[u];
+    for (int u = 0; u < m->layout->n_units; u++) {
+        const mt_unit_desc *ud = &m->layout->units[u];
+        const mt_tile *tl = &m->tiles->tile[u];
         if (ud->lean) { /* codes and scales: a block of scale 0 is zeros */
             memset(mt_tile_qm(tl, ud), 0, ud->padded);
             memset(mt_tile_qv(tl, ud), 0, ud->padded);
@@ -863,13 +858,8 @@ static void zero_moments(mt_model *m)
     }
 }
 
-mt_status mt_model_load(mt_model *m, const char *dir)
+mt_status mt_hf_load(mt_err err, mt_model_files *m, const char *dir)
 {
-    if (!m) return MT_ERR_INVALID_ARGUMENT;
-    mt_optimizer_drain(&m->opt); /* the last step's update, if it still runs */
-    mt_err err = mt_model_err(m);
-    mt_err_clear(err);
-    if (!dir) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "mt_model_load: dir is NULL");
     mt_st_set s = {0};
     mt_status st = mt_st_open_dir(err, &s, dir);
     if (!st) st = mt_st_index(err, &s);
