@@ -227,6 +227,7 @@ check: setup
 	$(MAKE) test
 	tests/require_gpu.sh $(TEST_BIN)
 	tools/check-deps.sh
+	tools/check-backends.sh
 	$(MAKE) check-abi
 	$(MAKE) fuzz-replay
 	tests/cli.sh

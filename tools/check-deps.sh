@@ -2,19 +2,22 @@
 # The source folders depend one way only (docs/architecture.md): a file may
 # include headers of its own folder and of the folders before it in
 #
-#   src/core -> src/device -> src/model -> src/memory -> src/optim -> src/engine
-#            -> src/cpu, src/io, cuda/            (these three not on each other)
+#   src/core -> src/device, src/dist -> src/model -> src/memory -> src/optim
+#            -> src/io -> src/text -> src/engine -> src/cpu, cuda/
 #
 # and inside cuda/: runtime -> kernels, gemm -> backend. Only cuda/ sees the
 # CUDA toolkit. src/dist (the multi-node bootstrap) needs only src/core: it
-# sits beside src/device, and the folders after it may use it. src/text (the
-# tokenizer) reads its files with src/io's helpers (fileio.h), so it comes
-# after src/io. Prints each include that points the wrong way; fails if any.
+# sits beside src/device. src/io reads and writes a view of the model
+# (io/hf.h), src/text reads its files with src/io's helpers, and the engine
+# uses both. The model handle is the engine's: engine/model.h and
+# engine/engine.h are included by src/engine alone, so a backend (src/cpu,
+# cuda/) sees only what its request gives it (engine/backend.h). Prints each
+# include that points the wrong way; fails if any.
 cd "$(dirname "$0")/.." || exit 2
 rank() {
   case $1 in
-    core) echo 0 ;; device|dist) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; engine) echo 5 ;;
-    cpu|io|cuda) echo 6 ;; text) echo 7 ;; *) echo 99 ;;
+    core) echo 0 ;; device|dist) echo 1 ;; model) echo 2 ;; memory) echo 3 ;; optim) echo 4 ;; io) echo 5 ;;
+    text) echo 6 ;; engine) echo 7 ;; cpu|cuda) echo 8 ;; *) echo 99 ;;
   esac
 }
 cuda_rank() { case $1 in runtime) echo 0 ;; kernels|gemm) echo 1 ;; backend) echo 2 ;; *) echo 99 ;; esac; }
@@ -38,6 +41,10 @@ for f in src/*/*.c src/*/*.h cuda/*/*.cu cuda/*/*.h; do
       fi
       continue
     fi
+    case $inc in
+      engine/model.h|engine/engine.h)
+        [ "$me" = engine ] || { echo "$f includes $inc: the model handle is visible only inside src/engine"; bad=1; } ;;
+    esac
     [ "$first" = "$me" ] && continue
     r_inc=$(rank "$first"); r_me=$(rank "$me")
     if [ "$r_inc" -ge "$r_me" ]; then

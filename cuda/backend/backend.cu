@@ -79,7 +79,7 @@ extern "C" { // the library's own (C) headers
 
 // The MLP runs in pieces of tokens whose (tokens, F) buffers stay within
 // MLP_PIECE_BYTES (mt_mlp_piece_tokens): a 262144-token micro-batch of the
-// Llama-2-7B shape would otherwise need six 5.4 GiB buffers, and T * F
+// 7B shape (d 4096, F 11008) would otherwise need six 5.4 GiB buffers, and T * F
 // elements past 2^31. The head computes the logits in chunks of
 // LOGITS_CHUNK_BYTES of fp32.
 #define MLP_PIECE_BYTES ((uint64_t)2 << 30)
@@ -361,7 +361,7 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cu_be *b = B(kc);
-    // local: the sliding layers' table, there only for Gemma 3 (the template asks for it on no other model)
+    // local: the sliding layers' table, there only where mt_rope_has_local (the template asks for it on no other model)
     const float *inv_freq = local && b->inv_freq_local ? b->inv_freq_local : b->inv_freq;
     if (local && !b->inv_freq_local && !b->failed)
         snprintf(b->why, sizeof b->why, "rope: local frequencies asked of a model without them"), b->failed = 1;
