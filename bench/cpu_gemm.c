@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "cpu/cpu_ops.h"
+#include "model/template.h"
 
 static double now(void)
 {
@@ -103,9 +104,9 @@ static void bench_others(mt_pool *p)
     t[2] = now();
     mt_cpu_rope(p, q, pos, inv_freq, T, H, D, 0);
     t[3] = now();
-    mt_cpu_swiglu(p, o, g, u, (size_t)T * F);
+    mt_cpu_glu(p, MT_GLU_SILU, o, g, u, (size_t)T * F);
     t[4] = now();
-    mt_cpu_swiglu_bwd(p, o, g, u, g, u, (size_t)T * F);
+    mt_cpu_glu_bwd(p, MT_GLU_SILU, o, g, u, g, u, (size_t)T * F);
     t[5] = now();
     mt_cpu_cross_entropy(p, logits, pos, n, V, 1.0f, 0.0f, -100, NULL);
     t[6] = now();

@@ -676,7 +676,7 @@ typedef struct {
 static double swiglu_loss(void *c)
 {
     swiglu_ctx *s = c;
-    mt_cpu_swiglu(NULL, s->out, s->gate, s->up, s->n);
+    mt_cpu_glu(NULL, MT_GLU_SILU, s->out, s->gate, s->up, s->n);
     return dot_d(s->out, s->R, s->n);
 }
 
@@ -691,7 +691,7 @@ Test(cpu_ops, swiglu)
         cr_expect(fabs(s.out[i] - ref) <= 1e-6 * (1 + fabs(ref)), "out[%zu] %.8g ref %.8g", i, s.out[i], ref);
     }
     float *dgate = rand_vec(n, 1), *dup = rand_vec(n, 1);
-    mt_cpu_swiglu_bwd(NULL, dgate, dup, s.R, s.gate, s.up, n);
+    mt_cpu_glu_bwd(NULL, MT_GLU_SILU, dgate, dup, s.R, s.gate, s.up, n);
     fd_check("dgate", swiglu_loss, &s, s.gate, dgate, n);
     fd_check("dup", swiglu_loss, &s, s.up, dup, n);
     free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
@@ -702,7 +702,7 @@ Test(cpu_ops, swiglu)
 static double geglu_loss(void *c)
 {
     swiglu_ctx *s = c;
-    mt_cpu_geglu(NULL, s->out, s->gate, s->up, s->n);
+    mt_cpu_glu(NULL, MT_GLU_GELU_TANH, s->out, s->gate, s->up, s->n);
     return dot_d(s->out, s->R, s->n);
 }
 
@@ -721,7 +721,7 @@ Test(cpu_ops, geglu)
         cr_expect(fabs(s.out[i] - ref) <= 1e-6 * (1 + fabs(ref)), "out[%zu] %.8g ref %.8g (g %g)", i, s.out[i], ref, g);
     }
     float *dgate = rand_vec(n, 1), *dup = rand_vec(n, 1);
-    mt_cpu_geglu_bwd(NULL, dgate, dup, s.R, s.gate, s.up, n);
+    mt_cpu_glu_bwd(NULL, MT_GLU_GELU_TANH, dgate, dup, s.R, s.gate, s.up, n);
     /* the analytic derivative in double too: d gelu / dg = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2) */
     for (size_t i = 0; i < n; i++) {
         const double g = s.gate[i], t = tanh(0.7978845608028654 * (g + 0.044715 * g * g * g));
@@ -969,8 +969,8 @@ Test(cpu_ops, threads_bit_identical)
         mt_cpu_attention(p, ws, r[9], r[10], q, k, v, B, S, H, Hkv, D, 0.25f);
         mt_cpu_attention_bwd(p, ws, r[11], r[12], r[13], dout, r[9], r[10], q, k, v, B, S, H, Hkv, D, 0.25f);
         r[14] = rand_vec(ne, 1), r[15] = rand_vec(ne, 1), r[16] = rand_vec(ne, 1);
-        mt_cpu_swiglu(p, r[14], g, u, ne);
-        mt_cpu_swiglu_bwd(p, r[15], r[16], u, g, u, ne);
+        mt_cpu_glu(p, MT_GLU_SILU, r[14], g, u, ne);
+        mt_cpu_glu_bwd(p, MT_GLU_SILU, r[15], r[16], u, g, u, ne);
         r[17] = rand_vec((size_t)T * K, 1), r[18] = calloc((size_t)50 * K, sizeof(float));
         mt_cpu_embedding(p, r[17], tok, x, T, K, 1.0f);
         mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50, 1.0f);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "cuda/kernels/kernels.h"
+#include "model/template.h"
 #include "device/device.h"
 #include "optim/adamw.h"
 #include "core/bf16.h"
@@ -455,10 +456,10 @@ static void check_swiglu(size_t n, mt_cu_dtype dt, size_t off)
 {
     tensor g = t_rand(dt, n, -8.0f, 8.0f, off), u = t_rand(dt, n, -2.0f, 2.0f, off), d = t_rand(dt, n, -1.0f, 1.0f, off);
     tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
-    mt_cpu_swiglu(NULL, out.ref, g.ref, u.ref, n);
-    mt_cpu_swiglu_bwd(NULL, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
-    cr_assert(mt_cu_swiglu(NULL, dt, out.dev, g.dev, u.dev, n) == 0);
-    cr_assert(mt_cu_swiglu_bwd(NULL, dt, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    mt_cpu_glu(NULL, MT_GLU_SILU, out.ref, g.ref, u.ref, n);
+    mt_cpu_glu_bwd(NULL, MT_GLU_SILU, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
+    cr_assert(mt_cu_glu(NULL, dt, MT_CU_GLU_SILU, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_SILU, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
     float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
     /* fp32 mode: exp within 2 ulp on each side, then the same division and
      * products: the forward within 16u relative. The backward's 1 - s loses
@@ -476,7 +477,7 @@ static void check_swiglu(size_t n, mt_cu_dtype dt, size_t off)
                   "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g", n, dtn(dt), off, i, dug[i], du.ref[i]);
     }
     /* in place: dgate over dout, dup over up */
-    cr_assert(mt_cu_swiglu_bwd(NULL, dt, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_SILU, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
     float *dgi = t_fetch(&d), *dui = t_fetch(&u);
     cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
     cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");
@@ -502,10 +503,10 @@ static void check_geglu(size_t n, mt_cu_dtype dt, size_t off)
 {
     tensor g = t_rand(dt, n, -8.0f, 8.0f, off), u = t_rand(dt, n, -2.0f, 2.0f, off), d = t_rand(dt, n, -1.0f, 1.0f, off);
     tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
-    mt_cpu_geglu(NULL, out.ref, g.ref, u.ref, n);
-    mt_cpu_geglu_bwd(NULL, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
-    cr_assert(mt_cu_geglu(NULL, dt, out.dev, g.dev, u.dev, n) == 0);
-    cr_assert(mt_cu_geglu_bwd(NULL, dt, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    mt_cpu_glu(NULL, MT_GLU_GELU_TANH, out.ref, g.ref, u.ref, n);
+    mt_cpu_glu_bwd(NULL, MT_GLU_GELU_TANH, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
+    cr_assert(mt_cu_glu(NULL, dt, MT_CU_GLU_GELU_TANH, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_GELU_TANH, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
     float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
     /* The argument of tanh is the same fp32 expression on both sides (no
      * fused multiply-adds on either), so t differs only by the two tanhf
@@ -529,7 +530,7 @@ static void check_geglu(size_t n, mt_cu_dtype dt, size_t off)
                   "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g (g %.9g)", n, dtn(dt), off, i, dug[i], du.ref[i], gi);
     }
     /* in place: dgate over dout, dup over up (as the backend runs it) */
-    cr_assert(mt_cu_geglu_bwd(NULL, dt, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_GELU_TANH, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
     float *dgi = t_fetch(&d), *dui = t_fetch(&u);
     cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
     cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");

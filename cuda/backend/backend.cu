@@ -426,19 +426,20 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
+static_assert((int)MT_CU_GLU_SILU == (int)MT_GLU_SILU && (int)MT_CU_GLU_GELU_TANH == (int)MT_GLU_GELU_TANH,
+              "the kernels' activations are the template's");
+
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);
-    if (act == MT_GLU_GELU_TANH) OK(b, mt_cu_geglu(b->comp, b->dt, out, gate, up, n), "geglu");
-    else OK(b, mt_cu_swiglu(b->comp, b->dt, out, gate, up, n), "swiglu");
+    OK(b, mt_cu_glu(b->comp, b->dt, act, out, gate, up, n), "gated activation");
 }
 
 static void k_glu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
                       int act)
 {
     cu_be *b = B(kc);
-    if (act == MT_GLU_GELU_TANH) OK(b, mt_cu_geglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "geglu backward");
-    else OK(b, mt_cu_swiglu_bwd(b->comp, b->dt, dgate, dup, dout, gate, up, n), "swiglu backward");
+    OK(b, mt_cu_glu_bwd(b->comp, b->dt, act, dgate, dup, dout, gate, up, n), "gated activation backward");
 }
 
 static void k_copy(void *kc, void *dst, const void *src, size_t n)

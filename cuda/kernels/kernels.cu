@@ -507,45 +507,26 @@ template <typename T> __device__ __forceinline__ float div_(float a, float b)
     else return __fdiv_rn(a, b);
 }
 
-template <typename T> struct swiglu_f {
-    T *out;
-    const T *gate, *up;
-    template <int W> __device__ void apply(size_t i) const
+// The gated MLP's activations, each with the value (f) and, for the
+// backward, the value and derivative (df) in the CPU's order of operations.
+// SiLU: g / (1 + exp(-g)); its derivative from s = sigmoid(g):
+// s (1 + g (1 - s)), its value there g s.
+struct silu_act {
+    template <typename T> __device__ __forceinline__ static float f(float g)
     {
-        float g[W], u[W];
-        load<W>(gate + i, g);
-        load<W>(up + i, u);
-#pragma unroll
-        for (int k = 0; k < W; k++) // g / (1 + exp(-g)) * u
-            g[k] = __fmul_rn(div_<T>(g[k], __fadd_rn(1.0f, exp_neg<T>(g[k]))), u[k]);
-        store<W>(out + i, g);
+        return div_<T>(g, __fadd_rn(1.0f, exp_neg<T>(g)));
+    }
+    template <typename T> __device__ __forceinline__ static void df(float g, float *a, float *da)
+    {
+        const float s = div_<T>(1.0f, __fadd_rn(1.0f, exp_neg<T>(g)));
+        *da = __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))));
+        *a = __fmul_rn(g, s);
     }
 };
 
-template <typename T> struct swiglu_bwd_f {
-    T *dgate, *dup;
-    const T *dout, *gate, *up;
-    template <int W> __device__ void apply(size_t i) const
-    {
-        float g[W], u[W], d[W], dg[W], du[W];
-        load<W>(gate + i, g);
-        load<W>(up + i, u);
-        load<W>(dout + i, d);
-#pragma unroll
-        for (int k = 0; k < W; k++) { // s = sigmoid(g); dg = d u s (1 + g (1 - s)); du = d g s
-            const float s = div_<T>(1.0f, __fadd_rn(1.0f, exp_neg<T>(g[k])));
-            const float ds = __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g[k], __fsub_rn(1.0f, s))));
-            dg[k] = __fmul_rn(__fmul_rn(d[k], u[k]), ds);
-            du[k] = __fmul_rn(d[k], __fmul_rn(g[k], s));
-        }
-        store<W>(dgate + i, dg);
-        store<W>(dup + i, du);
-    }
-};
-
-// GeGLU, gelu's tanh form, in the CPU's order of operations (mt_cpu_geglu):
-// t = tanh(k0 (g + k1 g g g)), gelu = 0.5 g (1 + t). tanhf in both dtypes
-// (no fast tanh: its error is near bf16's half ulp).
+// GeLU, its tanh form (mt_cpu_glu): t = tanh(k0 (g + k1 g g g)),
+// gelu = 0.5 g (1 + t), gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2).
+// tanhf in both dtypes (no fast tanh: its error is near bf16's half ulp).
 constexpr float GELU_K0 = 0.7978845608028654f; // sqrt(2 / pi)
 constexpr float GELU_K1 = 0.044715f;
 
@@ -554,7 +535,23 @@ __device__ __forceinline__ float gelu_t(float g)
     return tanhf(__fmul_rn(GELU_K0, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K1, g), g), g))));
 }
 
-template <typename T> struct geglu_f {
+struct gelu_tanh_act {
+    template <typename T> __device__ __forceinline__ static float f(float g)
+    {
+        return __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, gelu_t(g)));
+    }
+    template <typename T> __device__ __forceinline__ static void df(float g, float *a, float *da)
+    {
+        const float t = gelu_t(g);
+        *a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t));
+        const float b = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fsub_rn(1.0f, __fmul_rn(t, t))), GELU_K0),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K1, g), g)));
+        *da = __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)), b);
+    }
+};
+
+// out = act(g) u
+template <typename T, typename Act> struct glu_f {
     T *out;
     const T *gate, *up;
     template <int W> __device__ void apply(size_t i) const
@@ -563,13 +560,13 @@ template <typename T> struct geglu_f {
         load<W>(gate + i, g);
         load<W>(up + i, u);
 #pragma unroll
-        for (int k = 0; k < W; k++) // 0.5 g (1 + t) u
-            g[k] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g[k]), __fadd_rn(1.0f, gelu_t(g[k]))), u[k]);
+        for (int k = 0; k < W; k++) g[k] = __fmul_rn(Act::template f<T>(g[k]), u[k]);
         store<W>(out + i, g);
     }
 };
 
-template <typename T> struct geglu_bwd_f {
+// dgate = d u act'(g), dup = d act(g)
+template <typename T, typename Act> struct glu_bwd_f {
     T *dgate, *dup;
     const T *dout, *gate, *up;
     template <int W> __device__ void apply(size_t i) const
@@ -579,14 +576,11 @@ template <typename T> struct geglu_bwd_f {
         load<W>(up + i, u);
         load<W>(dout + i, d);
 #pragma unroll
-        for (int k = 0; k < W; k++) { // gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2)
-            const float t = gelu_t(g[k]);
-            const float gelu = __fmul_rn(__fmul_rn(0.5f, g[k]), __fadd_rn(1.0f, t));
-            const float b = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, g[k]), __fsub_rn(1.0f, __fmul_rn(t, t))), GELU_K0),
-                                      __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K1, g[k]), g[k])));
-            const float dgelu = __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)), b);
-            dg[k] = __fmul_rn(__fmul_rn(d[k], u[k]), dgelu);
-            du[k] = __fmul_rn(d[k], gelu);
+        for (int k = 0; k < W; k++) {
+            float a, da;
+            Act::template df<T>(g[k], &a, &da);
+            dg[k] = __fmul_rn(__fmul_rn(d[k], u[k]), da);
+            du[k] = __fmul_rn(d[k], a);
         }
         store<W>(dgate + i, dg);
         store<W>(dup + i, du);
@@ -1154,46 +1148,31 @@ int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, cons
     });
 }
 
-// ---- SwiGLU ----
+// ---- gated activations ----
 
-int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
+int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up, size_t n)
 {
     const bool vec = al16(out) && al16(gate) && al16(up);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        return launch_ew(s, swiglu_f<TT>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
+        if (act == MT_CU_GLU_GELU_TANH)
+            return launch_ew(s, glu_f<TT, gelu_tanh_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
+        return launch_ew(s, glu_f<TT, silu_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
     });
 }
 
-int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
-                     const void *up, size_t n)
+int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *dup, const void *dout, const void *gate,
+                  const void *up, size_t n)
 {
     const bool vec = al16(dgate) && al16(dup) && al16(dout) && al16(gate) && al16(up);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        return launch_ew(s, swiglu_bwd_f<TT>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate, (const TT *)up},
-                         n, vec);
-    });
-}
-
-// ---- GeGLU ----
-
-int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
-{
-    const bool vec = al16(out) && al16(gate) && al16(up);
-    return with_dtype(dt, [&](auto tt) {
-        using TT = typename decltype(tt)::type;
-        return launch_ew(s, geglu_f<TT>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
-    });
-}
-
-int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
-                    const void *up, size_t n)
-{
-    const bool vec = al16(dgate) && al16(dup) && al16(dout) && al16(gate) && al16(up);
-    return with_dtype(dt, [&](auto tt) {
-        using TT = typename decltype(tt)::type;
-        return launch_ew(s, geglu_bwd_f<TT>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate, (const TT *)up},
+        if (act == MT_CU_GLU_GELU_TANH)
+            return launch_ew(s, glu_bwd_f<TT, gelu_tanh_act>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
+                                                             (const TT *)up},
+                             n, vec);
+        return launch_ew(s, glu_bwd_f<TT, silu_act>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
+                                                    (const TT *)up},
                          n, vec);
     });
 }

@@ -132,26 +132,21 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
 int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
                int D, int inverse);
 
-/* ---- SwiGLU --------------------------------------------------------------------------- */
+/* ---- gated activations: SwiGLU and GeGLU ------------------------------------------------ */
 
-/* out = silu(gate) * up, all (n) in dt. out may alias gate or up. */
-int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n);
-/* dgate = dout * up * silu'(gate), dup = dout * silu(gate), all (n) in dt
+/* act: the MLP's activation, as mt_cpu_glu's (the values of template.h's
+ * mt_glu_act): SiLU, or gelu's tanh form (torch's gelu(approximate="tanh"),
+ * Gemma's gelu_pytorch_tanh), tanhf at full accuracy in both dtypes. Any
+ * other value is taken as SiLU. */
+enum { MT_CU_GLU_SILU = 0, MT_CU_GLU_GELU_TANH = 1 };
+
+/* out = act(gate) * up, all (n) in dt. out may alias gate or up. */
+int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up, size_t n);
+/* dgate = dout * up * act'(gate), dup = dout * act(gate), all (n) in dt
  * (dgate and dup feed the GEMMs). Each element is read before it is written
  * by the same thread, so dgate may alias gate or dout and dup may alias up. */
-int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
-                     const void *up, size_t n);
-
-/* ---- GeGLU ----------------------------------------------------------------------------- */
-
-/* The same with gelu's tanh form (torch's gelu(approximate="tanh"), Gemma's
- * gelu_pytorch_tanh) as mt_cpu_geglu: out = 0.5 g (1 + tanh(sqrt(2/pi) (g +
- * 0.044715 g^3))) * up, tanhf at full accuracy in both dtypes. Aliasing as
- * for SwiGLU. */
-int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n);
-/* dgate = dout * up * gelu'(gate), dup = dout * gelu(gate), as mt_cpu_geglu_bwd. */
-int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
-                    const void *up, size_t n);
+int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *dup, const void *dout, const void *gate,
+                  const void *up, size_t n);
 
 /* ---- embedding ---------------------------------------------------------------------- */
 
@@ -256,16 +251,12 @@ static inline int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const 
 static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
                              int T, int nh, int D, int inverse)
 { (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)inverse; return -1; }
-static inline int mt_cu_swiglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
-{ (void)s, (void)dt, (void)out, (void)gate, (void)up, (void)n; return -1; }
-static inline int mt_cu_swiglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout,
-                                   const void *gate, const void *up, size_t n)
-{ (void)s, (void)dt, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
-static inline int mt_cu_geglu(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *gate, const void *up, size_t n)
-{ (void)s, (void)dt, (void)out, (void)gate, (void)up, (void)n; return -1; }
-static inline int mt_cu_geglu_bwd(mt_cu_stream s, mt_cu_dtype dt, void *dgate, void *dup, const void *dout,
-                                  const void *gate, const void *up, size_t n)
-{ (void)s, (void)dt, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up,
+                            size_t n)
+{ (void)s, (void)dt, (void)act, (void)out, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *dup, const void *dout,
+                                const void *gate, const void *up, size_t n)
+{ (void)s, (void)dt, (void)act, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
 static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
                                   const void *wte, int T, int C, int V, float scale)
 { (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V, (void)scale; return -1; }

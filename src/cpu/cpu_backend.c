@@ -116,13 +116,13 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
 
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
-    (act == MT_GLU_GELU_TANH ? mt_cpu_geglu : mt_cpu_swiglu)(P(kc), out, gate, up, n);
+    mt_cpu_glu(P(kc), act, out, gate, up, n);
 }
 
 static void k_glu_bwd(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
                       int act)
 {
-    (act == MT_GLU_GELU_TANH ? mt_cpu_geglu_bwd : mt_cpu_swiglu_bwd)(P(kc), dgate, dup, dout, gate, up, n);
+    mt_cpu_glu_bwd(P(kc), act, dgate, dup, dout, gate, up, n);
 }
 
 static void k_copy(void *kc, void *dst, const void *src, size_t n)

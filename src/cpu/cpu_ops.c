@@ -11,6 +11,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu_ops.h"
+#include "model/template.h"
 
 #define ATT_BQ 48 /* query rows per attention block (a multiple of every GEMM MR) */
 
@@ -506,13 +507,14 @@ void mt_cpu_attention_bwd(mt_pool *p, void *ws, float *dq, float *dk, float *dv,
     mt_cpu_attention_bwd_docs(p, ws, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
 }
 
-/* ---- SwiGLU ------------------------------------------------------------------- */
+/* ---- gated activations: SwiGLU and GeGLU ------------------------------------------- */
 
 typedef struct {
     float *out, *dgate, *dup;
     const float *gate, *up, *dout;
     size_t n, nt;
-} swiglu_args;
+    int act; /* MT_GLU_SILU or MT_GLU_GELU_TANH */
+} glu_args;
 
 /* out = g / (1 + exp(-g)) * u over n */
 VCLONES static void vec_swiglu(float *out, const float *gate, const float *up, size_t n)
@@ -549,81 +551,59 @@ VCLONES static void vec_swiglu_bwd(float *dgate, float *dup, const float *dout, 
     }
 }
 
-static void swiglu_task(void *ctx, size_t task, int thread)
-{
-    const swiglu_args *a = ctx;
-    size_t lo, hi;
-    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    vec_swiglu(a->out + lo, a->gate + lo, a->up + lo, hi - lo);
-}
-
-static void swiglu_bwd_task(void *ctx, size_t task, int thread)
-{
-    const swiglu_args *a = ctx;
-    size_t lo, hi;
-    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    vec_swiglu_bwd(a->dgate + lo, a->dup + lo, a->dout + lo, a->gate + lo, a->up + lo, hi - lo);
-}
-
-void mt_cpu_swiglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n)
-{
-    swiglu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14)};
-    mt_pool_run(p, a.nt, swiglu_task, &a);
-}
-
-void mt_cpu_swiglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                       size_t n)
-{
-    swiglu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
-                     .nt = n_tasks(p, n, 1 << 14)};
-    mt_pool_run(p, a.nt, swiglu_bwd_task, &a);
-}
-
-/* ---- GeGLU (gelu's tanh form) ------------------------------------------------------ */
-
 #define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_K1 0.044715f
-/* the arguments are SwiGLU's (swiglu_args) */
 
 /* out = 0.5 g (1 + tanh(k0 (g + k1 g^3))) * u, as torch's gelu(approximate="tanh") */
-static void geglu_task(void *ctx, size_t task, int thread)
+static void geglu(float *out, const float *gate, const float *up, size_t n)
 {
-    const swiglu_args *a = ctx;
-    size_t lo, hi;
-    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        const float g = a->gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
-        a->out[i] = 0.5f * g * (1.0f + t) * a->up[i];
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+        out[i] = 0.5f * g * (1.0f + t) * up[i];
     }
 }
 
 /* d gelu / dg = 0.5 (1 + t) + 0.5 g (1 - t^2) k0 (1 + 3 k1 g^2) */
-static void geglu_bwd_task(void *ctx, size_t task, int thread)
+static void geglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
 {
-    const swiglu_args *a = ctx;
-    size_t lo, hi;
-    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        const float g = a->gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i], t = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
         const float gelu = 0.5f * g * (1.0f + t);
         const float dgelu = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
-        a->dgate[i] = a->dout[i] * a->up[i] * dgelu;
-        a->dup[i] = a->dout[i] * gelu;
+        dgate[i] = dout[i] * up[i] * dgelu;
+        dup[i] = dout[i] * gelu;
     }
 }
 
-void mt_cpu_geglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n)
+static void glu_task(void *ctx, size_t task, int thread)
 {
-    swiglu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14)};
-    mt_pool_run(p, a.nt, geglu_task, &a);
+    const glu_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
+    (a->act == MT_GLU_GELU_TANH ? geglu : vec_swiglu)(a->out + lo, a->gate + lo, a->up + lo, hi - lo);
 }
 
-void mt_cpu_geglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                      size_t n)
+static void glu_bwd_task(void *ctx, size_t task, int thread)
 {
-    swiglu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
-                    .nt = n_tasks(p, n, 1 << 14)};
-    mt_pool_run(p, a.nt, geglu_bwd_task, &a);
+    const glu_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
+    (a->act == MT_GLU_GELU_TANH ? geglu_bwd : vec_swiglu_bwd)(a->dgate + lo, a->dup + lo, a->dout + lo, a->gate + lo,
+                                                              a->up + lo, hi - lo);
+}
+
+void mt_cpu_glu(mt_pool *p, int act, float *out, const float *gate, const float *up, size_t n)
+{
+    glu_args a = {.out = out, .gate = gate, .up = up, .n = n, .nt = n_tasks(p, n, 1 << 14), .act = act};
+    mt_pool_run(p, a.nt, glu_task, &a);
+}
+
+void mt_cpu_glu_bwd(mt_pool *p, int act, float *dgate, float *dup, const float *dout, const float *gate,
+                    const float *up, size_t n)
+{
+    glu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
+                  .nt = n_tasks(p, n, 1 << 14), .act = act};
+    mt_pool_run(p, a.nt, glu_bwd_task, &a);
 }
 
 void mt_cpu_softcap(float *x, size_t n, float cap)

@@ -142,18 +142,13 @@ void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float
 
 /* ---- elementwise, embedding, loss ------------------------------------------- */
 
-/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up.  out, gate, up (n) */
-void mt_cpu_swiglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n);
-/* dgate, dup (n): overwritten; dout, gate, up (n) */
-void mt_cpu_swiglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                       size_t n);
-
-/* out = gelu_tanh(gate) * up, gelu's tanh form as torch's gelu(approximate="tanh")
- * (Gemma's gelu_pytorch_tanh).  out, gate, up (n) */
-void mt_cpu_geglu(mt_pool *p, float *out, const float *gate, const float *up, size_t n);
-/* dgate, dup (n): overwritten; dout, gate, up (n) */
-void mt_cpu_geglu_bwd(mt_pool *p, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                      size_t n);
+/* out = act(gate) * up, act (template.h's mt_glu_act) MT_GLU_SILU, silu(g) = g / (1 + exp(-g)),
+ * or MT_GLU_GELU_TANH, gelu's tanh form as torch's gelu(approximate="tanh") (Gemma's
+ * gelu_pytorch_tanh); any other value is taken as MT_GLU_SILU.  out, gate, up (n) */
+void mt_cpu_glu(mt_pool *p, int act, float *out, const float *gate, const float *up, size_t n);
+/* dgate = dout * up * act'(gate), dup = dout * act(gate): dgate, dup (n) overwritten; dout, gate, up (n) */
+void mt_cpu_glu_bwd(mt_pool *p, int act, float *dgate, float *dup, const float *dout, const float *gate,
+                    const float *up, size_t n);
 
 /* x = cap * tanh(x / cap) in place (serial; the logits of the last positions).  x (n) */
 void mt_cpu_softcap(float *x, size_t n, float cap);
