@@ -9,6 +9,7 @@
 #   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
 #   PREV_STEP=old/step tools/gpu-visit.sh step_7b_prev1 step_7b_now1 step_7b_prev2 step_7b_now2
 #                                      the 7B step of an earlier build against this one's
+#                                      (step_moe_prev1 .. step_moe_now2: Qwen3-30B-A3B, 12 layers)
 #   PREV_FP=old/fingerprint tools/gpu-visit.sh fingerprint_prev fingerprint fingerprint_cmp
 #                                      the bits of short runs (and of three 7B steps) of an
 #                                      earlier build against this one's: a refactor must print the same
@@ -64,6 +65,11 @@ run step_7b build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-a
 for i in 1 2; do
   [ -n "${PREV_STEP:-}" ] && run step_7b_prev$i "$PREV_STEP" --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
   run step_7b_now$i build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline
+done
+# the Qwen3-30B-A3B shape (12 of its 48 layers: 113 GB of host state) the same way
+for i in 1 2; do
+  [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+  run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
 done
 # the 7B step with each attention: the kernels, cuDNN (the default), cuDNN's non-deterministic backward
 run step_7b_kernels build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --attention kernels
