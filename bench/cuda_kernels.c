@@ -182,7 +182,7 @@ static int f_embed(void *p)
 static int f_embed_bwd(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_embedding_bwd(NULL, c->dw, c->tok, c->dy, T, C, V, 1.0f, c->scratch);
+    return mt_cu_embedding_bwd(NULL, c->dw, c->tok, c->dy, T, C, V, 1.0f, -1, c->scratch);
 }
 static int f_ce(void *p)
 {
@@ -442,7 +442,7 @@ static void smoke(void)
             void *escr = dalloc(mt_cu_embedding_bwd_scratch_bytes(Tn));
             h2d(dt_, tok, sizeof tok);
             chk(mt_cu_embedding(NULL, dt, out, dt_, dt, wte, Tn, Cn, Vn, 1.0f), "embedding");
-            chk(mt_cu_embedding_bwd(NULL, dwte, dt_, dout, Tn, Cn, Vn, 1.0f, escr), "embedding_bwd");
+            chk(mt_cu_embedding_bwd(NULL, dwte, dt_, dout, Tn, Cn, Vn, 1.0f, -1, escr), "embedding_bwd");
             mt_device_free(dt_), sfree(wte, dt, 0), sfree(out, dt, 0), sfree(dwte, MT_CU_F32, 0);
             sfree(dout, MT_CU_F32, 0), mt_device_free(escr);
         }

@@ -200,6 +200,10 @@ typedef struct mt_model_config {
     float router_aux_loss_coef;    /* its weight */
     uint32_t reserved2;            /* zero */
     uint64_t mlp_only_layers[4];   /* bit l % 64 of word l / 64: layer l has a dense MLP (l < 256) */
+    /* appended in 0.2: the embedding's padding row (nn.Embedding's padding_idx) */
+    int32_t pad_token_id;          /* -1 (the default): none; p in [0, vocab_size): row p of the embedding
+                                      starts at zero and gets no gradient from the tokens that look it up */
+    uint32_t reserved3;            /* zero */
 } mt_model_config;
 
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,

@@ -776,11 +776,36 @@ Test(cpu_ops, embedding_scaled)
         for (int c = 0; c < C; c++)
             cr_expect(e.out[t * C + c] == e.wte[tokens[t] * C + c] * e.scale, "out[%d,%d]", t, c);
     float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
-    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, e.scale);
+    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, e.scale, -1);
     for (int i = 0; i < V * C; i++) dwte[i] -= d0[i];
     for (int c = 0; c < C; c++) cr_expect(dwte[4 * C + c] == 0.0f, "unused row changed");
     fd_check("dwte", emb_loss, &e, e.wte, dwte, V * C);
     free(e.wte); free(e.out); free(e.R); free(d0); free(dwte);
+}
+
+/* nn.Embedding(padding_idx=p): the lookups of token p add nothing to row p; every other row gets
+ * exactly what it gets without a padding row (the same sums in the same order), and the forward
+ * still reads row p */
+Test(cpu_ops, embedding_padding_row)
+{
+    seed(14);
+    const int T = 12, C = 10, V = 7, pad = 3;
+    int32_t tokens[12] = {3, 1, 3, 3, 0, 6, 1, 2, 3, 5, 0, 3}; /* the padding row looked up five times */
+    float *dout = rand_vec(T * C, 1), *d0 = rand_vec(V * C, 1);
+    float *with = copy_vec(d0, V * C), *without = copy_vec(d0, V * C);
+    mt_cpu_embedding_bwd(NULL, with, tokens, dout, T, C, V, 1.0f, pad);
+    mt_cpu_embedding_bwd(NULL, without, tokens, dout, T, C, V, 1.0f, -1);
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++) {
+            const float want = v == pad ? d0[v * C + c] : without[v * C + c];
+            cr_assert(memcmp(&with[v * C + c], &want, sizeof want) == 0, "dwte[%d,%d] %.9g, want %.9g", v, c,
+                      with[v * C + c], want);
+        }
+    cr_assert(memcmp(with + pad * C, without + pad * C, C * sizeof(float)) != 0, "the test's pad row is looked up");
+    float *wte = rand_vec(V * C, 1), *out = rand_vec(T * C, 1);
+    mt_cpu_embedding(NULL, out, tokens, wte, T, C, 1.0f);
+    cr_assert(memcmp(out, wte + pad * C, C * sizeof(float)) == 0, "the forward reads the padding row");
+    free(dout); free(d0); free(with); free(without); free(wte); free(out);
 }
 
 Test(cpu_ops, embedding)
@@ -792,7 +817,7 @@ Test(cpu_ops, embedding)
     emb_loss(&e);
     for (int t = 0; t < T; t++) cr_expect(memcmp(e.out + t * C, e.wte + tokens[t] * C, C * sizeof(float)) == 0);
     float *d0 = rand_vec(V * C, 1), *dwte = copy_vec(d0, V * C);
-    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, 1.0f);
+    mt_cpu_embedding_bwd(NULL, dwte, tokens, e.R, T, C, V, 1.0f, -1);
     for (int i = 0; i < V * C; i++) dwte[i] -= d0[i];
     for (int c = 0; c < C; c++) cr_expect(dwte[4 * C + c] == 0.0f, "unused row changed");
     fd_check("dwte", emb_loss, &e, e.wte, dwte, V * C);
@@ -973,7 +998,7 @@ Test(cpu_ops, threads_bit_identical)
         mt_cpu_glu_bwd(p, MT_GLU_SILU, r[15], r[16], u, g, u, ne);
         r[17] = rand_vec((size_t)T * K, 1), r[18] = calloc((size_t)50 * K, sizeof(float));
         mt_cpu_embedding(p, r[17], tok, x, T, K, 1.0f);
-        mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50, 1.0f);
+        mt_cpu_embedding_bwd(p, r[18], tok, x, T, K, 50, 1.0f, -1);
         r[19] = copy_vec(logits, (size_t)nce * V);
         loss[pi] = mt_cpu_cross_entropy(p, r[19], tgt, nce, V, 0.5f, 0.0f, -100, NULL);
         r[20] = rand_vec(ne, 1);

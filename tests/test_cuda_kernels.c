@@ -553,7 +553,7 @@ Test(cuda_kernels, geglu)
 /* ---- embedding ------------------------------------------------------------------ */
 
 /* scale: 1, or Gemma's sqrt(C) (rounded to bf16, as the model's bf16 mode uses it). */
-static void check_embedding_scaled(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt, float scale)
+static void check_embedding_padded(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt, float scale, int pad)
 {
     int32_t *tok = xmalloc((size_t)T * sizeof(int32_t));
     for (int t = 0; t < T; t++) { /* half from a few ids: long runs of repeats */
@@ -585,10 +585,13 @@ static void check_embedding_scaled(int T, int C, int V, mt_cu_dtype dt, mt_cu_dt
     tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1.0f, 1.0f, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
     float *dwte0 = xmalloc((size_t)V * C * sizeof(float));
     memcpy(dwte0, dwte.ref, (size_t)V * C * sizeof(float));
-    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V, scale);
+    mt_cpu_embedding_bwd(NULL, dwte.ref, tok, dout.ref, T, C, V, scale, pad);
     void *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
-    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scale, scratch) == 0);
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, scale, pad, scratch) == 0);
     float *g = t_fetch(&dwte);
+    if (pad >= 0) /* the padding row as it was (the CPU's skips it too: checked in tests/test_cpu_ops.c) */
+        cr_assert(memcmp(g + (size_t)pad * C, dwte0 + (size_t)pad * C, (size_t)C * sizeof(float)) == 0,
+                  "T %d C %d V %d: the padding row %d changed", T, C, V, pad);
     for (size_t i = 0; i < (size_t)V * C; i++)
         cr_assert(memcmp(&g[i], &dwte.ref[i], sizeof(float)) == 0, "T %d C %d V %d scale %g: dwte[%zu] = %.9g, CPU %.9g",
                   T, C, V, scale, i, g[i], dwte.ref[i]);
@@ -597,9 +600,25 @@ static void check_embedding_scaled(int T, int C, int V, mt_cu_dtype dt, mt_cu_dt
     t_free(&wte), t_free(&out), t_free(&dwte), t_free(&dout);
 }
 
+static void check_embedding_scaled(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt, float scale)
+{
+    check_embedding_padded(T, C, V, dt, wdt, scale, -1);
+}
+
 static void check_embedding(int T, int C, int V, mt_cu_dtype dt, mt_cu_dtype wdt)
 {
     check_embedding_scaled(T, C, V, dt, wdt, 1.0f);
+}
+
+/* nn.Embedding's padding_idx: a frequent token (runs of repeats from ids 0..6) and the last id
+ * (tok[0]) as the padding row; the other rows bit-identical to the CPU's */
+Test(cuda_kernels, embedding_padding_row)
+{
+    NEED_GPU();
+    seed(24);
+    check_embedding_padded(300, 4096, 1000, MT_CU_F32, MT_CU_F32, 1.0f, 3);
+    check_embedding_padded(300, 96, 32000, MT_CU_BF16, MT_CU_BF16, mt_bf16_to_f32(mt_f32_to_bf16(sqrtf(96))), 0);
+    check_embedding_padded(257, 98, 1000, MT_CU_F32, MT_CU_BF16, 1.0f, 999); /* scalar path; tok[0] = V - 1 */
 }
 
 /* Gemma: out = wte[tok] * bf16(sqrt(C)), dwte += dout * the same */
@@ -638,7 +657,7 @@ Test(cuda_kernels, embedding_tokens_out_of_range)
     tensor dwte = t_rand(MT_CU_F32, (size_t)V * C, -1, 1, 0), dout = t_rand(MT_CU_F32, (size_t)T * C, -1, 1, 0);
     void *dtok = dev_upload(tok, sizeof tok), *scratch = dev_scratch(mt_cu_embedding_bwd_scratch_bytes(T));
     cr_assert(mt_cu_embedding(NULL, MT_CU_F32, out.dev, dtok, MT_CU_F32, wte.dev, T, C, V, 1.0f) == 0);
-    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, 1.0f, scratch) == 0);
+    cr_assert(mt_cu_embedding_bwd(NULL, dwte.dev, dtok, dout.dev, T, C, V, 1.0f, -1, scratch) == 0);
     float *o = t_fetch(&out), *g = t_fetch(&dwte);
     for (int c = 0; c < C; c++) {
         cr_assert(o[C + c] == 0.0f && o[2 * C + c] == 0.0f, "a token out of range gives a zero row");

@@ -341,6 +341,68 @@ static void train_steps(mt_model *m, int steps, unsigned seed)
     }
 }
 
+/* nn.Embedding(padding_idx=pad_token_id): the padding row starts at zero and its lookups add no
+ * gradient to it. A model with pad 3 against one without whose row 3 is zeroed by hand: the same
+ * forward, so the same loss and every gradient the same bits but row 3's, which is zero (untied)
+ * or the LM head's part alone, not zero (tied; its value is checked against transformers by the
+ * parity fixtures). AdamW then leaves an untied zero row at zero (its moments stay zero;
+ * decoupled decay of zero is zero). */
+static void padding_row(int tied)
+{
+    mt_model_config c = cfg_of(1, 0, tied, MT_PRECISION_FP32);
+    c.pad_token_id = 3;
+    mt_model *a = make(&c, 2);
+    c.pad_token_id = -1;
+    mt_model *b = make(&c, 2);
+    const mt_unit_desc *u = &a->layout.units[0];
+    const mt_tensor_desc *e = &u->tensors[0];
+    cr_assert_eq(e->role, MT_T_EMBED);
+    const int C = (int)c.hidden_size;
+    float *wa = mt_tile_master(&a->tiles.tile[0], u) + e->offset, *wb = mt_tile_master(&b->tiles.tile[0], u) + e->offset;
+    for (int v = 0; v < V; v++)
+        for (int k = 0; k < C; k++) {
+            if (v == 3) cr_assert_eq(wa[v * C + k], 0.0f, "the padding row starts at zero");
+            else cr_assert_eq(wa[v * C + k], wb[v * C + k], "row %d as without a padding row", v);
+        }
+    memset(wb + 3 * C, 0, (size_t)C * sizeof *wb);
+    enum { N = 4 * 8 };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 12, 0);
+    tok[0] = tok[9] = tok[17] = 3; /* pad tokens in the batch, predicted too */
+    tg[5] = 3;
+    mt_batch bt = batch_of(tok, tg, 2, 8, 2);
+    const uint64_t nt = count_targets(tg, N);
+    double la, lb, na, nb;
+    cr_assert_eq(mt_engine_grads(a, &bt, nt, &la, &na, NULL), MT_OK, "%s", mt_model_errmsg(a));
+    cr_assert_eq(mt_engine_grads(b, &bt, nt, &lb, &nb, NULL), MT_OK, "%s", mt_model_errmsg(b));
+    cr_assert_eq(la, lb, "the same forward");
+    const uint64_t P = a->layout.num_params;
+    float *ga = malloc(P * sizeof *ga), *gb = malloc(P * sizeof *gb);
+    copy_grads(a, ga);
+    copy_grads(b, gb);
+    float rmax = 0;
+    for (int k = 0; k < C; k++) rmax = fmaxf(rmax, fabsf(gb[3 * C + k]));
+    cr_assert_gt(rmax, 0.0f, "the pad tokens' lookups give row 3 a gradient without padding_idx");
+    int row_zero = 1;
+    for (uint64_t i = 0; i < P; i++) {
+        const int in_row = i >= 3 * (uint64_t)C && i < 4 * (uint64_t)C;
+        if (in_row) row_zero &= ga[i] == 0.0f;
+        else cr_assert(memcmp(&ga[i], &gb[i], sizeof ga[i]) == 0, "grad %llu: %g vs %g", (unsigned long long)i, ga[i],
+                       gb[i]);
+    }
+    if (!tied) cr_assert(row_zero, "an untied padding row gets no gradient");
+    else cr_assert(!row_zero, "a tied padding row keeps the LM head's gradient");
+    free(ga), free(gb);
+    if (!tied) {
+        train_steps(a, 3, 5);
+        for (int k = 0; k < C; k++) cr_assert_eq(wa[3 * C + k], 0.0f, "AdamW leaves the padding row at zero");
+    }
+    mt_model_destroy(a), mt_model_destroy(b);
+}
+
+Test(engine, padding_row_gets_no_gradient_from_lookups) { padding_row(0); }
+Test(engine, tied_padding_row_keeps_the_heads_gradient) { padding_row(1); }
+
 Test(engine, two_and_three_slots_are_bit_identical)
 {
     for (int prec = 0; prec <= 1; prec++) {

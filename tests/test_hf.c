@@ -340,6 +340,7 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     cr_assert_eq(a->num_key_value_heads, b->num_key_value_heads);
     cr_assert_eq(a->head_dim, b->head_dim);
     cr_assert_eq(a->max_position_embeddings, b->max_position_embeddings);
+    cr_assert_eq(a->pad_token_id, b->pad_token_id);
     cr_assert_eq(a->rms_norm_eps, b->rms_norm_eps);
     cr_assert_eq(a->rope_theta, b->rope_theta);
     cr_assert_eq(a->rope_scaling, b->rope_scaling);
@@ -391,6 +392,8 @@ Test(hf, config_round_trip)
     cases[2].arch = MT_ARCH_MISTRAL;
     cases[2].head_dim = 16; /* != hidden / heads */
     cases[8].attn_logit_softcapping = 20.0f; /* a Gemma 3 may cap too */
+    cases[7].pad_token_id = 0;                             /* Gemma's */
+    cases[1].pad_token_id = (int32_t)cases[1].vocab_size - 1; /* the last row */
     for (int k = 0; k < 9; k++) {
         mt_model *m = make(&cases[k]);
         char dir[512], name[32];
@@ -1406,6 +1409,84 @@ Test(hf, save_carries_the_token_ids)
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "pad_token_id")), "a new Phi-3 has no padding row");
     cJSON_Delete(j);
     mt_model_destroy(f);
+}
+
+/* pad_token_id: transformers' nn.Embedding(padding_idx) takes -V <= p < V (negative from the end)
+ * and refuses the rest; absent, the config class's default (Gemma 0, Phi3Config 32000 where the
+ * vocabulary has that row, else None); written back as the model's own, or null */
+static int32_t load_pad(mt_model_config c, const char *name, const char *pad_json, mt_status *st)
+{
+    mt_model *m = make(&c);
+    char dir[512];
+    tmp_path(dir, name);
+    cr_assert_eq(mt_model_save(m, dir), MT_OK, "%s", mt_model_errmsg(m));
+    mt_model_destroy(m);
+    cJSON *j = saved_config(dir);
+    cJSON_DeleteItemFromObject(j, "pad_token_id");
+    if (pad_json) cJSON_AddItemToObject(j, "pad_token_id", cJSON_Parse(pad_json));
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    write_text(dir, "config.json", text);
+    cJSON_free(text);
+    mt_model_config got;
+    mt_model_config_init(&got);
+    *st = mt_config_load(&got, dir);
+    return got.pad_token_id;
+}
+
+Test(hf, config_pad_token_id)
+{
+    mt_status st;
+    const mt_model_config l = llama_gqa(MT_PRECISION_BF16), g = gemma(MT_ARCH_GEMMA3, MT_PRECISION_BF16);
+    mt_model_config p = phi3(MT_PRECISION_BF16);
+    const int32_t V = (int32_t)l.vocab_size;
+    cr_assert_eq(load_pad(l, "pad-absent", NULL, &st), -1);
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    cr_assert_eq(load_pad(l, "pad-null", "null", &st), -1);
+    cr_assert_eq(load_pad(l, "pad-5", "5", &st), 5);
+    cr_assert_eq(load_pad(l, "pad-minus1", "-1", &st), V - 1, "a negative padding_idx counts from the end");
+    char num[32];
+    snprintf(num, sizeof num, "%d", -V);
+    cr_assert_eq(load_pad(l, "pad-minusV2", num, &st), 0);
+    cr_assert_eq(st, MT_OK);
+    snprintf(num, sizeof num, "%d", V);
+    load_pad(l, "pad-V", num, &st);
+    cr_assert_eq(st, MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_errmsg(), "pad_token_id") && strstr(mt_last_errmsg(), "outside the vocabulary"), "%s",
+              mt_last_errmsg());
+    snprintf(num, sizeof num, "%d", -V - 1);
+    load_pad(l, "pad-below", num, &st);
+    cr_assert_eq(st, MT_ERR_FORMAT);
+    load_pad(l, "pad-float", "2.5", &st);
+    cr_assert_eq(st, MT_ERR_FORMAT);
+    load_pad(l, "pad-string", "\"0\"", &st);
+    cr_assert_eq(st, MT_ERR_FORMAT);
+    /* the config classes' defaults */
+    cr_assert_eq(load_pad(g, "pad-gemma", NULL, &st), 0, "Gemma3TextConfig's pad_token_id is 0");
+    cr_assert_eq(load_pad(g, "pad-gemma-null", "null", &st), -1);
+    cr_assert_lt(p.vocab_size, 32001u, "the fixture's Phi-3 has no row 32000");
+    cr_assert_eq(load_pad(p, "pad-phi3-small", NULL, &st), -1, "Phi3Config's 32000 is no row of this vocabulary");
+    p.vocab_size = 32064;
+    cr_assert_eq(load_pad(p, "pad-phi3", NULL, &st), 32000, "Phi3Config's default");
+    cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    /* the padding row of the model is written, whatever the folder said */
+    mt_model_config c = l;
+    c.pad_token_id = 7;
+    mt_model *m = make(&c);
+    char dir[512];
+    cr_assert_eq(mt_model_save(m, tmp_path(dir, "pad-written")), MT_OK, "%s", mt_model_errmsg(m));
+    mt_model_destroy(m);
+    cJSON *j = saved_config(dir);
+    cr_assert_eq(cJSON_GetObjectItem(j, "pad_token_id")->valuedouble, 7);
+    cJSON_Delete(j);
+    /* and refused by the config itself outside the vocabulary */
+    c.pad_token_id = V;
+    mt_model_config v;
+    char why[MT_ERRMSG_MAX];
+    cr_assert_eq(mt_config_import((mt_err){why}, &v, &c), MT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(why, "pad_token_id"), "%s", why);
+    c.pad_token_id = -2;
+    cr_assert_eq(mt_config_import((mt_err){why}, &v, &c), MT_ERR_INVALID_ARGUMENT);
 }
 
 /* ---- mixture of experts (Qwen3-MoE, Mixtral) --------------------------------------- */

@@ -139,7 +139,7 @@ func TestDefaults(t *testing.T) {
 		RMSNormEps: 1e-5, RopeTheta: 10000, RopeScaling: RopeScalingNone, RopeFactor: 8,
 		RopeLowFreqFactor: 1, RopeHighFreqFactor: 4, RopeOriginalMaxPosition: 8192,
 		AttentionBias: false, TieWordEmbeddings: false, Precision: PrecisionBF16, Seed: 1,
-		InitializerRange: 0.02,
+		InitializerRange: 0.02, PadTokenID: -1,
 	}
 	if got := NewModelConfig(); got != wantCfg {
 		t.Errorf("NewModelConfig() = %+v\nwant %+v", got, wantCfg)

@@ -277,6 +277,9 @@ type ModelConfig struct {
 	RouterAuxLossCoef float32
 	// MlpOnlyLayers: bit l%64 of word l/64: layer l has a dense MLP.
 	MlpOnlyLayers [4]uint64
+	// PadTokenID: -1 none; p: the embedding's padding row (nn.Embedding's padding_idx),
+	// zero at the start and given no gradient by the tokens that look it up.
+	PadTokenID int32
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -327,6 +330,7 @@ func (g *ModelConfig) toC() C.mt_model_config {
 	for i := range g.MlpOnlyLayers {
 		c.mlp_only_layers[i] = C.uint64_t(g.MlpOnlyLayers[i])
 	}
+	c.pad_token_id = C.int32_t(g.PadTokenID)
 	return c
 }
 
@@ -367,6 +371,7 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 		DecoderSparseStep:       uint32(c.decoder_sparse_step),
 		OutputRouterLogits:      uint32(c.output_router_logits),
 		RouterAuxLossCoef:       float32(c.router_aux_loss_coef),
+		PadTokenID:              int32(c.pad_token_id),
 	}
 	for i := range g.MlpOnlyLayers {
 		g.MlpOnlyLayers[i] = uint64(c.mlp_only_layers[i])

@@ -485,11 +485,11 @@ static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *
 }
 
 static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                            float scale)
+                            float scale, int pad)
 {
     cu_be *b = B(kc);
     if (!scratch_ok(b, mt_cu_embedding_bwd_scratch_bytes(T), "embedding backward", T, C)) return;
-    OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, scale, b->red_scratch), "embedding backward");
+    OK(b, mt_cu_embedding_bwd(b->comp, dwte, tokens, dout, T, C, V, scale, pad, b->red_scratch), "embedding backward");
 }
 
 static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,

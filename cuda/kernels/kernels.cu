@@ -624,14 +624,15 @@ __global__ void embedding_k(TO *__restrict__ out, const int32_t *__restrict__ to
     }
 }
 
-// Sort keys: the token, or V for one outside [0, V) (skipped); values: t.
+// Sort keys: the token, or V for one outside [0, V) or the padding row pad
+// (skipped: nn.Embedding's padding_idx); values: t.
 __global__ void embed_keys_k(unsigned *__restrict__ keys, int *__restrict__ vals, const int32_t *__restrict__ tok, int T,
-                             int V)
+                             int V, int pad)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     const int id = tok[t];
-    keys[t] = id >= 0 && id < V ? (unsigned)id : (unsigned)V;
+    keys[t] = id >= 0 && id < V && id != pad ? (unsigned)id : (unsigned)V;
     vals[t] = t;
 }
 
@@ -1207,7 +1208,7 @@ size_t mt_cu_embedding_bwd_scratch_bytes(int T)
 }
 
 int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                        float scale, void *scratch)
+                        float scale, int pad, void *scratch)
 {
     if (T < 0 || C <= 0 || V <= 0 || !scratch) return -1;
     if (T == 0) return 0;
@@ -1219,7 +1220,7 @@ int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, cons
     const int end_bit = key_bits(V);
     size_t temp_bytes = embed_temp_bytes(T, end_bit);
     if (temp_bytes == 0 || temp_bytes > round256(embed_temp_bytes(T, 32))) return -1;
-    embed_keys_k<<<blocks_for((size_t)T, 256), 256, 0, s>>>(keys_in, vals_in, tokens, T, V);
+    embed_keys_k<<<blocks_for((size_t)T, 256), 256, 0, s>>>(keys_in, vals_in, tokens, T, V, pad);
     if (launched() != 0) return -1;
     if (cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, vals_in, vals, T, 0, end_bit, s) !=
         cudaSuccess) {

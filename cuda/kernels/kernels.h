@@ -164,9 +164,10 @@ size_t mt_cu_embedding_bwd_scratch_bytes(int T);
  * scale 1; other scales, each product rounded before its sum). dwte (V, C)
  * fp32, dout (T, C) fp32. Tokens are stably radix-sorted (CUB) with their
  * positions; one block per distinct token (and column range) adds its rows
- * in order. Tokens outside [0, V) are skipped. */
+ * in order. Tokens outside [0, V) are skipped, and so is pad, the padding
+ * row (nn.Embedding's padding_idx; -1: none). */
 int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                        float scale, void *scratch);
+                        float scale, int pad, void *scratch);
 
 /* ---- cross-entropy ----------------------------------------------------------------- */
 
@@ -262,8 +263,8 @@ static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, con
 { (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V, (void)scale; return -1; }
 static inline size_t mt_cu_embedding_bwd_scratch_bytes(int T) { (void)T; return 0; }
 static inline int mt_cu_embedding_bwd(mt_cu_stream s, float *dwte, const int32_t *tokens, const float *dout, int T,
-                                      int C, int V, float scale, void *scratch)
-{ (void)s, (void)dwte, (void)tokens, (void)dout, (void)T, (void)C, (void)V, (void)scale, (void)scratch; return -1; }
+                                      int C, int V, float scale, int pad, void *scratch)
+{ (void)s, (void)dwte, (void)tokens, (void)dout, (void)T, (void)C, (void)V, (void)scale, (void)pad, (void)scratch; return -1; }
 static inline size_t mt_cu_cross_entropy_scratch_bytes(int n) { (void)n; return 0; }
 static inline int mt_cu_cross_entropy(mt_cu_stream s, const float *logits, const int32_t *targets, int n, int V,
                                       float dscale, float softcap, int ignore_index, mt_cu_dtype dt, void *dlogits,

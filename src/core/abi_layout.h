@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 192, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, mlp_only_layers) + sizeof(((mt_model_config *)0)->mlp_only_layers) == 192, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 200, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, reserved3) + sizeof(((mt_model_config *)0)->reserved3) == 200, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -51,6 +51,8 @@ _Static_assert(offsetof(mt_model_config, output_router_logits) == 148, "mt_model
 _Static_assert(offsetof(mt_model_config, router_aux_loss_coef) == 152, "mt_model_config.router_aux_loss_coef: offset");
 _Static_assert(offsetof(mt_model_config, reserved2) == 156, "mt_model_config.reserved2: offset");
 _Static_assert(offsetof(mt_model_config, mlp_only_layers) == 160, "mt_model_config.mlp_only_layers: offset");
+_Static_assert(offsetof(mt_model_config, pad_token_id) == 192, "mt_model_config.pad_token_id: offset");
+_Static_assert(offsetof(mt_model_config, reserved3) == 196, "mt_model_config.reserved3: offset");
 
 _Static_assert(sizeof(mt_family_info) == 64, "mt_family_info: size");
 _Static_assert(offsetof(mt_family_info, example) + sizeof(((mt_family_info *)0)->example) == 64, "mt_family_info: no tail padding");

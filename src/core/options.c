@@ -75,6 +75,7 @@ void mt_model_config_init_sized(mt_model_config *p, uint32_t size)
     c.precision = MT_PRECISION_BF16;
     c.seed = 1;
     c.initializer_range = 0.02f;
+    c.pad_token_id = -1;
     mt_struct_init(p, size, &c, sizeof c);
 }
 

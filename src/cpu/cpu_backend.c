@@ -164,9 +164,9 @@ static void k_embedding(void *kc, void *out, const int32_t *tokens, const void *
 }
 
 static void k_embedding_bwd(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                            float scale)
+                            float scale, int pad)
 {
-    mt_cpu_embedding_bwd(P(kc), dwte, tokens, dout, T, C, V, scale);
+    mt_cpu_embedding_bwd(P(kc), dwte, tokens, dout, T, C, V, scale, pad);
 }
 
 static void k_cross_entropy(void *kc, void *dlogits, float *logits, const int32_t *targets, int n, int V, float dscale,

@@ -619,6 +619,7 @@ typedef struct {
     const float *wte, *dout;
     int T, C;
     float scale;
+    int pad; /* embedding_bwd: the padding row, -1 none */
     size_t nt;
 } emb_args;
 
@@ -641,6 +642,7 @@ static void embedding_bwd_task(void *ctx, size_t task, int thread)
     size_t lo, hi;
     mt_split_range((size_t)a->C, a->nt, task, 16, &lo, &hi);
     for (int t = 0; t < a->T; t++) {
+        if (a->tokens[t] == a->pad) continue; /* nn.Embedding's padding_idx: no gradient */
         float *restrict dst = a->dwte + (size_t)a->tokens[t] * a->C;
         const float *restrict src = a->dout + (size_t)t * a->C;
         for (size_t c = lo; c < hi; c++) dst[c] += src[c] * a->scale;
@@ -655,11 +657,11 @@ void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float
 }
 
 void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                          float scale)
+                          float scale, int pad)
 {
     (void)V;
     if (C <= 0) return;
-    emb_args a = {.dwte = dwte, .tokens = tokens, .dout = dout, .T = T, .C = C, .scale = scale,
+    emb_args a = {.dwte = dwte, .tokens = tokens, .dout = dout, .T = T, .C = C, .scale = scale, .pad = pad,
                   .nt = n_tasks(p, (size_t)T * C, 1 << 15)};
     a.nt = a.nt < ((size_t)C + 15) / 16 ? a.nt : ((size_t)C + 15) / 16;
     mt_pool_run(p, a.nt, embedding_bwd_task, &a);

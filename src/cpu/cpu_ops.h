@@ -155,10 +155,10 @@ void mt_cpu_softcap(float *x, size_t n, float cap);
 
 /* out[t,:] = wte[tokens[t], :] * scale.  out (T, C), tokens (T) in [0, V), wte (V, C) */
 void mt_cpu_embedding(mt_pool *p, float *out, const int32_t *tokens, const float *wte, int T, int C, float scale);
-/* dwte[tokens[t], :] += dout[t, :] * scale, summed in ascending t for every row.
- * dwte (V, C), tokens (T), dout (T, C) */
+/* dwte[tokens[t], :] += dout[t, :] * scale, summed in ascending t for every row, skipping the t whose
+ * token is pad (nn.Embedding's padding_idx; -1: none).  dwte (V, C), tokens (T), dout (T, C) */
 void mt_cpu_embedding_bwd(mt_pool *p, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                          float scale);
+                          float scale, int pad);
 
 /* Cross-entropy on n rows of logits, in place: on return logits holds
  * dlogits = (softmax - onehot(target)) * dscale, zeros in the rows whose

@@ -27,8 +27,9 @@ typedef struct init_job {
     size_t task_tensor[MT_MAX_UNIT_TENSORS + 1]; /* first task of each tensor */
 } init_job;
 
-/* Matrices ~ N(0, initializer_range), norms 1 (Gemma's 0), biases 0, as
- * transformers' _init_weights does. */
+/* Matrices ~ N(0, initializer_range), norms 1 (Gemma's 0), biases 0, and
+ * the embedding's padding row (pad_token_id) 0, as transformers'
+ * _init_weights does. */
 static void init_task(void *ctx, size_t task, int thread)
 {
     (void)thread;
@@ -40,6 +41,9 @@ static void init_task(void *ctx, size_t task, int thread)
     float *master = mt_tile_master(j->tile, j->unit); /* NULL in lean mode */
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit); /* NULL in fp32 and lean modes */
     const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
+    const int pad = t->role == MT_T_EMBED ? j->cfg->pad_token_id : -1; /* -1: none */
+    const uint64_t pad_lo = pad >= 0 ? (uint64_t)pad * j->cfg->hidden_size : 0;
+    const uint64_t pad_hi = pad >= 0 ? pad_lo + j->cfg->hidden_size : 0;
     const double std = j->cfg->initializer_range;
     const float norm = mt_family_norm_init(mt_config_family(j->cfg)); /* Gemma's norms scale by 1 + w */
     float x[MT_Q16_BLOCK];
@@ -47,6 +51,7 @@ static void init_task(void *ctx, size_t task, int thread)
         const size_t n = (size_t)MT_MIN((uint64_t)MT_Q16_BLOCK, hi - b);
         for (size_t i = 0; i < n; i++)
             x[i] = is_norm ? norm : is_bias ? 0.0f
+                 : b + i >= pad_lo && b + i < pad_hi ? 0.0f
                  : (float)(std * mt_rng_normal(j->cfg->seed, j->stream_base + (uint64_t)ti, b + i));
         const uint64_t e = t->offset + b;
         if (master) memcpy(master + e, x, n * sizeof *x);

@@ -287,6 +287,32 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
     return MT_OK;
 }
 
+/* The embedding's padding row: transformers builds nn.Embedding(vocab_size, hidden_size,
+ * padding_idx=pad_token_id), which takes -V <= p < V (a negative one counts from the end) and
+ * refuses any other. Absent, the config class's default: None, or Gemma's 0 and Phi3Config's
+ * 32000, the latter dropped where the vocabulary has no such row (transformers cannot build that
+ * model; the library writes null for it, MT_FAMILY_NULL_TOKEN_IDS). */
+static mt_status get_pad(mt_err err, const cJSON *j, const mt_family *f, mt_model_config *c, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "pad_token_id");
+    const double V = (double)c->vocab_size;
+    c->pad_token_id = -1;
+    if (!v) {
+        if ((f->flags & MT_FAMILY_CLASS_PAD) && f->class_pad < c->vocab_size) c->pad_token_id = (int32_t)f->class_pad;
+        return MT_OK;
+    }
+    if (cJSON_IsNull(v)) return MT_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"pad_token_id\" must be an integer or null", path);
+    if (!(v->valuedouble >= -V && v->valuedouble < V))
+        return mt_fail(err, MT_ERR_FORMAT,
+                       "%s: pad_token_id %.0f is outside the vocabulary (vocab_size %u): the embedding has no such "
+                       "padding row (transformers refuses it too)",
+                       path, v->valuedouble, c->vocab_size);
+    c->pad_token_id = (int32_t)(v->valuedouble < 0 ? v->valuedouble + V : v->valuedouble);
+    return MT_OK;
+}
+
 static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j, const char *path)
 {
     mt_status st;
@@ -343,6 +369,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     if ((st = get_float(err, j, "rope_theta", &c->rope_theta, 0, path))) return st;
     c->tie_word_embeddings = f->tied;
     if ((st = get_bool(err, j, "tie_word_embeddings", &c->tie_word_embeddings, path))) return st;
+    if ((st = get_pad(err, j, f, c, path))) return st;
 
     /* biases */
     c->attention_bias = 0;
@@ -447,13 +474,13 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
     if ((st = mt_config_import((mt_err){why}, &check, &c)))
         return mt_fail(err, st, "%s describes an impossible model: %s", path, why);
     /* a caller built against an older header gets the fields it knows: refuse rather than drop a
-     * setting (the fields appended since default to zero) */
+     * setting (the fields appended since have their defaults) */
     uint32_t caller_size;
     memcpy(&caller_size, cfg, sizeof caller_size);
     const size_t known = MT_MIN((size_t)caller_size, sizeof c);
-    for (size_t i = known; i < sizeof c; i++)
-        if (((const unsigned char *)&c)[i])
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
+    const size_t i = mt_config_first_set_past(&c, known);
+    if (i < sizeof c)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
                            "%s needs a field of mt_model_config past the %zu bytes this caller's struct has (byte %zu%s): "
                            "build against this library's megatrain.h",
                            path, known, i, i >= offsetof(mt_model_config, sliding_window) ? ", the sliding window" : "");
@@ -482,13 +509,13 @@ static cJSON *int_or_float_number(float f)
     return f == floorf(f) && fabsf(f) < 1e9f ? cJSON_CreateNumber((double)f) : float_number(f);
 }
 
-/* The special token ids of the folder a model came from: the library does not use them, but
- * transformers does (generation stops at eos; an embedding's padding row), and its defaults are
- * some other model's (Phi3Config's pad_token_id 32000, LlamaConfig's eos 2). Best effort: a
- * source folder whose config.json is gone or unreadable gives none. */
+/* bos and eos of the folder a model came from: the library does not use them, but transformers
+ * does (generation stops at eos), and its defaults are some other model's (LlamaConfig's eos 2).
+ * Best effort: a source folder whose config.json is gone or unreadable gives none. pad_token_id
+ * is the model's own (its padding row). */
 static void add_token_ids(cJSON *j, const mt_model_config *c, const char *source_dir)
 {
-    static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    static const char *const keys[] = {"bos_token_id", "eos_token_id"};
     cJSON *src = NULL;
     if (source_dir) {
         char path[4096], *text;
@@ -505,6 +532,9 @@ static void add_token_ids(cJSON *j, const mt_model_config *c, const char *source
         if (v) cJSON_AddItemToObject(j, keys[i], cJSON_Duplicate(v, 1));
         else if (mt_config_has(c, MT_FAMILY_NULL_TOKEN_IDS)) cJSON_AddNullToObject(j, keys[i]); /* not Phi3Config's 32000 */
     }
+    /* the model's own padding row, or null: never the config class's default, which the model may not have */
+    if (c->pad_token_id >= 0) cJSON_AddNumberToObject(j, "pad_token_id", c->pad_token_id);
+    else cJSON_AddNullToObject(j, "pad_token_id");
     cJSON_Delete(src);
 }
 

@@ -83,7 +83,7 @@ void mt_block_embed_forward(const mt_exec *x, void *const *w, const int32_t *tok
 
 void mt_block_embed_backward(const mt_exec *x, float *gwte, const int32_t *tokens, const float *dy)
 {
-    x->k->embedding_bwd(x->kc, gwte, tokens, dy, x->d->T, x->d->C, x->d->V, x->d->embed_scale);
+    x->k->embedding_bwd(x->kc, gwte, tokens, dy, x->d->T, x->d->C, x->d->V, x->d->embed_scale, x->d->pad);
 }
 
 void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int recompute, const mt_layer_acts *a)

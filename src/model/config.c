@@ -157,9 +157,22 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
     if (c->reserved1) return BAD("mt_model_config.reserved1 must be zero");
     if (c->reserved2) return BAD("mt_model_config.reserved2 must be zero");
+    if (c->reserved3) return BAD("mt_model_config.reserved3 must be zero");
+    if (c->pad_token_id < -1 || c->pad_token_id >= (int64_t)c->vocab_size)
+        return BAD("pad_token_id %d is outside the vocabulary [0, %u) (-1: no padding row)", c->pad_token_id,
+                   c->vocab_size);
     if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f))) return st;
     if ((f->flags & MT_FAMILY_FUSED) && c->attention_bias)
         return BAD("attention_bias: %s's fused qkv_proj has no bias", f->display_name);
     return window_fields_check(err, c, f);
 }
 #undef BAD
+
+size_t mt_config_first_set_past(const mt_model_config *c, size_t known)
+{
+    mt_model_config d;
+    mt_model_config_init(&d);
+    for (size_t i = known; i < sizeof *c; i++)
+        if (((const unsigned char *)c)[i] != ((const unsigned char *)&d)[i]) return i;
+    return sizeof *c;
+}

@@ -46,13 +46,14 @@ static const mt_family FAMILIES[] = {
     {
         .arch = MT_ARCH_PHI3, .name = "phi3", .display_name = "Phi-3", .architecture = "Phi3ForCausalLM",
         .model_type = "phi3", .particular = "fused qkv, gate_up", LLAMA_TEMPLATE, LLAMA_DEFAULTS,
-        .flags = MT_FAMILY_FUSED | MT_FAMILY_NULL_TOKEN_IDS, .window = MT_WINDOW_EVERY_LAYER,
+        .flags = MT_FAMILY_FUSED | MT_FAMILY_NULL_TOKEN_IDS | MT_FAMILY_CLASS_PAD, .class_pad = 32000,
+        .window = MT_WINDOW_EVERY_LAYER,
         .example = "Phi-4", .example_shape = {100352, 5120, 17920, 40, 40, 10, 0, 0, 0, 0, 0, 0},
     },
     {
         .arch = MT_ARCH_GEMMA2, .name = "gemma2", .display_name = "Gemma 2", .architecture = "Gemma2ForCausalLM",
         .model_type = "gemma2", .particular = "sandwich norms, caps", GEMMA_LAYER,
-        .flags = MT_FAMILY_SANDWICH | MT_FAMILY_EMBED_SCALE | MT_FAMILY_GEMMA_CONFIG,
+        .flags = MT_FAMILY_SANDWICH | MT_FAMILY_EMBED_SCALE | MT_FAMILY_GEMMA_CONFIG | MT_FAMILY_CLASS_PAD,
         .window_pattern = 2, /* every other layer: transformers 4 wrote no pattern */
         .rope_theta = 10000.0f, .attn_softcap = 50.0f, .final_softcap = 30.0f,
         .example = "gemma-2-9b", .example_shape = {256000, 3584, 14336, 42, 16, 8, 256, 4096, 1, 0, 0, 0},
@@ -61,7 +62,7 @@ static const mt_family FAMILIES[] = {
         .arch = MT_ARCH_GEMMA3, .name = "gemma3", .display_name = "Gemma 3", .architecture = "Gemma3ForCausalLM",
         .model_type = "gemma3_text", .particular = "q/k norms, local RoPE", GEMMA_LAYER,
         .flags = MT_FAMILY_SANDWICH | MT_FAMILY_EMBED_SCALE | MT_FAMILY_GEMMA_CONFIG | MT_FAMILY_QK_NORM |
-                 MT_FAMILY_LOCAL_ROPE,
+                 MT_FAMILY_LOCAL_ROPE | MT_FAMILY_CLASS_PAD,
         .window_pattern = 6, .window_pattern_key = "sliding_window_pattern",
         .rope_theta = 1e6f, .rope_local_base_freq = 10000.0f,
         .example = "gemma-3-1b", .example_shape = {262144, 1152, 6912, 26, 4, 1, 256, 512, 1, 0, 0, 0},
@@ -165,9 +166,9 @@ mt_status mt_family_example(mt_model_config *cfg, uint32_t arch)
     }
     uint32_t caller_size;
     memcpy(&caller_size, cfg, sizeof caller_size);
-    for (size_t i = MT_MIN((size_t)caller_size, sizeof c); i < sizeof c; i++)
-        if (((const unsigned char *)&c)[i])
-            return mt_fail(err, MT_ERR_UNSUPPORTED,
+    const size_t i = mt_config_first_set_past(&c, MT_MIN((size_t)caller_size, sizeof c));
+    if (i < sizeof c)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
                            "mt_family_example: %s's example needs a field of mt_model_config past the %u bytes this "
                            "caller's struct has (byte %zu): build against this library's megatrain.h",
                            f->display_name, caller_size, i);

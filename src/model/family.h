@@ -29,6 +29,8 @@ enum {
                                      * (Gemma 3); use_bidirectional_attention refused */
     MT_FAMILY_NULL_TOKEN_IDS = 1u << 7, /* config.json written with null token ids where the source folder
                                      * has none: the config class's defaults are another model's (Phi-3) */
+    MT_FAMILY_CLASS_PAD = 1u << 8,  /* the config class's pad_token_id, where config.json has none, is
+                                     * class_pad (Gemma's 0, Phi3Config's 32000), not None */
 };
 
 /* Which layers slide, and how config.json says so. */
@@ -83,6 +85,7 @@ typedef struct mt_family {
     /* config.json defaults where a key is absent: transformers' for the family */
     float rope_theta;
     uint32_t tied;              /* tie_word_embeddings */
+    uint32_t class_pad;         /* MT_FAMILY_CLASS_PAD: pad_token_id */
     float query_pre_attn_scalar, attn_softcap, final_softcap; /* MT_FAMILY_GEMMA_CONFIG */
     float rope_local_base_freq; /* MT_FAMILY_LOCAL_ROPE */
     /* mixture of experts */

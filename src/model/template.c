@@ -35,6 +35,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     d->glu_act = f->glu_act;
     /* transformers: torch.tensor(hidden_size ** 0.5, dtype=the activations' dtype) */
     d->embed_scale = 1.0f;
+    d->pad = c->pad_token_id;
     if (f->flags & MT_FAMILY_EMBED_SCALE) {
         d->embed_scale = (float)sqrt((double)c->hidden_size);
         if (c->precision != MT_PRECISION_FP32) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));

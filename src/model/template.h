@@ -91,11 +91,12 @@ typedef struct mt_kernels {
     const float *(*as_f32)(void *kc, float *scratch, const void *src, size_t n);
     /* bytes of zeros at p */
     void (*zero)(void *kc, void *p, size_t bytes);
-    /* out[t, :] = wte[tokens[t], :] * scale: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] * scale (f32).
+    /* out[t, :] = wte[tokens[t], :] * scale: out (T, C) act; and dwte[tokens[t], :] += dout[t, :] * scale (f32)
+     * for every t whose token is not pad (the padding row, d->pad: -1 none).
      * scale: 1, or Gemma's sqrt(C) (d->embed_scale) */
     void (*embedding)(void *kc, void *out, const int32_t *tokens, const void *wte, int T, int C, int V, float scale);
     void (*embedding_bwd)(void *kc, float *dwte, const int32_t *tokens, const float *dout, int T, int C, int V,
-                          float scale);
+                          float scale, int pad);
     /* Cross-entropy of n rows of logits (f32) against targets (MT_IGNORE_INDEX rows count nothing):
      * adds the sum of -log p(target) to the step's loss; with dlogits, writes the gradient of
      * that sum times dscale there (act): (softmax - onehot) * dscale, times 1 - tanh^2 of the cap
@@ -161,6 +162,7 @@ typedef struct mt_dims {
     int window;  /* the sliding layers' window, 0 where none is shorter than seq_len */
     float norm_offset;    /* every RMSNorm scales by norm_offset + w: 0, Gemma 1 */
     float embed_scale;    /* the embedding's output factor: 1, Gemma bf16(sqrt(C)) in bf16 mode */
+    int pad;              /* the embedding's padding row (pad_token_id): no gradient from lookups; -1 none */
     int glu_act;          /* mt_glu_act of the MLP */
     float attn_softcap;   /* Gemma 2's attention score cap, 0 none */
     float final_softcap;  /* Gemma 2's logit cap, 0 none */

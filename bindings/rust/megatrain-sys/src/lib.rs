@@ -240,6 +240,8 @@ pub struct mt_model_config {
     pub router_aux_loss_coef: f32,
     pub reserved2: u32,
     pub mlp_only_layers: [u64; 4],
+    pub pad_token_id: i32,
+    pub reserved3: u32,
 }
 
 #[repr(C)]

@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 192, align 8,
+    mt_model_config, size 200, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -77,6 +77,8 @@ layout! {
     router_aux_loss_coef: 152,
     reserved2: 156,
     mlp_only_layers: 160,
+    pad_token_id: 192,
+    reserved3: 196,
 }
 
 layout! {

@@ -367,6 +367,9 @@ pub struct ModelConfig {
     pub router_aux_loss_coef: f32,
     /// Bit l % 64 of word l / 64: layer l has a dense MLP.
     pub mlp_only_layers: [u64; 4],
+    /// -1: none; p: the embedding's padding row (nn.Embedding's padding_idx), zero at the start and
+    /// given no gradient by the tokens that look it up.
+    pub pad_token_id: i32,
 }
 
 impl Default for ModelConfig {
@@ -414,6 +417,7 @@ impl ModelConfig {
             output_router_logits: r.output_router_logits,
             router_aux_loss_coef: r.router_aux_loss_coef,
             mlp_only_layers: r.mlp_only_layers,
+            pad_token_id: r.pad_token_id,
         }
     }
 
@@ -455,6 +459,7 @@ impl ModelConfig {
         r.output_router_logits = self.output_router_logits;
         r.router_aux_loss_coef = self.router_aux_loss_coef;
         r.mlp_only_layers = self.mlp_only_layers;
+        r.pad_token_id = self.pad_token_id;
         r
     }
 
