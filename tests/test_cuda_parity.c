@@ -138,6 +138,10 @@ Test(cuda_parity, gemma2_window_fp32) { on_cuda("gemma2_window", MT_PRECISION_FP
 Test(cuda_parity, gemma2_window_bf16) { on_cuda("gemma2_window", MT_PRECISION_BF16); }
 Test(cuda_parity, gemma3_window_fp32) { on_cuda("gemma3_window", MT_PRECISION_FP32); }
 Test(cuda_parity, gemma3_window_bf16) { on_cuda("gemma3_window", MT_PRECISION_BF16); }
+Test(cuda_parity, gemma3_pad_fp32) { on_cuda("gemma3_pad", MT_PRECISION_FP32); }
+Test(cuda_parity, gemma3_pad_bf16) { on_cuda("gemma3_pad", MT_PRECISION_BF16); }
+Test(cuda_parity, llama_pad_fp32) { on_cuda("llama_pad", MT_PRECISION_FP32); }
+Test(cuda_parity, llama_pad_bf16) { on_cuda("llama_pad", MT_PRECISION_BF16); }
 /* Mixture of experts. qwen3_moe matches in fp32; in bf16, and mixtral in fp32 too after a few steps, some
  * near-tied token goes to another expert than in transformers, so the bf16 runs and mixtral's use the *_routed
  * fixtures, whose routing is clear of ties by construction (tools/fixtures/make_fixtures.py, decisive_routing). */
@@ -161,5 +165,7 @@ Test(parity_bf16_cpu, qwen2_window) { on_cpu_bf16("qwen2_window"); }
 Test(parity_bf16_cpu, phi3_window) { on_cpu_bf16("phi3_window"); }
 Test(parity_bf16_cpu, gemma2_window) { on_cpu_bf16("gemma2_window"); }
 Test(parity_bf16_cpu, gemma3_window) { on_cpu_bf16("gemma3_window"); }
+Test(parity_bf16_cpu, gemma3_pad) { on_cpu_bf16("gemma3_pad"); }
+Test(parity_bf16_cpu, llama_pad) { on_cpu_bf16("llama_pad"); }
 Test(parity_bf16_cpu, qwen3_moe_routed) { on_cpu_bf16("qwen3_moe_routed"); }
 Test(parity_bf16_cpu, mixtral_routed) { on_cpu_bf16("mixtral_routed"); }

@@ -61,7 +61,7 @@ static const parity_tol TOL = {
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
                                        "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
-                                       "qwen3_moe_routed", "mixtral_routed"};
+                                       "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -94,6 +94,10 @@ Test(parity, mixtral) { run_fixture("mixtral"); }
 /* the same two with routing clear of ties by construction: the bf16 and CUDA suites' MoE fixtures */
 Test(parity, qwen3_moe_routed) { run_fixture("qwen3_moe_routed"); }
 Test(parity, mixtral_routed) { run_fixture("mixtral_routed"); }
+/* the embedding's padding row (nn.Embedding's padding_idx): Gemma 3's 0, tied, and an untied Llama's 5, with pad
+ * tokens in the batches */
+Test(parity, gemma3_pad) { run_fixture("gemma3_pad"); }
+Test(parity, llama_pad) { run_fixture("llama_pad"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
