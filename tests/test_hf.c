@@ -1469,11 +1469,16 @@ Test(hf, config_pad_token_id)
     p.vocab_size = 32064;
     cr_assert_eq(load_pad(p, "pad-phi3", NULL, &st), 32000, "Phi3Config's default");
     cr_assert_eq(st, MT_OK, "%s", mt_last_errmsg());
+    /* a caller built against 0.1's header cannot hold the padding row: refused, naming it */
+    mt_model_config old;
+    mt_model_config_init_sized(&old, 96);
+    char dir[512];
+    cr_assert_eq(mt_config_load(&old, tmp_path(dir, "pad-5")), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "the padding row"), "%s", mt_last_errmsg());
     /* the padding row of the model is written, whatever the folder said */
     mt_model_config c = l;
     c.pad_token_id = 7;
     mt_model *m = make(&c);
-    char dir[512];
     cr_assert_eq(mt_model_save(m, tmp_path(dir, "pad-written")), MT_OK, "%s", mt_model_errmsg(m));
     mt_model_destroy(m);
     cJSON *j = saved_config(dir);

@@ -64,8 +64,10 @@ void mt_struct_init(void *p, uint32_t size, const void *defaults, size_t known);
  * in src/model/config.c: its rules depend on the model family. */
 mt_status mt_config_import(mt_err err, mt_model_config *dst, const mt_model_config *src);
 /* The first byte of c at or past known that differs from mt_model_config_init's defaults (a
- * setting a caller whose struct ends at known could not be given), or sizeof *c if none. */
+ * setting a caller whose struct ends at known could not be given), or sizeof *c if none; and
+ * what the fields around a byte of mt_model_config are for ("the sliding window", ...). */
 size_t mt_config_first_set_past(const mt_model_config *c, size_t known);
+const char *mt_config_field_group(size_t byte);
 mt_status mt_policy_import(mt_err err, mt_offload_policy *dst, const mt_offload_policy *src);
 mt_status mt_optim_import(mt_err err, mt_optim_config *dst, const mt_optim_config *src);
 mt_status mt_shape_import(mt_err err, mt_batch_shape *dst, const mt_batch_shape *src);

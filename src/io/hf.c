@@ -291,7 +291,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
  * padding_idx=pad_token_id), which takes -V <= p < V (a negative one counts from the end) and
  * refuses any other. Absent, the config class's default: None, or Gemma's 0 and Phi3Config's
  * 32000, the latter dropped where the vocabulary has no such row (transformers cannot build that
- * model; the library writes null for it, MT_FAMILY_NULL_TOKEN_IDS). */
+ * model; a saved folder says null). */
 static mt_status get_pad(mt_err err, const cJSON *j, const mt_family *f, mt_model_config *c, const char *path)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "pad_token_id");
@@ -481,9 +481,9 @@ mt_status mt_config_load(mt_model_config *cfg, const char *dir)
     const size_t i = mt_config_first_set_past(&c, known);
     if (i < sizeof c)
         return mt_fail(err, MT_ERR_UNSUPPORTED,
-                           "%s needs a field of mt_model_config past the %zu bytes this caller's struct has (byte %zu%s): "
-                           "build against this library's megatrain.h",
-                           path, known, i, i >= offsetof(mt_model_config, sliding_window) ? ", the sliding window" : "");
+                           "%s needs a field of mt_model_config past the %zu bytes this caller's struct has (byte %zu, "
+                           "%s): build against this library's megatrain.h",
+                           path, known, i, mt_config_field_group(i));
     return mt_copy_out(err, cfg, &c, sizeof c, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
 }
 

@@ -8,6 +8,7 @@
 #include "model/template.h" /* MT_MAX_EXPERTS */
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Limits that keep every size computation inside 64 bits and reject typos:
@@ -176,3 +177,20 @@ size_t mt_config_first_set_past(const mt_model_config *c, size_t known)
         if (((const unsigned char *)c)[i] != ((const unsigned char *)&d)[i]) return i;
     return sizeof *c;
 }
+
+const char *mt_config_field_group(size_t byte)
+{
+    static const struct {
+        size_t from;
+        const char *what;
+    } groups[] = { /* the fields appended since 0.1, by the first of each group */
+        {offsetof(mt_model_config, pad_token_id), "the padding row"},
+        {offsetof(mt_model_config, num_experts), "mixture of experts"},
+        {offsetof(mt_model_config, query_pre_attn_scalar), "Gemma's settings"},
+        {offsetof(mt_model_config, sliding_window), "the sliding window"},
+    };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (byte >= groups[i].from) return groups[i].what;
+    return "the model's shape";
+}
+

@@ -170,7 +170,7 @@ mt_status mt_family_example(mt_model_config *cfg, uint32_t arch)
     if (i < sizeof c)
         return mt_fail(err, MT_ERR_UNSUPPORTED,
                            "mt_family_example: %s's example needs a field of mt_model_config past the %u bytes this "
-                           "caller's struct has (byte %zu): build against this library's megatrain.h",
-                           f->display_name, caller_size, i);
+                           "caller's struct has (byte %zu, %s): build against this library's megatrain.h",
+                           f->display_name, caller_size, i, mt_config_field_group(i));
     return mt_copy_out(err, cfg, &c, sizeof c, MT_FIRST_SIZE_MODEL_CONFIG, "mt_model_config");
 }
