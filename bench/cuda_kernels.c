@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cuda/kernels/kernels.h"
+#include "model/template.h"
 #include "device/device.h"
 
 #define PEAK_GBS 4800.0
@@ -147,12 +148,12 @@ static int f_rope(void *p)
 static int f_swiglu(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_glu(NULL, c->dt, MT_CU_GLU_SILU, c->c, c->a, c->b, c->n);
+    return mt_cu_glu(NULL, c->dt, MT_GLU_SILU, c->c, c->a, c->b, c->n);
 }
 static int f_swiglu_bwd(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_glu_bwd(NULL, c->dt, MT_CU_GLU_SILU, c->d, c->e, c->c, c->a, c->b, c->n);
+    return mt_cu_glu_bwd(NULL, c->dt, MT_GLU_SILU, c->d, c->e, c->c, c->a, c->b, c->n);
 }
 static int f_to_bf16(void *p)
 {
@@ -419,8 +420,8 @@ static void smoke(void)
             const size_t n = 1003;
             void *a = sbuf(dt, n, off), *b = sbuf(dt, n, off), *c = sbuf(dt, n, off), *d = sbuf(dt, n, off);
             void *f = sbuf(MT_CU_F32, n, off), *e = sbuf(dt, n, off);
-            chk(mt_cu_glu(NULL, dt, MT_CU_GLU_SILU, c, a, b, n), "swiglu");
-            chk(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_SILU, d, e, c, a, b, n), "swiglu_bwd");
+            chk(mt_cu_glu(NULL, dt, MT_GLU_SILU, c, a, b, n), "swiglu");
+            chk(mt_cu_glu_bwd(NULL, dt, MT_GLU_SILU, d, e, c, a, b, n), "swiglu_bwd");
             chk(mt_cu_convert(NULL, dt, a, MT_CU_F32, f, n), "convert");
             chk(mt_cu_convert(NULL, MT_CU_F32, f, dt, b, n), "convert back");
             chk(mt_cu_add(NULL, MT_CU_F32, f, MT_CU_F32, f, dt, a, n), "add");

@@ -458,8 +458,8 @@ static void check_swiglu(size_t n, mt_cu_dtype dt, size_t off)
     tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
     mt_cpu_glu(NULL, MT_GLU_SILU, out.ref, g.ref, u.ref, n);
     mt_cpu_glu_bwd(NULL, MT_GLU_SILU, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
-    cr_assert(mt_cu_glu(NULL, dt, MT_CU_GLU_SILU, out.dev, g.dev, u.dev, n) == 0);
-    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_SILU, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu(NULL, dt, MT_GLU_SILU, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_SILU, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
     float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
     /* fp32 mode: exp within 2 ulp on each side, then the same division and
      * products: the forward within 16u relative. The backward's 1 - s loses
@@ -477,7 +477,7 @@ static void check_swiglu(size_t n, mt_cu_dtype dt, size_t off)
                   "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g", n, dtn(dt), off, i, dug[i], du.ref[i]);
     }
     /* in place: dgate over dout, dup over up */
-    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_SILU, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_SILU, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
     float *dgi = t_fetch(&d), *dui = t_fetch(&u);
     cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
     cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");
@@ -505,8 +505,8 @@ static void check_geglu(size_t n, mt_cu_dtype dt, size_t off)
     tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
     mt_cpu_glu(NULL, MT_GLU_GELU_TANH, out.ref, g.ref, u.ref, n);
     mt_cpu_glu_bwd(NULL, MT_GLU_GELU_TANH, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
-    cr_assert(mt_cu_glu(NULL, dt, MT_CU_GLU_GELU_TANH, out.dev, g.dev, u.dev, n) == 0);
-    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_GELU_TANH, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu(NULL, dt, MT_GLU_GELU_TANH, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_GELU_TANH, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
     float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
     /* The argument of tanh is the same fp32 expression on both sides (no
      * fused multiply-adds on either), so t differs only by the two tanhf
@@ -530,7 +530,7 @@ static void check_geglu(size_t n, mt_cu_dtype dt, size_t off)
                   "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g (g %.9g)", n, dtn(dt), off, i, dug[i], du.ref[i], gi);
     }
     /* in place: dgate over dout, dup over up (as the backend runs it) */
-    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_CU_GLU_GELU_TANH, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_GELU_TANH, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
     float *dgi = t_fetch(&d), *dui = t_fetch(&u);
     cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
     cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");

@@ -426,9 +426,6 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
-static_assert((int)MT_CU_GLU_SILU == (int)MT_GLU_SILU && (int)MT_CU_GLU_GELU_TANH == (int)MT_GLU_GELU_TANH,
-              "the kernels' activations are the template's");
-
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);

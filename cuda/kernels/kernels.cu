@@ -15,6 +15,9 @@
 // in a layout fixed by the shapes and are added in a fixed order, so every
 // result is the same from run to run.
 #include "cuda/kernels/kernels.h"
+extern "C" {
+#include "model/template.h" /* mt_glu_act */
+}
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -1156,7 +1159,7 @@ int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *ga
     const bool vec = al16(out) && al16(gate) && al16(up);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        if (act == MT_CU_GLU_GELU_TANH)
+        if (act == MT_GLU_GELU_TANH)
             return launch_ew(s, glu_f<TT, gelu_tanh_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
         return launch_ew(s, glu_f<TT, silu_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
     });
@@ -1168,7 +1171,7 @@ int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *du
     const bool vec = al16(dgate) && al16(dup) && al16(dout) && al16(gate) && al16(up);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        if (act == MT_CU_GLU_GELU_TANH)
+        if (act == MT_GLU_GELU_TANH)
             return launch_ew(s, glu_bwd_f<TT, gelu_tanh_act>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
                                                              (const TT *)up},
                              n, vec);

@@ -134,11 +134,10 @@ int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, cons
 
 /* ---- gated activations: SwiGLU and GeGLU ------------------------------------------------ */
 
-/* act: the MLP's activation, as mt_cpu_glu's (the values of template.h's
- * mt_glu_act): SiLU, or gelu's tanh form (torch's gelu(approximate="tanh"),
- * Gemma's gelu_pytorch_tanh), tanhf at full accuracy in both dtypes. Any
- * other value is taken as SiLU. */
-enum { MT_CU_GLU_SILU = 0, MT_CU_GLU_GELU_TANH = 1 };
+/* act: the MLP's activation, model/template.h's mt_glu_act as mt_cpu_glu
+ * takes it: MT_GLU_SILU, or MT_GLU_GELU_TANH, gelu's tanh form (torch's
+ * gelu(approximate="tanh"), Gemma's gelu_pytorch_tanh), tanhf at full
+ * accuracy in both dtypes. Any other value is taken as SiLU. */
 
 /* out = act(gate) * up, all (n) in dt. out may alias gate or up. */
 int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up, size_t n);
