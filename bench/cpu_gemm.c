@@ -102,7 +102,7 @@ static void bench_others(mt_pool *p)
     t[1] = now();
     mt_cpu_rmsnorm_bwd(p, dx, w, y, x, w, rstd, T, C, 1e-5f, 0.0f);
     t[2] = now();
-    mt_cpu_rope(p, q, pos, inv_freq, T, H, D, 0);
+    mt_cpu_rope(p, q, pos, inv_freq, T, H, D, D, 1.0f, 0);
     t[3] = now();
     mt_cpu_glu(p, MT_GLU_SILU, o, g, u, (size_t)T * F);
     t[4] = now();

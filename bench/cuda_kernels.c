@@ -143,7 +143,7 @@ static int f_rmsnorm_bwd(void *p)
 static int f_rope(void *p)
 {
     ctx_t *c = p;
-    return mt_cu_rope(NULL, c->dt, c->x, c->pos, c->inv, T, NH, HD, 0);
+    return mt_cu_rope(NULL, c->dt, c->x, c->pos, c->inv, T, NH, HD, HD, 1.0f, 0);
 }
 static int f_swiglu(void *p)
 {
@@ -412,8 +412,8 @@ static void smoke(void)
             for (int k = 0; k < D / 2; k++) inv[k] = 1.0f / powf(10000.0f, (float)(2 * k) / D);
             void *x = sbuf(dt, (size_t)Tn * nh * D, 0), *dp = dalloc(sizeof pos), *di_ = dalloc((size_t)D / 2 * 4);
             h2d(dp, pos, sizeof pos), h2d(di_, inv, (size_t)D / 2 * 4);
-            chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, 0), "rope");
-            chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, 1), "rope inverse");
+            chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, D, 1.0f, 0), "rope");
+            chk(mt_cu_rope(NULL, dt, x, dp, di_, Tn, nh, D, D, 1.0f, 1), "rope inverse");
             sfree(x, dt, 0), mt_device_free(dp), mt_device_free(di_);
         }
         for (size_t off = 0; off < 2; off++) {

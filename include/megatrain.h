@@ -134,6 +134,7 @@ typedef enum mt_arch {
     MT_ARCH_GEMMA3 = 6,  /* Gemma3ForCausalLM (text): Gemma 2's layer with q/k norms and a local RoPE base */
     MT_ARCH_QWEN3_MOE = 7, /* Qwen3MoeForCausalLM: Qwen3 attention, mixture-of-experts MLPs */
     MT_ARCH_MIXTRAL = 8, /* MixtralForCausalLM: Mistral attention, mixture-of-experts MLPs */
+    MT_ARCH_QWEN2_MOE = 9, /* Qwen2MoeForCausalLM: Qwen2 attention, routed experts and a gated shared expert */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 
@@ -151,6 +152,10 @@ typedef enum mt_rope_scaling {
     MT_ROPE_SCALING_NONE = 0,
     MT_ROPE_SCALING_LLAMA3 = 1, /* rope_type "llama3": factor, low/high_freq_factor, original_max_position */
     MT_ROPE_SCALING_LINEAR = 2, /* rope_type "linear": positions divided by factor (Gemma 3's full layers) */
+    MT_ROPE_SCALING_YARN = 3,   /* rope_type "yarn": factor, original_max_position, rope_beta_fast/slow,
+                                   rope_mscale, rope_mscale_all_dim, rope_attention_factor, rope_no_truncate */
+    MT_ROPE_SCALING_LONGROPE = 4, /* rope_type "longrope": rope_short_factor below original_max_position,
+                                     rope_long_factor past it, rope_attention_factor */
     MT_ROPE_SCALING_MAX_ENUM = 0x7FFFFFFF
 } mt_rope_scaling;
 
@@ -204,6 +209,23 @@ typedef struct mt_model_config {
     int32_t pad_token_id;          /* -1 (the default): none; p in [0, vocab_size): row p of the embedding
                                       starts at zero and gets no gradient from the tokens that look it up */
     uint32_t reserved3;            /* zero */
+    /* appended in 0.2: a shared expert beside the routed ones (Qwen2-MoE) */
+    uint32_t shared_expert_intermediate_size; /* 0: none; S: each sparse layer also runs a gated MLP of width S
+                                                 on every token, its output added to the routed experts' */
+    uint32_t shared_expert_gate;   /* non-zero: that output is first scaled by sigmoid(x . w), w a (1, hidden)
+                                      matrix of the layer (Qwen2-MoE's shared_expert_gate) */
+    /* appended in 0.2: RoPE on part of each head; YaRN and LongRoPE */
+    float partial_rotary_factor;   /* 0 or 1: RoPE turns all of head_dim; f: its first int(head_dim * f)
+                                      dimensions, the rest pass unrotated (Phi-4-mini's 0.75) */
+    float rope_attention_factor;   /* yarn, longrope: cos and sin are multiplied by it; 0: the scaling's default */
+    float rope_beta_fast;          /* yarn: 0 means 32 */
+    float rope_beta_slow;          /* yarn: 0 means 1 */
+    float rope_mscale;             /* yarn: with rope_mscale_all_dim, the default attention factor's ratio */
+    float rope_mscale_all_dim;     /* yarn: 0 none */
+    uint32_t rope_no_truncate;     /* yarn: non-zero: the correction range is not rounded to whole dimensions */
+    uint32_t rope_n_factors;       /* longrope: the entries of each list below, (rotary dimensions) / 2 */
+    float rope_short_factor[128];  /* longrope: each frequency's divisor while positions < original_max_position */
+    float rope_long_factor[128];   /* longrope: ... and once a micro-batch has a position past it */
 } mt_model_config;
 
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,

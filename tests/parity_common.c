@@ -480,11 +480,11 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
 
     mt_model *m = parity_create(&f.cfg, backend);
     cr_assert_eq(mt_model_load(m, f.model_dir), MT_OK, "%s", mt_model_errmsg(m));
-    const uint32_t V = f.cfg.vocab_size, D = m->cfg.head_dim, S = f.batch.seq_len;
+    const uint32_t V = f.cfg.vocab_size, D = mt_config_rotary_dims(&m->cfg), S = f.batch.seq_len;
 
     /* RoPE's inverse frequencies, as the CPU backend computes them */
     float *want_if = parity_jfloats(f.json, "inv_freq", D / 2), *inv = malloc(D / 2 * sizeof *inv);
-    mt_rope_inv_freq_of(inv, &m->cfg, 0);
+    mt_rope_inv_freq_of(inv, &m->cfg, MT_ROPE_GLOBAL);
     double if_max = 0.0;
     int if_at = 0;
     for (uint32_t i = 0; i < D / 2; i++) {
@@ -494,16 +494,25 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
     cr_expect(if_max <= tol->inv_freq_rel, "%s: inv_freq[%d] = %.9g, transformers %.9g (relative %.3g)", name, if_at,
               (double)inv[if_at], (double)want_if[if_at], if_max);
     free(want_if);
-    /* Gemma 3: the sliding layers' own frequencies */
-    if (cJSON_GetObjectItemCaseSensitive(f.json, "inv_freq_local")) {
-        want_if = parity_jfloats(f.json, "inv_freq_local", D / 2);
-        mt_rope_inv_freq_of(inv, &m->cfg, 1);
+    /* Gemma 3: the sliding layers' own frequencies; longrope: those of its long factors */
+    static const char *const tables[2] = {"inv_freq_local", "inv_freq_long"};
+    for (int t = 0; t < 2; t++) {
+        if (!cJSON_GetObjectItemCaseSensitive(f.json, tables[t])) continue;
+        want_if = parity_jfloats(f.json, tables[t], D / 2);
+        mt_rope_inv_freq_of(inv, &m->cfg, t ? MT_ROPE_LONG : MT_ROPE_LOCAL);
         for (uint32_t i = 0; i < D / 2; i++)
-            cr_expect(parity_rel_diff(inv[i], want_if[i]) <= tol->inv_freq_rel,
-                      "%s: inv_freq_local[%u] = %.9g, transformers %.9g", name, i, (double)inv[i], (double)want_if[i]);
+            cr_expect(parity_rel_diff(inv[i], want_if[i]) <= tol->inv_freq_rel, "%s: %s[%u] = %.9g, transformers %.9g",
+                      name, tables[t], i, (double)inv[i], (double)want_if[i]);
         free(want_if);
     }
     free(inv);
+    /* the factor of cos and sin (yarn's and longrope's attention factor; 1 for the others) */
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(f.json, "rope_attention_scaling");
+    if (cJSON_IsNumber(scaling))
+        cr_expect(parity_rel_diff(mt_rope_attention_factor(&m->cfg, MT_ROPE_GLOBAL), scaling->valuedouble) <=
+                      tol->inv_freq_rel,
+                  "%s: RoPE's attention factor %.9g, transformers %.9g", name,
+                  (double)mt_rope_attention_factor(&m->cfg, MT_ROPE_GLOBAL), scaling->valuedouble);
 
     /* step-0 logits of the first sequence at every position: position p is
      * the last position of the prefix of p + 1 tokens (causal attention).

@@ -369,7 +369,7 @@ Test(cpu_ops, rope_forward)
     mt_rope_inv_freq(inv_freq, D, &rp);
     int32_t *pos = rand_pos(T, 5000);
     float *x = rand_vec(T * nh * D, 1), *y = copy_vec(x, T * nh * D);
-    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, 0);
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, D, 1.0f, 0);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++)
             for (int i = 0; i < D / 2; i++) {
@@ -380,7 +380,7 @@ Test(cpu_ops, rope_forward)
                 cr_expect(fabs(yh[i] - r0) <= 1e-6 && fabs(yh[i + D / 2] - r1) <= 1e-6, "t %d h %d i %d", t, h, i);
             }
     /* the inverse undoes it (to rounding) */
-    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, 1);
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, D, 1.0f, 1);
     for (int i = 0; i < T * nh * D; i++) cr_expect(fabs(y[i] - x[i]) <= 1e-6, "roundtrip [%d]", i);
     free(pos); free(x); free(y);
 }
@@ -396,7 +396,7 @@ static double rope_loss(void *c)
     rope_ctx *r = c;
     const size_t n = (size_t)r->T * r->nh * r->D;
     memcpy(r->y, r->x, n * sizeof(float));
-    mt_cpu_rope(NULL, r->y, r->pos, r->inv_freq, r->T, r->nh, r->D, 0);
+    mt_cpu_rope(NULL, r->y, r->pos, r->inv_freq, r->T, r->nh, r->D, r->D, 1.0f, 0);
     return dot_d(r->y, r->R, n);
 }
 
@@ -411,8 +411,8 @@ Test(cpu_ops, rope_backward)
     mt_rope_inv_freq(inv_freq, D, &rp);
     rope_ctx r = {rand_vec(n, 1), rand_vec(n, 1), rand_vec(n, 1), inv_freq, rand_pos(T, 100000), T, nh, D};
     float *rx = copy_vec(r.x, n), *rty = copy_vec(r.R, n);
-    mt_cpu_rope(NULL, rx, r.pos, inv_freq, T, nh, D, 0);
-    mt_cpu_rope(NULL, rty, r.pos, inv_freq, T, nh, D, 1);
+    mt_cpu_rope(NULL, rx, r.pos, inv_freq, T, nh, D, D, 1.0f, 0);
+    mt_cpu_rope(NULL, rty, r.pos, inv_freq, T, nh, D, D, 1.0f, 1);
     const double lhs = dot_d(rx, r.R, n), rhs = dot_d(r.x, rty, n);
     cr_expect(fabs(lhs - rhs) <= 1e-5 * (1 + fabs(lhs)), "<Rx,y> %.9g vs <x,R^T y> %.9g", lhs, rhs);
     fd_check("dx", rope_loss, &r, r.x, rty, n);
@@ -988,7 +988,7 @@ Test(cpu_ops, threads_bit_identical)
         mt_cpu_rmsnorm(p, r[4], r[5], xn, wn, Tn, C, 1e-5f, 0.0f);
         mt_cpu_rmsnorm_bwd(p, r[6], r[7], dyn, xn, wn, NULL, Tn, C, 1e-5f, 0.0f);
         r[8] = copy_vec(xn, (size_t)Tn * C); /* as (Tn, C / 64, 64) */
-        mt_cpu_rope(p, r[8], pos, inv_freq, Tn, C / 64, 64, 0);
+        mt_cpu_rope(p, r[8], pos, inv_freq, Tn, C / 64, 64, 64, 1.0f, 0);
         r[9] = rand_vec(nq, 1), r[10] = rand_vec((size_t)B * H * S, 1);
         r[11] = rand_vec(nq, 1), r[12] = rand_vec(nkv, 1), r[13] = rand_vec(nkv, 1);
         mt_cpu_attention(p, ws, r[9], r[10], q, k, v, B, S, H, Hkv, D, 0.25f);

@@ -411,13 +411,14 @@ static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
     if (T > 1) pos[1] = 131071;
     if (T > 2) pos[2] = 200000;
     float *inv = xmalloc((size_t)(D / 2) * sizeof(float));
-    const mt_rope_params rp = {500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192, 0};
+    const mt_rope_params rp = {.theta = 500000.0f, .llama3 = 1, .factor = 8.0f, .low_freq_factor = 1.0f,
+                              .high_freq_factor = 4.0f, .original_max_position = 8192};
     mt_rope_inv_freq(inv, D, &rp);
     void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(D / 2) * sizeof(float));
     float *x0 = xmalloc(n * sizeof(float));
     memcpy(x0, x.ref, n * sizeof(float));
-    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, inverse);
-    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, inverse) == 0);
+    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, D, 1.0f, inverse);
+    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, D, 1.0f, inverse) == 0);
     float *g = t_fetch(&x);
     const int half = D / 2;
     for (size_t i = 0; i < n; i++) {
@@ -1011,7 +1012,7 @@ Test(cuda_kernels, bad_arguments)
               "rows longer than 32768");
     cr_expect(mt_cu_rmsnorm(NULL, (mt_cu_dtype)7, NULL, NULL, MT_CU_F32, NULL, NULL, 4, 64, 1e-5f, 0.0f, NULL) == -1,
               "unknown dtype");
-    cr_expect(mt_cu_rope(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 7, 0) == -1, "odd head dim");
+    cr_expect(mt_cu_rope(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 7, 7, 1.0f, 0) == -1, "odd head dim");
     cr_expect(mt_cu_rmsnorm_bwd(NULL, NULL, (float *)&scratch_dummy, NULL, MT_CU_F32, NULL, MT_CU_F32, NULL, NULL, 4,
                                 64, 1e-5f, 0.0f, NULL, NULL) == -1,
               "dw without scratch");

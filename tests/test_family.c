@@ -142,6 +142,12 @@ static const struct {
     {MT_ARCH_MIXTRAL,
      ATTN " o_proj post_attention_layernorm block_sparse_moe.gate experts.*.w1 experts.*.w3 experts.*.w2",
      &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 8, 2, 48, 1},
+    /* Qwen2MoeConfig: qkv_bias true, 60 experts of 1408, top-4 unnormalised, a gated shared expert */
+    {MT_ARCH_QWEN2_MOE,
+     ATTN " q_proj.bias k_proj.bias v_proj.bias o_proj post_attention_layernorm mlp.gate experts.*.gate_proj "
+          "experts.*.up_proj experts.*.down_proj shared_expert.gate_proj shared_expert.up_proj "
+          "shared_expert.down_proj shared_expert_gate",
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 1, 0, 0, 0, 0, 60, 4, 1408, 0},
 };
 #define N_EXPECT (sizeof EXPECT / sizeof EXPECT[0])
 
@@ -239,7 +245,18 @@ Test(family, config_json_written_and_read_back_for_each_family)
         mt_model_config c = load_minimal(f);
         if (f->window != MT_WINDOW_NONE) c.sliding_window = 8;
         if (f->window == MT_WINDOW_FROM_LAYER) c.max_window_layers = 1;
-        if (f->window == MT_WINDOW_PATTERN) c.sliding_window_pattern = 2;
+        if (f->window == MT_WINDOW_PATTERN || f->window == MT_WINDOW_EVEN_BELOW) c.sliding_window_pattern = 2;
+        if (f->shared_block) c.shared_expert_intermediate_size = 24;
+        if (f->flags & MT_FAMILY_PHI3_ROPE) { /* part of each head, longrope's factors */
+            c.partial_rotary_factor = 0.5f, c.rope_scaling = MT_ROPE_SCALING_LONGROPE, c.rope_factor = 16.0f;
+            c.rope_original_max_position = 64, c.rope_n_factors = mt_config_rotary_dims(&c) / 2;
+            for (uint32_t r = 0; r < c.rope_n_factors; r++)
+                c.rope_short_factor[r] = 1.0f + 0.25f * r, c.rope_long_factor[r] = 2.0f + 1.5f * r;
+        } else if (i % 3 == 1) { /* yarn with every setting given */
+            c.rope_scaling = MT_ROPE_SCALING_YARN, c.rope_factor = 4.0f, c.rope_original_max_position = 32;
+            c.rope_beta_fast = 16.0f, c.rope_beta_slow = 2.0f, c.rope_mscale = 0.707f, c.rope_mscale_all_dim = 1.0f;
+            c.rope_no_truncate = 1, c.rope_attention_factor = i % 2 ? 1.25f : 0.0f;
+        }
         if (f->moe == MT_MOE_QWEN3) c.decoder_sparse_step = 2, c.mlp_only_layers[0] = 1;
         if (f->moe != MT_MOE_NONE) c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 48;
         if (f->moe != MT_MOE_NONE) c.output_router_logits = 1, c.router_aux_loss_coef = 0.01f;
@@ -257,11 +274,17 @@ Test(family, config_json_written_and_read_back_for_each_family)
         cr_assert_str_eq(a0->valuestring, f->architecture);
         cr_assert_str_eq(cJSON_GetObjectItem(j, "model_type")->valuestring, f->model_type);
         cr_assert_str_eq(cJSON_GetObjectItem(j, "hidden_act")->valuestring, f->hidden_act);
-        cr_assert_eq(cJSON_HasObjectItem(j, "attention_bias"), !(f->flags & MT_FAMILY_BIAS), "%s", f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "use_sliding_window"), f->window == MT_WINDOW_FROM_LAYER, "%s",
+        cr_assert_eq(cJSON_HasObjectItem(j, "attention_bias"), !(f->flags & MT_FAMILY_BIAS) && !f->bias_key, "%s",
                      f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "layer_types"),
-                     f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_PATTERN, "%s", f->display_name);
+        if (f->bias_key) cr_assert(cJSON_IsBool(cJSON_GetObjectItem(j, f->bias_key)), "%s", f->display_name);
+        const int use_key = f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_EVEN_BELOW;
+        cr_assert_eq(cJSON_HasObjectItem(j, "use_sliding_window"), use_key, "%s", f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "layer_types"), use_key || f->window == MT_WINDOW_PATTERN, "%s",
+                     f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "shared_expert_intermediate_size"), f->shared_block != NULL, "%s",
+                     f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "partial_rotary_factor"), (f->flags & MT_FAMILY_PHI3_ROPE) != 0, "%s",
+                     f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"), f->moe == MT_MOE_MIXTRAL, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "mlp_only_layers"), f->moe == MT_MOE_QWEN3, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "query_pre_attn_scalar"), (f->flags & MT_FAMILY_GEMMA_CONFIG) != 0,

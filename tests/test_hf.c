@@ -694,8 +694,8 @@ Test(hf, config_load_real_world_shapes)
         cr_assert_eq(c.rope_local_base_freq, 10000.0f, "form %d", i);
         cr_assert_eq(c.sliding_window_pattern, 6, "transformers' default pattern, form %d", i);
         float global[16], local[16];
-        mt_rope_inv_freq_of(global, &c, 0);
-        mt_rope_inv_freq_of(local, &c, 1);
+        mt_rope_inv_freq_of(global, &c, MT_ROPE_GLOBAL);
+        mt_rope_inv_freq_of(local, &c, MT_ROPE_LOCAL);
         cr_assert_eq(local[1], 1.0f / powf(10000.0f, 2.0f / 8.0f), "the local table is unscaled, base 10000");
         cr_assert_eq(global[1], 1.0f / powf(1e6f, 2.0f / 8.0f) / 8.0f, "the global table is divided by 8");
     }
@@ -735,8 +735,8 @@ Test(hf, config_refusals)
                           "GPT2LMHeadModel");
     expect_config_refusal("{\"model_type\":\"gpt2\"," BASE_FIELDS "}", MT_ERR_UNSUPPORTED, "gpt2");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS
-                          ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0}}",
-                          MT_ERR_UNSUPPORTED, "yarn");
+                          ",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":4.0}}",
+                          MT_ERR_UNSUPPORTED, "dynamic");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS
                           ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}}",
                           MT_ERR_UNSUPPORTED, "dynamic");
@@ -765,11 +765,47 @@ Test(hf, config_refusals)
                           MT_ERR_UNSUPPORTED, "layer 3 slides, which does not follow the pattern");
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS ",\"layer_types\":\"full\"}",
                           MT_ERR_FORMAT, "layer_types");
-    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"partial_rotary_factor\":0.75}",
-                          MT_ERR_UNSUPPORTED, "partial_rotary_factor 0.75");
+    /* part of each head turns in Phi-3's attention only; an odd count of dimensions nowhere */
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS ",\"partial_rotary_factor\":0.75}",
+                          MT_ERR_UNSUPPORTED, "partial_rotary_factor 0.75 is not supported for Llama");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"partial_rotary_factor\":0.375}",
+                          MT_ERR_INVALID_ARGUMENT, "turns 3 of head_dim 8");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"partial_rotary_factor\":1.5}",
+                          MT_ERR_FORMAT, "partial_rotary_factor 1.5 must be in (0, 1]");
+    /* longrope: one factor per pair of rotary dimensions (head_dim 8: 4), positive */
     expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS
                           ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1.0],\"long_factor\":[2.0]}}",
-                          MT_ERR_UNSUPPORTED, "longrope (Phi-3's 128k-context checkpoints)");
+                          MT_ERR_FORMAT, "\"short_factor\" must be a list of 4 numbers");
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,1,1,1],"
+                          "\"long_factor\":[2,2,-2,2]}}",
+                          MT_ERR_FORMAT, "long_factor[2] must be a positive number");
+    expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,1,1,1]}}",
+                          MT_ERR_FORMAT, "longrope lacks \"long_factor\"");
+    /* Phi3Config knows the default and longrope alone; yarn must name its factor (transformers indexes it) */
+    expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}",
+                          MT_ERR_UNSUPPORTED, "Phi-3 has only the default and longrope");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"beta_fast\":8}}",
+                          MT_ERR_FORMAT, "yarn rope_scaling lacks \"factor\"");
+    expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
+                          ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+                          "\"original_max_position_embeddings\":0}}",
+                          MT_ERR_FORMAT, "original_max_position_embeddings is 0");
+    /* Qwen2-MoE: the even layers below max_window_layers slide; only all of them or none */
+    expect_config_refusal("{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                          "\"intermediate_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                          "\"max_position_embeddings\":128,\"use_sliding_window\":true,\"sliding_window\":8,"
+                          "\"max_window_layers\":2,\"num_experts\":4,\"num_experts_per_tok\":2}",
+                          MT_ERR_UNSUPPORTED, "slides the even layers below it only");
+    expect_config_refusal("{\"architectures\":[\"Qwen2MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"shared_expert_intermediate_size\":0}",
+                          MT_ERR_UNSUPPORTED, "without its shared expert");
+    expect_config_refusal("{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE_FIELDS
+                          ",\"shared_expert_intermediate_size\":64}",
+                          MT_ERR_UNSUPPORTED, "Qwen3-MoE has no shared expert");
     expect_config_refusal("{\"architectures\":[\"Phi3ForCausalLM\"]," BASE_FIELDS ",\"attention_bias\":true}",
                           MT_ERR_INVALID_ARGUMENT, "qkv_proj has no bias");
     expect_config_refusal("{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"text_config\":{" BASE_FIELDS
@@ -787,8 +823,8 @@ Test(hf, config_refusals)
     expect_config_refusal("{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE_FIELDS
                           ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\"}}}",
                           MT_ERR_UNSUPPORTED, "Gemma 3's only");
-    expect_config_refusal("{\"architectures\":[\"Qwen2MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
-                          "Qwen2MoeForCausalLM is not supported (LlamaForCausalLM");
+    expect_config_refusal("{\"architectures\":[\"Qwen3NextForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
+                          "Qwen3NextForCausalLM is not supported (LlamaForCausalLM");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");

@@ -123,8 +123,9 @@ struct cu_be {
     int32_t *win_start; // (n_micro, T) with a sliding window: each token's first key there (mt_window_starts)
     int *docs;      // (n_micro) on the host: the micro-batch packs documents
     int mb;         // the micro-batch the kernels run on
-    float *inv_freq;// (D/2)
-    float *inv_freq_local; // (D/2) the sliding layers' own (mt_rope_has_local), or NULL
+    int *rope_long; // (n_micro) on the host, after docs: the micro-batch rotates by the long table
+    float *inv_freq[MT_ROPE_TABLES]; // (rotary dims / 2) each, NULL where mt_rope_has_table says none
+    float rope_scale[MT_ROPE_TABLES];
     void *attn_ws;  // the attention's workspace: the kernels' backward, cuDNN's forward and backward
     size_t attn_ws_bytes;
     mt_cudnn_attn *cudnn; // cuDNN's fused attention (bf16, policy not KERNELS, loadable), or NULL
@@ -361,11 +362,15 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cu_be *b = B(kc);
-    // local: the sliding layers' table, there only where mt_rope_has_local (the template asks for it on no other model)
-    const float *inv_freq = local && b->inv_freq_local ? b->inv_freq_local : b->inv_freq;
-    if (local && !b->inv_freq_local && !b->failed)
-        snprintf(b->why, sizeof b->why, "rope: local frequencies asked of a model without them"), b->failed = 1;
-    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->run.d.T, inv_freq, T, nh, D, inverse),
+    // local: the sliding layers' table, there only where mt_rope_has_table (the template asks for it on no other model)
+    const mt_rope_table t = local ? MT_ROPE_LOCAL : b->rope_long[b->mb] ? MT_ROPE_LONG : MT_ROPE_GLOBAL;
+    if (!b->inv_freq[t]) {
+        if (!b->failed) snprintf(b->why, sizeof b->why, "rope: local frequencies asked of a model without them");
+        b->failed = 1;
+        return;
+    }
+    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
+                     (int)mt_config_rotary_dims(b->req.cfg), b->rope_scale[t], inverse),
        inverse ? "rope backward" : "rope");
 }
 
@@ -574,6 +579,18 @@ static void k_moe_dot_scale(void *kc, float *dw, void *x, void *y, const float *
     OK(b, mt_cu_moe_dot_scale(b->comp, b->dt, dw, x, y, w, rows, R, n), "expert weight gradient");
 }
 
+static void k_moe_shared_gate(void *kc, void *out, const void *src, const float *z, int T, int C)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_shared_gate(b->comp, b->dt, out, src, z, T, C), "shared expert gate");
+}
+
+static void k_moe_shared_gate_bwd(void *kc, float *dz, void *x, void *y, const float *z, int T, int n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_moe_shared_gate_bwd(b->comp, b->dt, dz, x, y, z, T, n), "shared expert gate backward");
+}
+
 static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double scale)
 {
     cu_be *b = B(kc);
@@ -623,6 +640,8 @@ static mt_kernels cuda_kernels(void)
     k.moe_gather = k_moe_gather;
     k.moe_combine = k_moe_combine;
     k.moe_dot_scale = k_moe_dot_scale;
+    k.moe_shared_gate = k_moe_shared_gate;
+    k.moe_shared_gate_bwd = k_moe_shared_gate_bwd;
     k.moe_aux_loss = k_moe_aux_loss;
     k.scratch_bytes = cu_scratch_bytes;
     return k;
@@ -707,7 +726,8 @@ static mt_status set_dims(cu_be *b, mt_err err)
     mt_dims *d = &b->run.d;
     d->es = b->es;
     d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
-                                    : (int)mt_mlp_piece_tokens((uint64_t)d->T, (uint64_t)d->F, b->es, MLP_PIECE_BYTES);
+                                    : (int)mt_mlp_piece_tokens((uint64_t)d->T, (uint64_t)MT_MAX(d->F, d->FS), b->es,
+                                                              MLP_PIECE_BYTES);
     d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
     return MT_OK;
 }
@@ -754,8 +774,8 @@ static void layout_buffers(cu_be *b, carver *c)
     b->pos = (int32_t *)carve(c, M * T * 4);
     b->doc_start = (int32_t *)carve(c, M * T * 4);
     b->win_start = d->window ? (int32_t *)carve(c, M * T * 4) : NULL;
-    b->inv_freq = (float *)carve(c, (size_t)d->D / 2 * 4);
-    b->inv_freq_local = mt_rope_has_local(b->req.cfg) ? (float *)carve(c, (size_t)d->D / 2 * 4) : NULL;
+    for (int t = 0; t < MT_ROPE_TABLES; t++)
+        b->inv_freq[t] = mt_rope_has_table(b->req.cfg, (mt_rope_table)t) ? (float *)carve(c, (size_t)d->D / 2 * 4) : NULL;
     // the template's working buffers and state
     mt_runner_buf rb[MT_RUNNER_MAX_BUFS];
     const int n = mt_runner_buffers(&b->run, s->want_grad, rb);
@@ -982,6 +1002,7 @@ static void free_device(cu_be *b)
     b->h_tokens = NULL;
     free(b->docs);
     b->docs = NULL;
+    b->rope_long = NULL;
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
     b->ck_host = b->rc = 0;
@@ -1114,7 +1135,8 @@ static mt_status cu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
     b->arena_bytes = need;
     layout_buffers(b, &c);
     b->shape = *s;
-    b->docs = (int *)calloc((size_t)s->n_micro, sizeof *b->docs);
+    b->docs = (int *)calloc(2 * (size_t)s->n_micro, sizeof *b->docs);
+    b->rope_long = b->docs ? b->docs + s->n_micro : NULL;
     if (!b->docs || cudaHostAlloc((void **)&b->h_tokens, (size_t)s->n_micro * b->run.d.T * staged_arrays(b) * sizeof(int32_t),
                                   cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
@@ -1136,13 +1158,14 @@ static mt_status cu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     }
-    mt_rope_inv_freq_of(inv, b->req.cfg, 0);
-    cudaError_t e1 = cudaMemcpy(b->inv_freq, inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
-    cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8), e4 = cudaSuccess;
-    if (b->inv_freq_local) { // the sliding layers' own (the synchronous copy above is done with inv)
-        mt_rope_inv_freq_of(inv, b->req.cfg, 1);
-        e4 = cudaMemcpy(b->inv_freq_local, inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
+    cudaError_t e1 = cudaSuccess, e4 = cudaSuccess;
+    for (int t = 0; t < MT_ROPE_TABLES; t++) { // each synchronous copy is done with inv before the next
+        b->rope_scale[t] = mt_rope_attention_factor(b->req.cfg, (mt_rope_table)t);
+        if (!b->inv_freq[t]) continue;
+        mt_rope_inv_freq_of(inv, b->req.cfg, (mt_rope_table)t);
+        if (!e1) e1 = cudaMemcpy(b->inv_freq[t], inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
     }
+    cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
     // the template's state starts zero (the legacy stream's memset done before the compute stream,
     // which does not wait for it, can read it)
     if (!e2 && b->run.state) e2 = cudaMemset(b->run.state, 0, mt_runner_state_bytes(&b->run));
@@ -1194,6 +1217,7 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
         CU(b, cudaMemcpyAsync(b->targets + (size_t)mb * n, hg, n * 4, cudaMemcpyHostToDevice, b->comp));
     }
     b->docs[mb] = mt_doc_layout(hp, hs, positions, b->run.d.n_seq, b->run.d.seq_len);
+    b->rope_long[mb] = mt_rope_uses_long(b->req.cfg, mt_max_position(hp, n));
     CU(b, cudaMemcpyAsync(b->pos + (size_t)mb * n, hp, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (b->docs[mb]) CU(b, cudaMemcpyAsync(b->doc_start + (size_t)mb * n, hs, n * 4, cudaMemcpyHostToDevice, b->comp));
     if (b->run.d.window) {

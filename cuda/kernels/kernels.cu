@@ -389,9 +389,9 @@ int rms_rows(int T, int chunks) { return (T + chunks - 1) / chunks; }
 
 template <typename T, int VEC>
 __global__ void rope_k(T *x, const int32_t *__restrict__ pos, const float *__restrict__ inv_freq, int Tn, int nh, int D,
-                       int hpt, int inverse)
+                       int rd, float scale, int hpt, int inverse)
 {
-    const int half = D / 2, nc = half / VEC, ng = (nh + hpt - 1) / hpt;
+    const int half = rd / 2, nc = half / VEC, ng = (nh + hpt - 1) / hpt;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)Tn * ng * nc) return;
     const int j = (int)(idx % nc);
@@ -403,6 +403,7 @@ __global__ void rope_k(T *x, const int32_t *__restrict__ pos, const float *__res
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
         sincosf(__fmul_rn(p, inv_freq[j * VEC + k]), &sn[k], &c[k]);
+        c[k] = __fmul_rn(c[k], scale), sn[k] = __fmul_rn(sn[k], scale); // exact where scale is 1
         if (inverse) sn[k] = -sn[k];
     }
     const int h1 = min(nh, (g + 1) * hpt);
@@ -1133,12 +1134,12 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
 // ---- RoPE ----
 
 int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
-               int D, int inverse)
+               int D, int rd, float scale, int inverse)
 {
-    if (T < 0 || nh < 0 || D < 0 || D % 2) return -1;
-    if (T == 0 || nh == 0 || D == 0) return 0;
-    const int half = D / 2;
-    const bool vec = half % 8 == 0 && al16(x);
+    if (T < 0 || nh < 0 || D < 0 || D % 2 || rd < 0 || rd % 2 || rd > D) return -1;
+    if (T == 0 || nh == 0 || rd == 0) return 0;
+    const int half = rd / 2;
+    const bool vec = half % 8 == 0 && D % 8 == 0 && al16(x);
     const int VEC = vec ? 8 : 1, nc = half / VEC;
     // about 4 heads per thread, fewer when that leaves too few threads
     int hpt = nh < 4 ? nh : 4;
@@ -1146,8 +1147,10 @@ int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, cons
     const size_t items = (size_t)T * nc * ((nh + hpt - 1) / hpt);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        if (vec) rope_k<TT, 8><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, hpt, inverse);
-        else rope_k<TT, 1><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, hpt, inverse);
+        if (vec)
+            rope_k<TT, 8><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, rd, scale, hpt, inverse);
+        else
+            rope_k<TT, 1><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, rd, scale, hpt, inverse);
         return launched();
     });
 }

@@ -125,12 +125,13 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
 
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
-/* In place on x (T, nh, D) in dt, Hugging Face's rotate_half convention, as
- * mt_cpu_rope: a = (float)pos[t] * inv_freq[i] (sincosf, full accuracy);
- * inverse != 0 rotates by -a (the backward). pos (T) int32, inv_freq (D/2)
- * fp32; D even. */
+/* In place on the first rd dimensions of each head of x (T, nh, D) in dt,
+ * Hugging Face's rotate_half convention, as mt_cpu_rope: a = (float)pos[t] *
+ * inv_freq[i] (sincosf, full accuracy), cos and sin times scale in fp32;
+ * inverse != 0 rotates by -a (the backward). pos (T) int32, inv_freq (rd/2)
+ * fp32; D and rd even, rd <= D. */
 int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
-               int D, int inverse);
+               int D, int rd, float scale, int inverse);
 
 /* ---- gated activations: SwiGLU and GeGLU ------------------------------------------------ */
 
@@ -249,8 +250,12 @@ static inline int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const 
     return -1;
 }
 static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
-                             int T, int nh, int D, int inverse)
-{ (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)inverse; return -1; }
+                             int T, int nh, int D, int rd, float scale, int inverse)
+{
+    (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)rd, (void)scale;
+    (void)inverse;
+    return -1;
+}
 static inline int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up,
                             size_t n)
 { (void)s, (void)dt, (void)act, (void)out, (void)gate, (void)up, (void)n; return -1; }

@@ -205,6 +205,31 @@ __global__ void dot_scale_k(float *dw, TD *x, TD *y, const float *w, const int32
     for (int i = threadIdx.x; i < n; i += BLOCK) st(xr + i, ld(xr + i) * s), st(yr + i, ld(yr + i) * s);
 }
 
+__device__ float sigmoid_f(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+template <typename TD> __global__ void shared_gate_k(TD *out, const TD *src, const float *z, int C)
+{
+    const size_t t = blockIdx.x;
+    const float s = sigmoid_f(z[t]);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const size_t i = t * C + c;
+        st(out + i, ld(out + i) + s * ld(src + i));
+    }
+}
+
+template <typename TD> __global__ void shared_gate_bwd_k(float *dz, TD *x, TD *y, const float *z, int n)
+{
+    __shared__ double sh[BLOCK];
+    const size_t t = blockIdx.x;
+    TD *xt = x + t * n, *yt = y + t * n;
+    double d = 0.0;
+    for (int i = threadIdx.x; i < n; i += BLOCK) d += (double)ld(xt + i) * ld(yt + i);
+    d = block_sum(d, sh); // every read of the row is done
+    const float s = sigmoid_f(z[t]);
+    if (threadIdx.x == 0) dz[t] = (float)(d * s * (1.0 - s));
+    for (int i = threadIdx.x; i < n; i += BLOCK) st(xt + i, ld(xt + i) * s), st(yt + i, ld(yt + i) * s);
+}
+
 __global__ void aux_loss_k(double *loss, const float *stats, int L, int E, double scale)
 {
     __shared__ double sh[BLOCK];
@@ -296,6 +321,30 @@ extern "C" int mt_cu_moe_dot_scale(mt_cu_stream s, mt_cu_dtype dt, float *dw, vo
     return with_dt(dt, [&](auto tag) {
         using TD = typename std::remove_pointer<decltype(tag)>::type;
         dot_scale_k<TD><<<R, BLOCK, 0, (cudaStream_t)s>>>(dw, (TD *)x, (TD *)y, w, rows, n);
+        return launched();
+    });
+}
+
+extern "C" int mt_cu_moe_shared_gate(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *src, const float *z,
+                                     int T, int C)
+{
+    if (T < 0 || C <= 0) return -1;
+    if (!T) return 0;
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        shared_gate_k<TD><<<T, threads_for(C), 0, (cudaStream_t)s>>>((TD *)out, (const TD *)src, z, C);
+        return launched();
+    });
+}
+
+extern "C" int mt_cu_moe_shared_gate_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dz, void *x, void *y, const float *z,
+                                         int T, int n)
+{
+    if (T < 0 || n <= 0) return -1;
+    if (!T) return 0;
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        shared_gate_bwd_k<TD><<<T, BLOCK, 0, (cudaStream_t)s>>>(dz, (TD *)x, (TD *)y, z, n);
         return launched();
     });
 }

@@ -41,6 +41,12 @@ int mt_cu_moe_combine(mt_cu_stream s, mt_cu_dtype odt, void *out, mt_cu_dtype sd
  * w[rows[r]]; x, y (R, n) in dt */
 int mt_cu_moe_dot_scale(mt_cu_stream s, mt_cu_dtype dt, float *dw, void *x, void *y, const float *w,
                         const int32_t *rows, int R, int n);
+/* out[t, :] += sigmoid(z[t]) * src[t, :] (fp32, rounded once) for t < T; out, src (T, C) in dt, z fp32 */
+int mt_cu_moe_shared_gate(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *src, const float *z, int T, int C);
+/* s = sigmoid(z[t]): dz[t] = dot(x[t, :], y[t, :]) * s * (1 - s) (summed in double), then x[t, :] and
+ * y[t, :] times s; x, y (T, n) in dt */
+int mt_cu_moe_shared_gate_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dz, void *x, void *y, const float *z, int T,
+                              int n);
 /* *loss += scale * E * sum_e c_e p_e, c and p summed over the L rows of stats (L, 2E); loss a
  * device double */
 int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, int E, double scale);
@@ -79,6 +85,18 @@ static inline int mt_cu_moe_dot_scale(mt_cu_stream s, mt_cu_dtype dt, float *dw,
                                       const int32_t *rows, int R, int n)
 {
     (void)s, (void)dt, (void)dw, (void)x, (void)y, (void)w, (void)rows, (void)R, (void)n;
+    return -1;
+}
+static inline int mt_cu_moe_shared_gate(mt_cu_stream s, mt_cu_dtype dt, void *out, const void *src, const float *z,
+                                        int T, int C)
+{
+    (void)s, (void)dt, (void)out, (void)src, (void)z, (void)T, (void)C;
+    return -1;
+}
+static inline int mt_cu_moe_shared_gate_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dz, void *x, void *y,
+                                            const float *z, int T, int n)
+{
+    (void)s, (void)dt, (void)dz, (void)x, (void)y, (void)z, (void)T, (void)n;
     return -1;
 }
 static inline int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, int E, double scale)

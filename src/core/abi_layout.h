@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 200, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, reserved3) + sizeof(((mt_model_config *)0)->reserved3) == 200, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 1264, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, rope_long_factor) + sizeof(((mt_model_config *)0)->rope_long_factor) == 1264, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -53,6 +53,18 @@ _Static_assert(offsetof(mt_model_config, reserved2) == 156, "mt_model_config.res
 _Static_assert(offsetof(mt_model_config, mlp_only_layers) == 160, "mt_model_config.mlp_only_layers: offset");
 _Static_assert(offsetof(mt_model_config, pad_token_id) == 192, "mt_model_config.pad_token_id: offset");
 _Static_assert(offsetof(mt_model_config, reserved3) == 196, "mt_model_config.reserved3: offset");
+_Static_assert(offsetof(mt_model_config, shared_expert_intermediate_size) == 200, "mt_model_config.shared_expert_intermediate_size: offset");
+_Static_assert(offsetof(mt_model_config, shared_expert_gate) == 204, "mt_model_config.shared_expert_gate: offset");
+_Static_assert(offsetof(mt_model_config, partial_rotary_factor) == 208, "mt_model_config.partial_rotary_factor: offset");
+_Static_assert(offsetof(mt_model_config, rope_attention_factor) == 212, "mt_model_config.rope_attention_factor: offset");
+_Static_assert(offsetof(mt_model_config, rope_beta_fast) == 216, "mt_model_config.rope_beta_fast: offset");
+_Static_assert(offsetof(mt_model_config, rope_beta_slow) == 220, "mt_model_config.rope_beta_slow: offset");
+_Static_assert(offsetof(mt_model_config, rope_mscale) == 224, "mt_model_config.rope_mscale: offset");
+_Static_assert(offsetof(mt_model_config, rope_mscale_all_dim) == 228, "mt_model_config.rope_mscale_all_dim: offset");
+_Static_assert(offsetof(mt_model_config, rope_no_truncate) == 232, "mt_model_config.rope_no_truncate: offset");
+_Static_assert(offsetof(mt_model_config, rope_n_factors) == 236, "mt_model_config.rope_n_factors: offset");
+_Static_assert(offsetof(mt_model_config, rope_short_factor) == 240, "mt_model_config.rope_short_factor: offset");
+_Static_assert(offsetof(mt_model_config, rope_long_factor) == 752, "mt_model_config.rope_long_factor: offset");
 
 _Static_assert(sizeof(mt_family_info) == 64, "mt_family_info: size");
 _Static_assert(offsetof(mt_family_info, example) + sizeof(((mt_family_info *)0)->example) == 64, "mt_family_info: no tail padding");

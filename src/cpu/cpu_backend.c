@@ -40,8 +40,9 @@ typedef struct cpu_be {
     int32_t *docs;             /* (n_micro) the micro-batch packs documents */
     int32_t *win_start;        /* (n_micro, T) with a sliding window: each token's first key (mt_window_starts) */
     int mb;                    /* the micro-batch the kernels run on */
-    float *inv_freq;           /* (D/2) */
-    float *inv_freq_local;     /* (D/2) the sliding layers' own (mt_rope_has_local), or NULL */
+    int32_t *rope_long;        /* (n_micro) the micro-batch rotates by the long table (mt_rope_uses_long) */
+    float *inv_freq[MT_ROPE_TABLES]; /* (rotary dims / 2) each, NULL where mt_rope_has_table says none */
+    float rope_scale[MT_ROPE_TABLES];
     void *ws;                  /* the ops' per-thread workspace */
     double loss_sum, sumsq;
 } cpu_be;
@@ -85,8 +86,9 @@ static void k_linear_dw(void *kc, float *dW, float *db, const void *dy, const vo
 static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int local)
 {
     cpu_be *b = kc;
-    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->run.d.T, local ? b->inv_freq_local : b->inv_freq, T, nh, D,
-                inverse);
+    const mt_rope_table t = local ? MT_ROPE_LOCAL : b->rope_long[b->mb] ? MT_ROPE_LONG : MT_ROPE_GLOBAL;
+    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
+                (int)mt_config_rotary_dims(b->req.cfg), b->rope_scale[t], inverse);
 }
 
 /* The first key of each query of the current micro-batch: its window's in a sliding layer, its
@@ -230,6 +232,18 @@ static void k_moe_dot_scale(void *kc, float *dw, void *x, void *y, const float *
     mt_cpu_moe_dot_scale(dw, x, y, w, rows, R, n);
 }
 
+static void k_moe_shared_gate(void *kc, void *out, const void *src, const float *z, int T, int C)
+{
+    (void)kc;
+    mt_cpu_moe_shared_gate(out, src, z, T, C);
+}
+
+static void k_moe_shared_gate_bwd(void *kc, float *dz, void *x, void *y, const float *z, int T, int n)
+{
+    (void)kc;
+    mt_cpu_moe_shared_gate_bwd(dz, x, y, z, T, n);
+}
+
 static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double scale)
 {
     ((cpu_be *)kc)->loss_sum += scale * mt_cpu_moe_aux_sum(stats, L, E);
@@ -262,6 +276,8 @@ static const mt_kernels cpu_kernels = {
     .moe_gather = k_moe_gather,
     .moe_combine = k_moe_combine,
     .moe_dot_scale = k_moe_dot_scale,
+    .moe_shared_gate = k_moe_shared_gate,
+    .moe_shared_gate_bwd = k_moe_shared_gate_bwd,
     .moe_aux_loss = k_moe_aux_loss,
 };
 
@@ -325,8 +341,9 @@ static void list_buffers(cpu_be *b, buf_list *l)
     add(l, &b->doc_start, M * T * sizeof(int32_t));
     add(l, &b->docs, M * sizeof(int32_t));
     if (d->window) add(l, &b->win_start, M * T * sizeof(int32_t));
-    add(l, &b->inv_freq, (size_t)d->D / 2 * f);
-    if (mt_rope_has_local(b->req.cfg)) add(l, &b->inv_freq_local, (size_t)d->D / 2 * f);
+    add(l, &b->rope_long, M * sizeof(int32_t));
+    for (int t = 0; t < MT_ROPE_TABLES; t++)
+        if (mt_rope_has_table(b->req.cfg, (mt_rope_table)t)) add(l, &b->inv_freq[t], (size_t)d->D / 2 * f);
     add(l, &b->ws, mt_cpu_ws_size(b->req.threads, s->seq_len));
     mt_runner_buf rb[MT_RUNNER_MAX_BUFS];
     const int n = mt_runner_buffers(&b->run, s->want_grad, rb);
@@ -406,8 +423,11 @@ static mt_status cpu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
         b->docs[mb] = mt_doc_layout(b->pos + off, b->doc_start + off, NULL, s->n_seq, s->seq_len);
         if (b->run.d.window) mt_window_starts(b->win_start + off, b->doc_start + off, s->n_seq, s->seq_len, b->run.d.window);
     }
-    mt_rope_inv_freq_of(b->inv_freq, b->req.cfg, 0);
-    if (b->inv_freq_local) mt_rope_inv_freq_of(b->inv_freq_local, b->req.cfg, 1);
+    for (int t = 0; t < MT_ROPE_TABLES; t++) {
+        if (b->inv_freq[t]) mt_rope_inv_freq_of(b->inv_freq[t], b->req.cfg, (mt_rope_table)t);
+        b->rope_scale[t] = mt_rope_attention_factor(b->req.cfg, (mt_rope_table)t);
+    }
+    for (int mb = 0; mb < s->n_micro; mb++) b->rope_long[mb] = mt_rope_uses_long(b->req.cfg, s->seq_len - 1);
     if (b->run.state) memset(b->run.state, 0, mt_runner_state_bytes(&b->run));
     b->loss_sum = b->sumsq = 0;
     return MT_OK;
@@ -425,6 +445,7 @@ static void cpu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32
         if (b->run.d.window)
             mt_window_starts(b->win_start + mb * T, b->doc_start + mb * T, b->run.d.n_seq, b->run.d.seq_len, b->run.d.window);
     }
+    b->rope_long[mb] = mt_rope_uses_long(b->req.cfg, mt_max_position(b->pos + mb * T, T));
 }
 
 static const mt_unit_desc *unit_desc(cpu_be *b, int unit) { return &b->req.layout->units[unit]; }

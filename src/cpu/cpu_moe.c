@@ -112,6 +112,29 @@ void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const i
     }
 }
 
+/* torch.sigmoid in fp32 */
+static float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+void mt_cpu_moe_shared_gate(float *out, const float *src, const float *z, int T, int C)
+{
+    for (int t = 0; t < T; t++) {
+        const float s = sigmoid(z[t]);
+        for (int c = 0; c < C; c++) out[(size_t)t * C + c] += s * src[(size_t)t * C + c];
+    }
+}
+
+void mt_cpu_moe_shared_gate_bwd(float *dz, float *x, float *y, const float *z, int T, int n)
+{
+    for (int t = 0; t < T; t++) {
+        float *xt = x + (size_t)t * n, *yt = y + (size_t)t * n;
+        double dot = 0.0;
+        for (int i = 0; i < n; i++) dot += (double)xt[i] * yt[i];
+        const float s = sigmoid(z[t]);
+        dz[t] = (float)(dot * s * (1.0 - s));
+        for (int i = 0; i < n; i++) xt[i] *= s, yt[i] *= s;
+    }
+}
+
 double mt_cpu_moe_aux_sum(const float *stats, int L, int E)
 {
     double sum = 0.0;

@@ -19,6 +19,11 @@ void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, c
 void mt_cpu_moe_gather(float *dst, const float *src, const int32_t *rows, int R, int k, int C);
 void mt_cpu_moe_combine(float *out, const float *src, const float *w, const int32_t *slot_row, int T, int k, int C);
 void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const int32_t *rows, int R, int n);
+/* out[t, :] += sigmoid(z[t]) * src[t, :] for t < T, rows of C */
+void mt_cpu_moe_shared_gate(float *out, const float *src, const float *z, int T, int C);
+/* s = sigmoid(z[t]): dz[t] = dot(x[t, :], y[t, :]) * s * (1 - s) (summed in double), then x[t, :] and
+ * y[t, :] times s; rows of n */
+void mt_cpu_moe_shared_gate_bwd(float *dz, float *x, float *y, const float *z, int T, int n);
 /* E * sum_e c_e p_e over the L rows of stats (L, 2E): the load-balancing loss times N^2 */
 double mt_cpu_moe_aux_sum(const float *stats, int L, int E);
 

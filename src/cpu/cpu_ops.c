@@ -321,21 +321,22 @@ typedef struct {
     float *x;
     const int32_t *pos;
     const float *inv_freq;
-    int T, nh, D, inverse;
+    int T, nh, D, rd, inverse;
+    float scale;
     size_t nt;
 } rope_args;
 
 static void rope_task(void *ctx, size_t task, int thread)
 {
     const rope_args *a = ctx;
-    const int half = a->D / 2;
+    const int half = a->rd / 2;
     size_t lo, hi;
     mt_split_range((size_t)a->T, a->nt, task, 1, &lo, &hi);
     for (size_t t = lo; t < hi; t++) {
         float *xt = a->x + t * a->nh * a->D; /* (nh, D) */
         for (int i = 0; i < half; i++) {
             const float ang = (float)a->pos[t] * a->inv_freq[i];
-            const float c = cosf(ang), s = a->inverse ? -sinf(ang) : sinf(ang);
+            const float c = cosf(ang) * a->scale, s = (a->inverse ? -sinf(ang) : sinf(ang)) * a->scale;
             for (int h = 0; h < a->nh; h++) {
                 float *xh = xt + (size_t)h * a->D;
                 const float x0 = xh[i], x1 = xh[i + half];
@@ -346,9 +347,10 @@ static void rope_task(void *ctx, size_t task, int thread)
     }
 }
 
-void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int inverse)
+void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int rd,
+                 float scale, int inverse)
 {
-    rope_args a = {x, pos, inv_freq, T, nh, D, inverse, n_tasks(p, (size_t)T * nh * D, 1 << 14)};
+    rope_args a = {x, pos, inv_freq, T, nh, D, rd, inverse, scale, n_tasks(p, (size_t)T * nh * rd, 1 << 14)};
     mt_pool_run(p, a.nt, rope_task, &a);
 }
 

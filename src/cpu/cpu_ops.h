@@ -98,12 +98,15 @@ void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const
 
 /* ---- rotary position embedding ---------------------------------------------- */
 
-/* RoPE with Hugging Face's rotate_half convention (dimension i pairs with
- * i + D/2), in place: for i < D/2 and a = (float)pos[t] * inv_freq[i],
- *   x[i] <- x[i] cos a - x[i+D/2] sin a,   x[i+D/2] <- x[i+D/2] cos a + x[i] sin a.
- * inverse != 0 rotates by -a: the transpose, that is the backward.
- * x (T, nh, D), pos (T), inv_freq (D/2); D even. */
-void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int inverse);
+/* RoPE with Hugging Face's rotate_half convention on the first rd dimensions
+ * of each head (dimension i pairs with i + rd/2; the rest pass), in place: for
+ * i < rd/2, a = (float)pos[t] * inv_freq[i], c = cos a * scale, s = sin a * scale,
+ *   x[i] <- x[i] c - x[i+rd/2] s,   x[i+rd/2] <- x[i+rd/2] c + x[i] s.
+ * scale: 1, or yarn's and longrope's attention factor (transformers multiplies
+ * cos and sin by it). inverse != 0 rotates by -a: the transpose, that is the
+ * backward. x (T, nh, D), pos (T), inv_freq (rd/2); rd even, <= D. */
+void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int rd,
+                 float scale, int inverse);
 
 
 /* ---- attention -------------------------------------------------------------- */

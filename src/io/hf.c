@@ -72,7 +72,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
                            "supported (Mistral, Qwen2, Qwen3 and Phi-3 have sliding windows)",
                            path, W, c->max_position_embeddings, f->display_name);
         W = 0;
-    } else if (f->window == MT_WINDOW_FROM_LAYER) {
+    } else if (f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_EVEN_BELOW) {
         uint32_t use = 0;
         if ((st = get_bool(err, j, "use_sliding_window", &use, path))) return st;
         if (!use) W = 0;
@@ -83,6 +83,22 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
     }
     /* the layers that slide: from max_window_layers on, one in P attending fully */
     uint32_t P = 0, first = W ? MT_MIN(mwl, L) : L; /* first == L: no layer slides */
+    if (f->window == MT_WINDOW_EVEN_BELOW && W) {
+        /* Qwen2MoeConfig: layer i slides when i is even and below max_window_layers; of those rules only
+         * none, or every even layer (P = 2 from layer 0), is a shape mt_model_config holds */
+        const uint32_t last_even = (L - 1) & ~1u;
+        if (mwl == 0) {
+            first = L;
+        } else if (last_even < mwl) {
+            first = 0, P = L > 1 ? 2 : 0;
+        } else {
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: use_sliding_window with max_window_layers %u of %u layers: %s slides the even layers "
+                           "below it only, which is not supported (every even layer or none is: max_window_layers "
+                           ">= %u or 0)",
+                           path, mwl, L, f->display_name, last_even + 1);
+        }
+    }
     if (f->window == MT_WINDOW_PATTERN) {
         /* Gemma 2: every other layer (transformers 4 wrote no pattern); Gemma 3: sliding_window_pattern */
         P = f->window_pattern;
@@ -172,33 +188,114 @@ static mt_status gemma_from_json(mt_err err, mt_model_config *c, const mt_family
     return MT_OK;
 }
 
-/* One RoPE description (rope_scaling, or an entry of rope_parameters) into c's global fields. */
-static mt_status rope_type_from_json(mt_err err, mt_model_config *c, const cJSON *rs, const char *path)
+/* partial_rotary_factor of o (the config, or its rope_parameters) where present: only Phi-3's
+ * attention turns part of each head; the others' a factor other than 1 could not run in transformers. */
+static mt_status get_partial_rotary(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *o,
+                                    const char *path)
+{
+    float r = c->partial_rotary_factor != 0.0f ? c->partial_rotary_factor : 1.0f;
+    mt_status st = get_float(err, o, "partial_rotary_factor", &r, 0, path);
+    if (st) return st;
+    if (!(r > 0.0f && r <= 1.0f))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: partial_rotary_factor %g must be in (0, 1]", path, (double)r);
+    if (r != 1.0f && !(f->flags & MT_FAMILY_PHI3_ROPE))
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: partial_rotary_factor %g is not supported for %s (its attention turns every dimension "
+                       "of a head; Phi-3's may turn part)",
+                       path, (double)r, f->display_name);
+    c->partial_rotary_factor = r == 1.0f ? 0.0f : r;
+    return MT_OK;
+}
+
+/* A list of n positive numbers (longrope's factors) into out[n]: FORMAT where it is not one. */
+static mt_status get_factors(mt_err err, const cJSON *o, const char *key, float *out, uint32_t n, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return mt_fail(err, MT_ERR_FORMAT, "%s: longrope lacks \"%s\"", path, key);
+    if (!cJSON_IsArray(v) || (uint32_t)cJSON_GetArraySize(v) != n)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be a list of %u numbers (one per pair of rotary dimensions)",
+                       path, key, n);
+    uint32_t i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0.0) || !isfinite(e->valuedouble))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: %s[%u] must be a positive number", path, key, i);
+        out[i] = (float)e->valuedouble;
+    }
+    return MT_OK;
+}
+
+/* One RoPE description (rope_scaling, or an entry of rope_parameters) rs into c's global fields, with
+ * transformers' defaults: the pretraining length (llama3, yarn, longrope) is a top-level
+ * original_max_position_embeddings where the config has one (Phi3Config always: 4096 by default),
+ * else rs's, else max_position_embeddings; yarn's and longrope's factor, where null, the ratio of the
+ * two lengths. c's max_position_embeddings and partial_rotary_factor are read already. */
+static mt_status rope_type_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                                     const cJSON *rs, const char *path)
 {
     mt_status st;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t))
         return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" has no \"rope_type\" (or \"type\")", path);
-    if (!strcmp(t->valuestring, "longrope"))
-        return mt_fail(err, MT_ERR_UNSUPPORTED,
-                       "%s: rope_scaling type longrope (Phi-3's 128k-context checkpoints) is not supported: it "
-                       "rescales each frequency by one of two factor lists, chosen by the sequence length, which "
-                       "this library does not implement (the 4k-context checkpoints have rope_scaling null)",
-                       path);
-    if (!strcmp(t->valuestring, "llama3")) {
+    const char *type = t->valuestring;
+    /* Phi3Config reads its su and yarn as longrope, and knows no other scaling */
+    if ((f->flags & MT_FAMILY_PHI3_ROPE) && (!strcmp(type, "su") || !strcmp(type, "yarn"))) type = "longrope";
+    if ((f->flags & MT_FAMILY_PHI3_ROPE) && strcmp(type, "default") != 0 && strcmp(type, "longrope") != 0)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: rope_scaling type %s: %s has only the default and longrope",
+                       path, type, f->display_name);
+    const int scaled = !strcmp(type, "llama3") || !strcmp(type, "yarn") || !strcmp(type, "longrope");
+    if (scaled) {
+        uint32_t orig = c->max_position_embeddings;
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(j, "original_max_position_embeddings");
+        if ((f->flags & MT_FAMILY_PHI3_ROPE) && !top) orig = 4096; /* Phi3Config's default */
+        else if ((st = get_u32(err, rs, "original_max_position_embeddings", &orig, 0, path))) return st;
+        if (top && (st = get_u32(err, j, "original_max_position_embeddings", &orig, 0, path))) return st;
+        if (orig == 0) return mt_fail(err, MT_ERR_FORMAT, "%s: original_max_position_embeddings is 0", path);
+        c->rope_original_max_position = orig;
+    }
+    const float ratio = (float)((double)c->max_position_embeddings / (double)c->rope_original_max_position);
+    if (!strcmp(type, "llama3")) {
         c->rope_scaling = MT_ROPE_SCALING_LLAMA3;
         if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path)) ||
             (st = get_float(err, rs, "low_freq_factor", &c->rope_low_freq_factor, 1, path)) ||
-            (st = get_float(err, rs, "high_freq_factor", &c->rope_high_freq_factor, 1, path)) ||
-            (st = get_u32(err, rs, "original_max_position_embeddings", &c->rope_original_max_position, 1, path)))
+            (st = get_float(err, rs, "high_freq_factor", &c->rope_high_freq_factor, 1, path)))
             return st;
-    } else if (!strcmp(t->valuestring, "linear")) {
+    } else if (!strcmp(type, "linear")) {
         c->rope_scaling = MT_ROPE_SCALING_LINEAR;
         if ((st = get_float(err, rs, "factor", &c->rope_factor, 1, path))) return st;
-    } else if (strcmp(t->valuestring, "default") != 0) {
-        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: rope_scaling type %s is not supported (llama3 and linear are)",
-                       path, t->valuestring);
+    } else if (!strcmp(type, "yarn")) {
+        c->rope_scaling = MT_ROPE_SCALING_YARN;
+        if (!cJSON_HasObjectItem(rs, "factor")) /* _compute_yarn_parameters indexes it */
+            return mt_fail(err, MT_ERR_FORMAT, "%s: yarn rope_scaling lacks \"factor\"", path);
+        c->rope_factor = ratio;
+        uint32_t truncate = 1;
+        if ((st = get_float(err, rs, "factor", &c->rope_factor, 0, path)) ||
+            (st = get_float(err, rs, "attention_factor", &c->rope_attention_factor, 0, path)) ||
+            (st = get_float(err, rs, "beta_fast", &c->rope_beta_fast, 0, path)) ||
+            (st = get_float(err, rs, "beta_slow", &c->rope_beta_slow, 0, path)) ||
+            (st = get_float(err, rs, "mscale", &c->rope_mscale, 0, path)) ||
+            (st = get_float(err, rs, "mscale_all_dim", &c->rope_mscale_all_dim, 0, path)) ||
+            (st = get_bool(err, rs, "truncate", &truncate, path)))
+            return st;
+        c->rope_no_truncate = !truncate;
+    } else if (!strcmp(type, "longrope")) {
+        c->rope_scaling = MT_ROPE_SCALING_LONGROPE;
+        mt_model_config shape = *c; /* head_dim as mt_config_import resolves it */
+        if (!shape.head_dim && shape.num_attention_heads) shape.head_dim = shape.hidden_size / shape.num_attention_heads;
+        const uint32_t n = mt_config_rotary_dims(&shape) / 2;
+        if (n > 128)
+            return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: longrope over %u rotary dimensions: at most 256 are supported",
+                           path, 2 * n);
+        c->rope_factor = ratio;
+        c->rope_n_factors = n;
+        if ((st = get_float(err, rs, "factor", &c->rope_factor, 0, path)) ||
+            (st = get_float(err, rs, "attention_factor", &c->rope_attention_factor, 0, path)) ||
+            (st = get_factors(err, rs, "short_factor", c->rope_short_factor, n, path)) ||
+            (st = get_factors(err, rs, "long_factor", c->rope_long_factor, n, path)))
+            return st;
+    } else if (strcmp(type, "default") != 0) {
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: rope_scaling type %s is not supported (llama3, linear, yarn and longrope are)", path, type);
     }
     return MT_OK;
 }
@@ -263,12 +360,19 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
                        path, f->display_name);
     if (c->decoder_sparse_step == 0)
         return mt_fail(err, MT_ERR_FORMAT, "%s: decoder_sparse_step must be at least 1", path);
-    /* shared experts are Qwen2-MoE's: refuse a config that asks for them */
-    uint32_t shared = 0;
+    /* a shared expert: the family's (Qwen2-MoE, always gated), or refused where the family has none */
+    uint32_t shared = f->shared_ffn;
     if ((st = get_u32(err, j, "shared_expert_intermediate_size", &shared, 0, path))) return st;
-    if (shared)
+    if (!f->shared_block && shared)
         return mt_fail(err, MT_ERR_UNSUPPORTED,
-                       "%s: shared_expert_intermediate_size %u: shared experts are not supported", path, shared);
+                       "%s: shared_expert_intermediate_size %u: %s has no shared expert (Qwen2-MoE has)", path, shared,
+                       f->display_name);
+    if (f->shared_block && !shared)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: shared_expert_intermediate_size 0 (a %s without its shared expert) is not supported",
+                       path, f->display_name);
+    c->shared_expert_intermediate_size = shared;
+    c->shared_expert_gate = f->shared_gate != NULL && shared;
     const cJSON *ml = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
     if (ml && !cJSON_IsNull(ml)) {
         if (!cJSON_IsArray(ml)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list", path);
@@ -375,6 +479,9 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     c->attention_bias = 0;
     if (f->flags & MT_FAMILY_BIAS) {
         c->attention_bias = 1; /* Qwen2 always has q/k/v biases */
+    } else if (f->bias_key) { /* Qwen2-MoE's qkv_bias, true by default */
+        c->attention_bias = 1;
+        if ((st = get_bool(err, j, f->bias_key, &c->attention_bias, path))) return st;
     } else if ((st = get_bool(err, j, "attention_bias", &c->attention_bias, path))) {
         return st;
     }
@@ -396,13 +503,9 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     if ((st = sliding_window_from_json(err, c, f, j, path))) return st;
     if (f->moe != MT_MOE_NONE && (st = moe_from_json(err, c, f, j, path))) return st;
 
-    /* RoPE on part of each head (Phi-4-mini's 0.75) */
-    float rotary = 1.0f;
-    if ((st = get_float(err, j, "partial_rotary_factor", &rotary, 0, path))) return st;
-    if (rotary != 1.0f)
-        return mt_fail(err, MT_ERR_UNSUPPORTED,
-                       "%s: partial_rotary_factor %g is not supported (RoPE turns every dimension of a head)", path,
-                       (double)rotary);
+    /* RoPE on part of each head (Phi-4-mini's 0.75): top-level, or in rope_parameters (below) */
+    c->partial_rotary_factor = 0.0f;
+    if ((st = get_partial_rotary(err, c, f, j, path))) return st;
 
     /* rope scaling: "rope_scaling" (transformers 4), or "rope_parameters",
      * which transformers 5 writes instead of both rope_theta and rope_scaling */
@@ -424,7 +527,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
             mt_model_config lc = *c;
             lc.rope_theta = c->rope_local_base_freq;
             if ((st = get_float(err, local, "rope_theta", &lc.rope_theta, 0, path)) ||
-                (st = rope_type_from_json(err, &lc, local, path)))
+                (st = rope_type_from_json(err, &lc, f, j, local, path)))
                 return st;
             if (lc.rope_scaling != MT_ROPE_SCALING_NONE)
                 return mt_fail(err, MT_ERR_UNSUPPORTED,
@@ -434,12 +537,14 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
             c->rope_local_base_freq = lc.rope_theta;
         }
         if (cJSON_IsObject(full)) rp = full;
-        if ((st = get_float(err, rp, "rope_theta", &c->rope_theta, 0, path))) return st;
+        if ((st = get_float(err, rp, "rope_theta", &c->rope_theta, 0, path)) ||
+            (st = get_partial_rotary(err, c, f, rp, path)))
+            return st;
         if (!rs || cJSON_IsNull(rs)) rs = rp; /* rope_type default | llama3 | linear with their fields */
     }
     if (rs && !cJSON_IsNull(rs)) {
         if (!cJSON_IsObject(rs)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
-        if ((st = rope_type_from_json(err, c, rs, path))) return st;
+        if ((st = rope_type_from_json(err, c, f, j, rs, path))) return st;
     }
     return MT_OK;
 }
@@ -570,10 +675,38 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "linear");
         cJSON_AddItemToObject(rs, "factor", float_number(c->rope_factor));
+    } else if (c->rope_scaling == MT_ROPE_SCALING_YARN || c->rope_scaling == MT_ROPE_SCALING_LONGROPE) {
+        const int yarn = c->rope_scaling == MT_ROPE_SCALING_YARN;
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", yarn ? "yarn" : "longrope");
+        cJSON_AddItemToObject(rs, "factor", float_number(c->rope_factor));
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_position);
+        /* the settings a config gave (0: the default, left to the reader as it was) */
+        const float v[5] = {c->rope_attention_factor, c->rope_beta_fast, c->rope_beta_slow, c->rope_mscale,
+                            c->rope_mscale_all_dim};
+        static const char *const keys[5] = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
+        for (int i = 0; i < 5; i++)
+            if (v[i] != 0.0f) cJSON_AddItemToObject(rs, keys[i], float_number(v[i]));
+        if (yarn && c->rope_no_truncate) cJSON_AddBoolToObject(rs, "truncate", 0);
+        if (!yarn) {
+            cJSON *sf = cJSON_AddArrayToObject(rs, "short_factor"), *lf = cJSON_AddArrayToObject(rs, "long_factor");
+            for (uint32_t i = 0; i < c->rope_n_factors; i++) {
+                cJSON_AddItemToArray(sf, float_number(c->rope_short_factor[i]));
+                cJSON_AddItemToArray(lf, float_number(c->rope_long_factor[i]));
+            }
+        }
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
-    if (!(f->flags & MT_FAMILY_BIAS)) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
+    if (f->flags & MT_FAMILY_PHI3_ROPE) {
+        /* Phi3Config's own keys, which take priority over rope_scaling's */
+        cJSON_AddItemToObject(j, "partial_rotary_factor",
+                              float_number(c->partial_rotary_factor != 0.0f ? c->partial_rotary_factor : 1.0f));
+        if (c->rope_scaling == MT_ROPE_SCALING_LONGROPE)
+            cJSON_AddNumberToObject(j, "original_max_position_embeddings", c->rope_original_max_position);
+    }
+    if (f->bias_key) cJSON_AddBoolToObject(j, f->bias_key, c->attention_bias != 0);
+    else if (!(f->flags & MT_FAMILY_BIAS)) cJSON_AddBoolToObject(j, "attention_bias", c->attention_bias != 0);
     if (f->flags & MT_FAMILY_GEMMA_CONFIG) {
         /* transformers' Gemma reads hidden_activation; the keys it defaults when absent, explicitly */
         cJSON_AddStringToObject(j, "hidden_activation", f->hidden_act);
@@ -593,9 +726,12 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON_AddStringToObject(j, "hidden_act", f->hidden_act);
     }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (f->window == MT_WINDOW_FROM_LAYER) {
+    if (f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_EVEN_BELOW) {
         cJSON_AddBoolToObject(j, "use_sliding_window", c->sliding_window != 0);
-        if (c->sliding_window) cJSON_AddNumberToObject(j, "max_window_layers", c->max_window_layers);
+        /* Qwen2-MoE's rule slides the even layers below it: all of them */
+        if (c->sliding_window)
+            cJSON_AddNumberToObject(j, "max_window_layers",
+                                    f->window == MT_WINDOW_EVEN_BELOW ? c->num_hidden_layers : c->max_window_layers);
     }
     if (c->sliding_window) {
         cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
@@ -614,6 +750,8 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
         cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
         cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob != 0);
+        if (f->shared_block)
+            cJSON_AddNumberToObject(j, "shared_expert_intermediate_size", c->shared_expert_intermediate_size);
         cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step ? c->decoder_sparse_step : 1);
         cJSON *ml = cJSON_AddArrayToObject(j, "mlp_only_layers");
         for (int l = 0; l < (int)MT_MIN(c->num_hidden_layers, 256u); l++)

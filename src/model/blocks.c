@@ -8,7 +8,8 @@
 int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
 {
     const uint64_t T = (uint64_t)d->T, C = (uint64_t)d->C, Q = (uint64_t)d->Q, KV = (uint64_t)d->KV;
-    const uint64_t FT = (uint64_t)d->FT * (uint64_t)d->F, chunk = (uint64_t)d->chunk * (uint64_t)d->V;
+    /* the MLP's pieces; a shared expert's run in the same buffers */
+    const uint64_t FT = (uint64_t)d->FT * (uint64_t)MT_MAX(d->F, d->FS), chunk = (uint64_t)d->chunk * (uint64_t)d->V;
     /* the logits buffer also takes head_logits' n_seq rows */
     const uint64_t logits = (uint64_t)MT_MAX(d->chunk, d->n_seq) * (uint64_t)d->V;
     int k = 0;
@@ -158,33 +159,49 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
     k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps, d->norm_offset);
 }
 
-void mt_block_mlp_up(const mt_exec *x, void *const *w, int t0, int n)
+const mt_mlp_roles MT_MLP_DENSE = {MT_T_GATE, MT_T_UP, MT_T_DOWN};
+const mt_mlp_roles MT_MLP_SHARED = {MT_T_SH_GATE, MT_T_SH_UP, MT_T_SH_DOWN};
+
+void mt_block_mlp_up_of(const mt_exec *x, void *const *w, const mt_mlp_roles *m, int F, int t0, int n)
 {
     const mt_kernels *k = x->k;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
     const void *xn = mt_at(d, b->xn2, (size_t)t0 * d->C);
-    k->linear(x->kc, b->g, 0, xn, w[MT_T_GATE], NULL, n, d->C, d->F, 0);
-    k->linear(x->kc, b->u, 0, xn, w[MT_T_UP], NULL, n, d->C, d->F, 0);
-    k->glu(x->kc, b->a, b->g, b->u, (size_t)n * d->F, d->glu_act);
+    k->linear(x->kc, b->g, 0, xn, w[m->gate], NULL, n, d->C, F, 0);
+    k->linear(x->kc, b->u, 0, xn, w[m->up], NULL, n, d->C, F, 0);
+    k->glu(x->kc, b->a, b->g, b->u, (size_t)n * F, d->glu_act);
 }
 
-void mt_block_mlp_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *dyp, int t0, int n)
+void mt_block_mlp_bwd_of(const mt_exec *x, void *const *w, float *const *gw, const mt_mlp_roles *m, int F,
+                         const void *dyp, int t0, int n, const float *gate_z, float *gate_dz, int accumulate)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int C = d->C, F = d->F;
+    const int C = d->C;
     const void *xn = mt_at(d, b->xn2, (size_t)t0 * C);
     float *dxn = b->dxn + (size_t)t0 * C;
-    k->linear_dx(kc, b->da, 0, dyp, w[MT_T_DOWN], n, F, C, 0);
-    k->linear_dw(kc, gw[MT_T_DOWN], NULL, dyp, b->a, n, F, C);
+    k->linear_dx(kc, b->da, 0, dyp, w[m->down], n, F, C, 0);
+    /* out += s * (a Wd^T): the gate's gradient dot(dy Wd, a) s (1 - s), then da and a times s */
+    if (gate_z) k->moe_shared_gate_bwd(kc, gate_dz + t0, b->da, b->a, gate_z + t0, n, F);
+    k->linear_dw(kc, gw[m->down], NULL, dyp, b->a, n, F, C);
     k->glu_bwd(kc, b->dg, b->du, b->da, b->g, b->u, (size_t)n * F, d->glu_act);
-    k->linear_dx(kc, dxn, 1, b->dg, w[MT_T_GATE], n, C, F, 0);
-    k->linear_dx(kc, dxn, 1, b->du, w[MT_T_UP], n, C, F, 1);
-    k->linear_dw(kc, gw[MT_T_GATE], NULL, b->dg, xn, n, C, F);
-    k->linear_dw(kc, gw[MT_T_UP], NULL, b->du, xn, n, C, F);
+    k->linear_dx(kc, dxn, 1, b->dg, w[m->gate], n, C, F, accumulate);
+    k->linear_dx(kc, dxn, 1, b->du, w[m->up], n, C, F, 1);
+    k->linear_dw(kc, gw[m->gate], NULL, b->dg, xn, n, C, F);
+    k->linear_dw(kc, gw[m->up], NULL, b->du, xn, n, C, F);
+}
+
+void mt_block_mlp_up(const mt_exec *x, void *const *w, int t0, int n)
+{
+    mt_block_mlp_up_of(x, w, &MT_MLP_DENSE, x->d->F, t0, n);
+}
+
+void mt_block_mlp_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *dyp, int t0, int n)
+{
+    mt_block_mlp_bwd_of(x, w, gw, &MT_MLP_DENSE, x->d->F, dyp, t0, n, NULL, NULL, 0);
 }
 
 void mt_block_head(const mt_exec *x, void *const *w, const void *lm, float *const *gw, float *glm, const void *in,

@@ -35,6 +35,20 @@ void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int re
 void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *in, const void *dya,
                             float *dy, const mt_layer_acts *a);
 
+/* The roles of a gated MLP's three matrices: the dense layer's, or a shared expert's. */
+typedef struct mt_mlp_roles {
+    mt_tensor_role gate, up, down;
+} mt_mlp_roles;
+extern const mt_mlp_roles MT_MLP_DENSE, MT_MLP_SHARED;
+
+/* mt_block_mlp_up and _bwd for the MLP of roles m and width F. The backward of an output scaled by
+ * sigmoid(gate_z) (a shared expert's gate; NULL: none) also writes the gradient of gate_z's rows
+ * t0 .. t0 + n into gate_dz; accumulate: add the input gradient to dxn's rows rather than
+ * overwrite them. */
+void mt_block_mlp_up_of(const mt_exec *x, void *const *w, const mt_mlp_roles *m, int F, int t0, int n);
+void mt_block_mlp_bwd_of(const mt_exec *x, void *const *w, float *const *gw, const mt_mlp_roles *m, int F,
+                         const void *dyp, int t0, int n, const float *gate_z, float *gate_dz, int accumulate);
+
 /* g, u and a = act(g) * u for the n tokens from t0 of xn2: one MLP piece. */
 void mt_block_mlp_up(const mt_exec *x, void *const *w, int t0, int n);
 

@@ -53,7 +53,7 @@ static mt_status moe_fields_check(mt_err err, const mt_model_config *c, const mt
 {
     const int any = c->num_experts || c->num_experts_per_tok || c->moe_intermediate_size || c->norm_topk_prob ||
                     c->decoder_sparse_step || c->output_router_logits || c->router_aux_loss_coef != 0.0f ||
-                    any_dense_layer(c);
+                    any_dense_layer(c) || c->shared_expert_intermediate_size || c->shared_expert_gate;
     if (f->moe == MT_MOE_NONE) {
         if (any)
             return BAD("num_experts and the other mixture-of-experts fields must be 0 for architecture %u (Qwen3-MoE "
@@ -75,11 +75,91 @@ static mt_status moe_fields_check(mt_err err, const mt_model_config *c, const mt
     for (uint32_t l = c->num_hidden_layers; l < 256; l++)
         if (c->mlp_only_layers[l / 64] >> (l % 64) & 1)
             return BAD("mlp_only_layers names layer %u of a model of %u layers", l, c->num_hidden_layers);
+    if (!f->shared_block && (c->shared_expert_intermediate_size || c->shared_expert_gate))
+        return BAD("shared_expert_intermediate_size %u and shared_expert_gate %u must be 0: %s has no shared expert",
+                   c->shared_expert_intermediate_size, c->shared_expert_gate, f->display_name);
+    if (c->shared_expert_intermediate_size > 8 * MAX_HIDDEN)
+        return BAD("shared_expert_intermediate_size %u is more than %u", c->shared_expert_intermediate_size,
+                   8 * MAX_HIDDEN);
+    /* transformers builds the gated shared expert of such a family whatever the config says */
+    if (f->shared_gate && (!c->shared_expert_intermediate_size || !c->shared_expert_gate))
+        return BAD("%s has a gated shared expert in every sparse layer: shared_expert_intermediate_size must be "
+                   "positive and shared_expert_gate 1 (got %u, %u)",
+                   f->display_name, c->shared_expert_intermediate_size, c->shared_expert_gate);
+    if (!f->shared_gate && c->shared_expert_gate)
+        return BAD("shared_expert_gate: %s's shared expert has no gate", f->display_name);
     /* MixtralConfig has no key for either: a config.json could not say otherwise */
     if (f->moe == MT_MOE_MIXTRAL && (!c->norm_topk_prob || c->decoder_sparse_step > 1 || any_dense_layer(c)))
         return BAD("%s renormalises its top-k weights and has experts in every layer: norm_topk_prob must be 1, "
                    "decoder_sparse_step 0 or 1 and mlp_only_layers empty",
                    f->display_name);
+    return MT_OK;
+}
+
+/* Every float of the n that is finite and positive. */
+static int all_positive(const float *v, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!(isfinite(v[i]) && v[i] > 0.0f)) return 0;
+    return 1;
+}
+
+static mt_status rope_fields_check(mt_err err, const mt_model_config *c, const mt_family *f)
+{
+    const uint32_t s = c->rope_scaling;
+    if (s > MT_ROPE_SCALING_LONGROPE) return BAD("rope_scaling %u is not an mt_rope_scaling value", s);
+    if (s == MT_ROPE_SCALING_LLAMA3 &&
+        (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
+         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position == 0))
+        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_position > 0 (got %g, %g, %g, %u)",
+                   (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
+                   c->rope_original_max_position);
+    if (s == MT_ROPE_SCALING_LINEAR && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
+        return BAD("linear rope scaling needs a finite factor >= 1 (got %g)", (double)c->rope_factor);
+    if ((s == MT_ROPE_SCALING_YARN || s == MT_ROPE_SCALING_LONGROPE) &&
+        (!(c->rope_factor > 0.0f && isfinite(c->rope_factor)) || c->rope_original_max_position == 0))
+        return BAD("%s rope scaling needs a positive finite factor and original_max_position > 0 (got %g, %u)",
+                   s == MT_ROPE_SCALING_YARN ? "yarn" : "longrope", (double)c->rope_factor,
+                   c->rope_original_max_position);
+    if (!unset_or_above(c->partial_rotary_factor, 0.0f) || c->partial_rotary_factor > 1.0f)
+        return BAD("partial_rotary_factor %g must be 0 (all of each head) or in (0, 1]",
+                   (double)c->partial_rotary_factor);
+    if (c->partial_rotary_factor != 0.0f && c->partial_rotary_factor != 1.0f) {
+        if (!(f->flags & MT_FAMILY_PHI3_ROPE))
+            return BAD("partial_rotary_factor %g: %s turns every dimension of a head (Phi-3 may turn part)",
+                       (double)c->partial_rotary_factor, f->display_name);
+        const uint32_t rd = mt_config_rotary_dims(c);
+        if (rd < 2 || rd % 2)
+            return BAD("partial_rotary_factor %g turns %u of head_dim %u dimensions: it must be a positive even "
+                       "number",
+                       (double)c->partial_rotary_factor, rd, c->head_dim);
+    }
+    const float *yarn[5] = {&c->rope_attention_factor, &c->rope_beta_fast, &c->rope_beta_slow, &c->rope_mscale,
+                            &c->rope_mscale_all_dim};
+    static const char *const yarn_names[5] = {"rope_attention_factor", "rope_beta_fast", "rope_beta_slow",
+                                              "rope_mscale", "rope_mscale_all_dim"};
+    for (int i = 0; i < 5; i++) {
+        if (!unset_or_above(*yarn[i], 0.0f))
+            return BAD("%s %g must be 0 (the default) or a positive finite number", yarn_names[i], (double)*yarn[i]);
+        /* the attention factor is yarn's and longrope's; the others yarn's alone */
+        if (*yarn[i] != 0.0f && s != MT_ROPE_SCALING_YARN && (i || s != MT_ROPE_SCALING_LONGROPE))
+            return BAD("%s is a setting of %s rope scaling: it must be 0 for rope_scaling %u", yarn_names[i],
+                       i ? "yarn" : "yarn or longrope", s);
+    }
+    if (c->rope_no_truncate && s != MT_ROPE_SCALING_YARN)
+        return BAD("rope_no_truncate is a setting of yarn rope scaling: it must be 0 for rope_scaling %u", s);
+    const uint32_t n = s == MT_ROPE_SCALING_LONGROPE ? mt_config_rotary_dims(c) / 2 : 0;
+    if (s == MT_ROPE_SCALING_LONGROPE && n > 128)
+        return BAD("longrope with %u rotary dimensions: at most 256 are supported (128 factors)", 2 * n);
+    if (c->rope_n_factors != n)
+        return BAD("rope_n_factors %u: %s", c->rope_n_factors,
+                   n ? "longrope has one short and one long factor per pair of rotary dimensions" : "only longrope has factors");
+    if (!all_positive(c->rope_short_factor, n) || !all_positive(c->rope_long_factor, n))
+        return BAD("longrope's short and long factors must be positive finite numbers");
+    for (uint32_t i = n; i < 128; i++)
+        if (c->rope_short_factor[i] != 0.0f || c->rope_long_factor[i] != 0.0f)
+            return BAD("rope_short_factor and rope_long_factor must be 0 past their rope_n_factors %u entries", n);
     return MT_OK;
 }
 
@@ -98,6 +178,11 @@ static mt_status window_fields_check(mt_err err, const mt_model_config *c, const
     if (f->window == MT_WINDOW_EVERY_LAYER && (c->sliding_window_pattern || c->max_window_layers))
         return BAD("%s slides every layer: sliding_window_pattern %u and max_window_layers %u must be 0",
                    f->display_name, c->sliding_window_pattern, c->max_window_layers);
+    /* Qwen2MoeConfig's rule (every even layer below max_window_layers) holds no other shape */
+    if (f->window == MT_WINDOW_EVEN_BELOW && (c->max_window_layers || (c->num_hidden_layers > 1 && c->sliding_window_pattern != 2)))
+        return BAD("%s slides every even layer or none: max_window_layers must be 0 and sliding_window_pattern 2 "
+                   "(got %u, %u)",
+                   f->display_name, c->max_window_layers, c->sliding_window_pattern);
     if (c->sliding_window_pattern == 1 || c->sliding_window_pattern > c->num_hidden_layers)
         return BAD("sliding_window_pattern %u must be 0 or between 2 and num_hidden_layers %u",
                    c->sliding_window_pattern, c->num_hidden_layers);
@@ -142,17 +227,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
         return BAD("rms_norm_eps %g must be a positive finite number", (double)c->rms_norm_eps);
     if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
         return BAD("rope_theta %g must be a finite number above 1", (double)c->rope_theta);
-    if (c->rope_scaling > MT_ROPE_SCALING_LINEAR)
-        return BAD("rope_scaling %u is not an mt_rope_scaling value", c->rope_scaling);
-    if (c->rope_scaling == MT_ROPE_SCALING_LLAMA3 &&
-        (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
-         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position == 0))
-        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
-                   "original_max_position > 0 (got %g, %g, %g, %u)",
-                   (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
-                   c->rope_original_max_position);
-    if (c->rope_scaling == MT_ROPE_SCALING_LINEAR && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
-        return BAD("linear rope scaling needs a finite factor >= 1 (got %g)", (double)c->rope_factor);
+    if ((st = rope_fields_check(err, c, f))) return st;
     if (!(c->initializer_range >= 0.0f) || !isfinite(c->initializer_range))
         return BAD("initializer_range %g must be finite and >= 0", (double)c->initializer_range);
     if (c->reserved0) return BAD("mt_model_config.reserved0 must be zero");
@@ -184,6 +259,8 @@ const char *mt_config_field_group(size_t byte)
         size_t from;
         const char *what;
     } groups[] = { /* the fields appended since 0.1, by the first of each group */
+        {offsetof(mt_model_config, partial_rotary_factor), "partial rotary, YaRN and LongRoPE"},
+        {offsetof(mt_model_config, shared_expert_intermediate_size), "the shared expert"},
         {offsetof(mt_model_config, pad_token_id), "the padding row"},
         {offsetof(mt_model_config, num_experts), "mixture of experts"},
         {offsetof(mt_model_config, query_pre_attn_scalar), "Gemma's settings"},

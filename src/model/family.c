@@ -46,7 +46,8 @@ static const mt_family FAMILIES[] = {
     {
         .arch = MT_ARCH_PHI3, .name = "phi3", .display_name = "Phi-3", .architecture = "Phi3ForCausalLM",
         .model_type = "phi3", .particular = "fused qkv, gate_up", LLAMA_TEMPLATE, LLAMA_DEFAULTS,
-        .flags = MT_FAMILY_FUSED | MT_FAMILY_NULL_TOKEN_IDS | MT_FAMILY_CLASS_PAD, .class_pad = 32000,
+        .flags = MT_FAMILY_FUSED | MT_FAMILY_NULL_TOKEN_IDS | MT_FAMILY_CLASS_PAD | MT_FAMILY_PHI3_ROPE,
+        .class_pad = 32000,
         .window = MT_WINDOW_EVERY_LAYER,
         .example = "Phi-4", .example_shape = {100352, 5120, 17920, 40, 40, 10, 0, 0, 0, 0, 0, 0},
     },
@@ -73,7 +74,7 @@ static const mt_family FAMILIES[] = {
         MOE_TEMPLATE, LLAMA_DEFAULTS, .flags = MT_FAMILY_QK_NORM, .window = MT_WINDOW_FROM_LAYER, .max_window_layers = 28,
         .moe = MT_MOE_QWEN3, .experts = 128, .experts_per_tok = 8, .expert_ffn = 768, .moe_block = "mlp",
         .expert_names = {"gate_proj", "up_proj", "down_proj"},
-        .example = "Qwen3-30B-A3B", .example_shape = {151936, 2048, 6144, 48, 32, 4, 128, 0, 0, 128, 8, 768},
+        .example = "Qwen3-30B-A3B", .example_shape = {151936, 2048, 6144, 48, 32, 4, 128, 0, 0, 128, 8, 768, 1, 0},
     },
     {
         .arch = MT_ARCH_MIXTRAL, .name = "mixtral", .display_name = "Mixtral", .architecture = "MixtralForCausalLM",
@@ -81,7 +82,17 @@ static const mt_family FAMILIES[] = {
         .window = MT_WINDOW_EVERY_LAYER,
         .moe = MT_MOE_MIXTRAL, .experts = 8, .experts_per_tok = 2, .moe_block = "block_sparse_moe",
         .expert_names = {"w1", "w3", "w2"}, /* w1 the gate, w3 the up, w2 the down projection */
-        .example = "Mixtral-8x7B", .example_shape = {32000, 4096, 14336, 32, 32, 8, 0, 0, 0, 8, 2, 14336},
+        .example = "Mixtral-8x7B", .example_shape = {32000, 4096, 14336, 32, 32, 8, 0, 0, 0, 8, 2, 14336, 1, 0},
+    },
+    {
+        .arch = MT_ARCH_QWEN2_MOE, .name = "qwen2_moe", .display_name = "Qwen2-MoE",
+        .architecture = "Qwen2MoeForCausalLM", .model_type = "qwen2_moe", .particular = "gated shared expert",
+        MOE_TEMPLATE, LLAMA_DEFAULTS, .bias_key = "qkv_bias", .window = MT_WINDOW_EVEN_BELOW, .max_window_layers = 28,
+        .moe = MT_MOE_QWEN3, .experts = 60, .experts_per_tok = 4, .expert_ffn = 1408, .moe_block = "mlp",
+        .expert_names = {"gate_proj", "up_proj", "down_proj"},
+        .shared_block = "shared_expert", .shared_ffn = 5632, .shared_gate = "shared_expert_gate",
+        .example = "Qwen1.5-MoE-A2.7B",
+        .example_shape = {151936, 2048, 5632, 24, 16, 16, 0, 0, 0, 60, 4, 1408, 0, 5632},
     },
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
@@ -159,10 +170,11 @@ mt_status mt_family_example(mt_model_config *cfg, uint32_t arch)
     c.arch = (uint32_t)f->arch, c.vocab_size = s->vocab, c.hidden_size = s->hidden, c.intermediate_size = s->ffn;
     c.num_hidden_layers = s->layers, c.num_attention_heads = s->heads, c.num_key_value_heads = s->kv_heads;
     c.head_dim = s->head_dim, c.sliding_window = s->window, c.tie_word_embeddings = s->tied;
-    c.attention_bias = (f->flags & MT_FAMILY_BIAS) != 0;
+    c.attention_bias = (f->flags & MT_FAMILY_BIAS) || f->bias_key;
     if (s->experts) {
         c.num_experts = s->experts, c.num_experts_per_tok = s->experts_per_tok;
-        c.moe_intermediate_size = s->expert_ffn, c.norm_topk_prob = 1;
+        c.moe_intermediate_size = s->expert_ffn, c.norm_topk_prob = s->norm_topk;
+        c.shared_expert_intermediate_size = s->shared_ffn, c.shared_expert_gate = s->shared_ffn && f->shared_gate;
     }
     uint32_t caller_size;
     memcpy(&caller_size, cfg, sizeof caller_size);

@@ -31,6 +31,8 @@ enum {
                                      * has none: the config class's defaults are another model's (Phi-3) */
     MT_FAMILY_CLASS_PAD = 1u << 8,  /* the config class's pad_token_id, where config.json has none, is
                                      * class_pad (Gemma's 0, Phi3Config's 32000), not None */
+    MT_FAMILY_PHI3_ROPE = 1u << 9,  /* Phi3Config's RoPE: partial_rotary_factor, a top-level
+                                     * original_max_position_embeddings, rope types su and yarn read as longrope */
 };
 
 /* Which layers slide, and how config.json says so. */
@@ -39,6 +41,8 @@ typedef enum mt_window_kind {
     MT_WINDOW_EVERY_LAYER = 1, /* sliding_window on every layer; no pattern (Mistral, Phi-3, Mixtral) */
     MT_WINDOW_FROM_LAYER = 2,  /* use_sliding_window: the layers from max_window_layers on (Qwen2, Qwen3) */
     MT_WINDOW_PATTERN = 3,     /* one layer in sliding_window_pattern attends fully (Gemma) */
+    MT_WINDOW_EVEN_BELOW = 4,  /* use_sliding_window: the even layers below max_window_layers (Qwen2-MoE's
+                                * Qwen2MoeConfig, unlike Qwen2's) */
 } mt_window_kind;
 
 /* How config.json describes the experts, which also says what the layout
@@ -52,12 +56,13 @@ typedef enum mt_moe_format {
      * renormalised, router_jitter_noise (refused unless 0) */
     MT_MOE_MIXTRAL = 2,
 } mt_moe_format;
+/* Qwen2MoeConfig's keys are Qwen3MoeConfig's and shared_expert_intermediate_size (mt_family.shared_block). */
 
 /* The shape of a checkpoint people fine-tune, for `megatrain plan --families`
  * (mt_family_example): the fields the layout and the plan read. */
 typedef struct mt_family_shape {
     uint32_t vocab, hidden, ffn, layers, heads, kv_heads, head_dim, window, tied;
-    uint32_t experts, experts_per_tok, expert_ffn;
+    uint32_t experts, experts_per_tok, expert_ffn, norm_topk, shared_ffn;
 } mt_family_shape;
 
 typedef struct mt_family {
@@ -72,6 +77,8 @@ typedef struct mt_family {
     const struct mt_template *layer_template;
     const char *template_name;
     uint32_t flags;           /* MT_FAMILY_* */
+    const char *bias_key;     /* where config.json says whether q/k/v have biases by another key than
+                               * attention_bias, that key, whose default is true (Qwen2-MoE's qkv_bias) */
     /* norms scale by norm_offset + w: 1 where the checkpoint stores the scale minus one (Gemma), whose
      * weights then start at 0 (mt_family_norm_init) */
     float norm_offset;
@@ -93,6 +100,11 @@ typedef struct mt_family {
     uint32_t experts, experts_per_tok, expert_ffn; /* config.json defaults (expert_ffn: Qwen3-MoE only) */
     const char *moe_block;      /* the MLP's module name: "mlp", "block_sparse_moe" */
     const char *expert_names[3];/* the experts' gate, up and down projections */
+    /* a shared expert beside the routed ones (NULL: none): its module under moe_block, with the
+     * expert_names of its projections, its width's default, and its sigmoid gate's module (NULL: none) */
+    const char *shared_block;
+    uint32_t shared_ffn;
+    const char *shared_gate;
     /* the example */
     const char *example;
     mt_family_shape example_shape;

@@ -52,6 +52,17 @@ static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, const mt_
         snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, f->moe_block, f->expert_names[i]);
         add_experts(u, roles[i], n, E, i < 2 ? F : C, i < 2 ? C : F);
     }
+    /* the shared expert: Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and mlp.shared_expert_gate */
+    const uint32_t S = c->shared_expert_intermediate_size;
+    static const mt_tensor_role shared[3] = {MT_T_SH_GATE, MT_T_SH_UP, MT_T_SH_DOWN};
+    for (int i = 0; S && i < 3; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.%s.%s.%s.weight", l, f->moe_block, f->shared_block, f->expert_names[i]);
+        add_tensor(u, shared[i], n, i < 2 ? S : C, i < 2 ? C : S, 1);
+    }
+    if (S && c->shared_expert_gate) {
+        snprintf(n, sizeof n, "model.layers.%d.%s.%s.weight", l, f->moe_block, f->shared_gate);
+        add_tensor(u, MT_T_SH_SCORE, n, 1, C, 1);
+    }
 }
 
 void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e)
@@ -200,7 +211,8 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
                           (mt_config_has(c, MT_FAMILY_SANDWICH) ? 2 * C : 0);
     /* a sparse layer's MLP: the router (E, C) and E experts of three (F_e, C) matrices */
     const uint64_t E = c->num_experts, sparse = (uint64_t)mt_config_sparse_layers(c);
-    const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C;
+    const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C +
+                         3 * (uint64_t)c->shared_expert_intermediate_size * C + (c->shared_expert_gate ? C : 0);
     return V * C + (uint64_t)c->num_hidden_layers * attn + ((uint64_t)c->num_hidden_layers - sparse) * 3 * F * C +
            sparse * moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }

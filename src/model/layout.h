@@ -34,6 +34,8 @@ typedef enum mt_tensor_role {
     /* mixture of experts (Qwen3-MoE, Mixtral): the router (E, C) and the E experts' matrices, each role one
      * layout tensor of E stacked blocks (mt_tensor_desc.experts): gate and up (E*F, C), down (E*C, F) */
     MT_T_ROUTER, MT_T_EXP_GATE, MT_T_EXP_UP, MT_T_EXP_DOWN,
+    /* a shared expert (Qwen2-MoE): gate and up (S, C), down (C, S), and its sigmoid gate (1, C) */
+    MT_T_SH_GATE, MT_T_SH_UP, MT_T_SH_DOWN, MT_T_SH_SCORE,
     MT_T_ROLE_COUNT
 } mt_tensor_role;
 
@@ -54,7 +56,7 @@ typedef struct mt_tensor_desc {
     uint32_t experts;
 } mt_tensor_desc;
 
-#define MT_MAX_UNIT_TENSORS 16
+#define MT_MAX_UNIT_TENSORS 24
 
 typedef struct mt_unit_desc {
     mt_unit_kind kind;
@@ -124,6 +126,14 @@ static inline int mt_config_layer_window(const mt_model_config *c, int l, int se
 static inline int mt_config_layer_local_rope(const mt_model_config *c, int l)
 {
     return mt_config_has(c, MT_FAMILY_LOCAL_ROPE) && mt_config_layer_slides(c, l);
+}
+
+/* The dimensions of each head that RoPE turns: head_dim, or the first
+ * int(head_dim * partial_rotary_factor) (transformers' rotary dim). */
+static inline uint32_t mt_config_rotary_dims(const mt_model_config *c)
+{
+    const float f = c->partial_rotary_factor;
+    return f == 0.0f || f == 1.0f ? c->head_dim : (uint32_t)((double)c->head_dim * (double)f);
 }
 
 /* The checkpoint name of block e of t (its only name where t->experts is 0). */

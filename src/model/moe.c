@@ -1,4 +1,4 @@
-/* The mixture-of-experts template: Qwen3-MoE and Mixtral. Llama's attention
+/* The mixture-of-experts template: Qwen3-MoE, Mixtral and Qwen2-MoE. Llama's attention
  * (mt_llama_attn_forward / _backward, with Qwen3's q/k norms where the config
  * has them); on the sparse layers (mt_config_layer_sparse) a router and E
  * experts take the MLP's place, and the dense layers of a Qwen3-MoE model
@@ -8,6 +8,8 @@
  *                  p = softmax(xn2 Wr^T) in fp32          (T, E)
  *                  w, i = top-k of p (renormalised: norm_topk_prob, Mixtral always)
  *                  out = h + sum_j w_j * down_i(silu(gate_i(xn2)) * up_i(xn2))
+ *                        (+ sigmoid(xn2 Wsg^T) * down_s(silu(gate_s(xn2)) * up_s(xn2)): Qwen2-MoE's
+ *                         shared expert and its gate, d->FS and d->shared_gate)
  *
  * The experts run on the T*k routed rows sorted by expert (moe_route): each
  * token's row is gathered to its experts' rows, one GEMM per expert over its
@@ -57,6 +59,8 @@ typedef struct moe_work {
     float *rlog, *rprob, *topw, *rdw, *dxs, *drlog;
     int32_t *topi, *rrows, *rslot, *roffs;
     void *xs, *eg, *eu, *ea, *ys, *dea, *deg, *deu, *drlog_act;
+    float *sz, *dsz; /* the shared expert's gate logits (T) and their gradient */
+    void *dsz_act;
 } moe_work;
 _Static_assert(sizeof(moe_work) <= sizeof(mt_work_store), "moe_work fits mt_work_store");
 
@@ -94,6 +98,13 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(drlog, T * E, 1);
         BUF(drlog_act, T * E, 0);
     }
+    if (d->shared_gate) {
+        BUF(sz, T, 1);
+        if (want_grad) {
+            BUF(dsz, T, 1);
+            BUF(dsz_act, T, 0);
+        }
+    }
     return k;
 }
 
@@ -126,6 +137,52 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     k->glu(kc, b->ea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
 }
 
+/* The shared expert on every token, added to out piece by piece (d->FT tokens, in the MLP's buffers;
+ * the routed rows' ys, free once combined, holds a gated piece's output): Qwen2-MoE's
+ * sigmoid(xn2 Wsg^T) * down(silu(gate(xn2)) * up(xn2)). */
+static void shared_forward(const mt_exec *x, void *const *w, void *out)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const moe_work *b = W(x);
+    const int T = d->T, C = d->C;
+    if (d->shared_gate) k->linear(kc, b->sz, 1, b->base.xn2, w[MT_T_SH_SCORE], NULL, T, C, 1, 0); /* (T, 1) f32 */
+    for (int t0 = 0; t0 < T; t0 += d->FT) {
+        const int n = MT_MIN(d->FT, T - t0);
+        void *o = mt_at(d, out, (size_t)t0 * C);
+        mt_block_mlp_up_of(x, w, &MT_MLP_SHARED, d->FS, t0, n);
+        if (!d->shared_gate) {
+            k->linear(kc, o, 0, b->base.a, w[MT_T_SH_DOWN], NULL, n, d->FS, C, 1);
+            continue;
+        }
+        k->linear(kc, b->ys, 0, b->base.a, w[MT_T_SH_DOWN], NULL, n, d->FS, C, 0);
+        k->moe_shared_gate(kc, o, b->ys, b->sz + t0, n, C);
+    }
+}
+
+/* Its backward from dya (T, C) act, the gradient of the layer's output: the input gradient added to
+ * dxn, the gate's through dsz. */
+static void shared_backward(const mt_exec *x, void *const *w, float *const *gw, const void *dya)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const moe_work *b = W(x);
+    const int T = d->T, C = d->C;
+    if (d->shared_gate) k->linear(kc, b->sz, 1, b->base.xn2, w[MT_T_SH_SCORE], NULL, T, C, 1, 0);
+    for (int t0 = 0; t0 < T; t0 += d->FT) {
+        const int n = MT_MIN(d->FT, T - t0);
+        mt_block_mlp_up_of(x, w, &MT_MLP_SHARED, d->FS, t0, n);
+        mt_block_mlp_bwd_of(x, w, gw, &MT_MLP_SHARED, d->FS, mt_at(d, dya, (size_t)t0 * C), t0, n,
+                            d->shared_gate ? b->sz : NULL, b->dsz, 1);
+    }
+    if (!d->shared_gate) return;
+    const void *dz = k->as_act(kc, b->dsz_act, b->dsz, (size_t)T);
+    k->linear_dx(kc, b->base.dxn, 1, dz, w[MT_T_SH_SCORE], T, C, 1, 1);
+    k->linear_dw(kc, gw[MT_T_SH_SCORE], NULL, dz, b->base.xn2, T, C, 1);
+}
+
 static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
 {
     if (!w[MT_T_ROUTER]) { /* a dense layer */
@@ -149,6 +206,7 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     }
     k->copy(kc, out, a->h, (size_t)T * C);
     k->moe_combine(kc, out, 0, b->ys, 0, b->topw, b->rslot, T, K, C);
+    if (d->FS) shared_forward(x, w, out);
 }
 
 static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
@@ -201,6 +259,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     const void *dl = k->as_act(kc, b->drlog_act, b->drlog, (size_t)T * E);
     k->linear_dx(kc, b->base.dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
     k->linear_dw(kc, gw[MT_T_ROUTER], NULL, dl, b->base.xn2, T, C, E);
+    if (d->FS) shared_backward(x, w, gw, dya);
     mt_llama_attn_backward(x, w, gw, in, dy, a);
 }
 

@@ -50,6 +50,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
         d->norm_topk = c->norm_topk_prob != 0;
         d->n_sparse = mt_config_sparse_layers(c);
         d->aux_coef = c->output_router_logits ? c->router_aux_loss_coef : 0.0f;
+        d->FS = (int)c->shared_expert_intermediate_size, d->shared_gate = c->shared_expert_gate != 0;
     }
 }
 

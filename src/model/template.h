@@ -139,6 +139,11 @@ typedef struct mt_kernels {
     /* For the R routed rows: dw[rows[r]] = dot(x[r, :], y[r, :]) (f32), then x[r, :] and y[r, :] (act, n
      * each) multiplied by w[rows[r]] */
     void (*moe_dot_scale)(void *kc, float *dw, void *x, void *y, const float *w, const int32_t *rows, int R, int n);
+    /* The shared expert's gate (Qwen2-MoE): out[t, :] += sigmoid(z[t]) * src[t, :] for t < T, rows of C act,
+     * z f32, added in fp32 and rounded once; and its backward on rows of n act: with s = sigmoid(z[t]),
+     * dz[t] = dot(x[t, :], y[t, :]) * s * (1 - s) (f32), then x[t, :] and y[t, :] multiplied by s */
+    void (*moe_shared_gate)(void *kc, void *out, const void *src, const float *z, int T, int C);
+    void (*moe_shared_gate_bwd)(void *kc, float *dz, void *x, void *y, const float *z, int T, int n);
     /* Adds scale * E * sum_e c_e p_e to the step's loss, c_e and p_e each expert's routed rows and
      * probability sum over the L rows of stats (L, 2E) f32 */
     void (*moe_aux_loss)(void *kc, const float *stats, int L, int E, double scale);
@@ -172,6 +177,8 @@ typedef struct mt_dims {
      * backend: the loss is the mean of theirs) */
     int E, FE, topk, norm_topk, L, n_sparse, n_micro;
     float aux_coef;
+    int FS;          /* the shared expert's width beside the routed ones, 0 none */
+    int shared_gate; /* its output scaled by a sigmoid gate (Qwen2-MoE) */
 } mt_dims;
 
 /* The activation of a gated MLP: out = act(gate) * up. */
