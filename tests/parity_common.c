@@ -150,6 +150,9 @@ static mt_model_config load_config(const char *name, const char *model_dir, cons
         cr_assert_eq(c.moe_intermediate_size, (uint32_t)parity_jnum(jc, "moe_intermediate_size"),
                      "%s: moe_intermediate_size", name);
         cr_assert_eq(c.norm_topk_prob != 0, parity_jbool(jc, "norm_topk_prob"), "%s: norm_topk_prob", name);
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(jc, "shared_expert_intermediate_size");
+        cr_assert_eq(c.shared_expert_intermediate_size, cJSON_IsNumber(sh) ? (uint32_t)sh->valuedouble : 0u,
+                     "%s: shared_expert_intermediate_size", name);
         cr_assert_eq(c.output_router_logits != 0, parity_jbool(jc, "output_router_logits"), "%s: output_router_logits",
                      name);
         cr_assert_eq(c.router_aux_loss_coef, (float)parity_jnum(jc, "router_aux_loss_coef"), "%s: router_aux_loss_coef",
@@ -171,14 +174,18 @@ static mt_model_config load_config(const char *name, const char *model_dir, cons
     c.rope_theta = theta;
     const cJSON *rs = parity_jget(jc, "rope_scaling");
     const cJSON *rtype = cJSON_IsNull(rs) ? NULL : parity_jget(rs, "rope_type");
-    const uint32_t want = !rtype ? MT_ROPE_SCALING_NONE
-                          : !strcmp(rtype->valuestring, "linear") ? MT_ROPE_SCALING_LINEAR
-                                                                  : MT_ROPE_SCALING_LLAMA3;
-    static const char *const scaling_names[] = {"none", "llama3", "linear"};
+    static const char *const scaling_names[] = {"none", "llama3", "linear", "yarn", "longrope"};
+    uint32_t want = MT_ROPE_SCALING_NONE;
+    for (uint32_t i = 1; rtype && i < 5; i++)
+        if (!strcmp(rtype->valuestring, scaling_names[i])) want = i;
+    cr_assert(!rtype || want != MT_ROPE_SCALING_NONE, "%s: rope_type %s", name, rtype ? rtype->valuestring : "");
     cr_expect_eq(c.rope_scaling, want,
                  "%s/config.json: mt_config_load read rope scaling %s, transformers used %s (transformers 5 writes "
                  "it as \"rope_parameters\"); continuing with transformers' parameters",
-                 model_dir, scaling_names[c.rope_scaling % 3], scaling_names[want]);
+                 model_dir, scaling_names[c.rope_scaling % 5], scaling_names[want]);
+    /* yarn's and longrope's settings: what they give is checked below as the frequencies and the factor */
+    cr_assert(want < MT_ROPE_SCALING_YARN || c.rope_scaling == want, "%s: %s read as %s", name, scaling_names[want],
+              scaling_names[c.rope_scaling % 5]);
     const uint32_t read_scaling = c.rope_scaling;
     c.rope_scaling = want;
     if (want == MT_ROPE_SCALING_LINEAR) {

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/bf16.h"
+#include "cpu/cpu_moe.h"
 #include "cpu/cpu_ops.h"
 #include "model/template.h"
 #include "rng.h"
@@ -383,6 +384,132 @@ Test(cpu_ops, rope_forward)
     mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, D, 1.0f, 1);
     for (int i = 0; i < T * nh * D; i++) cr_expect(fabs(y[i] - x[i]) <= 1e-6, "roundtrip [%d]", i);
     free(pos); free(x); free(y);
+}
+
+/* Part of each head (rd of D dimensions) with cos and sin scaled: the first rd rotate by the scaled
+ * rotation, the rest pass untouched; the inverse undoes it up to scale^2. */
+Test(cpu_ops, rope_partial_scaled)
+{
+    seed(18);
+    const int T = 9, nh = 2, D = 32, rd = 24;
+    const float scale = 1.2247449f;
+    const mt_rope_params rp = {.theta = 10000.0f};
+    float inv_freq[12];
+    mt_rope_inv_freq(inv_freq, rd, &rp);
+    int32_t *pos = rand_pos(T, 5000);
+    float *x = rand_vec(T * nh * D, 1), *y = copy_vec(x, T * nh * D);
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, rd, scale, 0);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *xh = x + (t * nh + h) * D, *yh = y + (t * nh + h) * D;
+            for (int i = 0; i < rd / 2; i++) {
+                const double a = (double)((float)pos[t] * inv_freq[i]);
+                const double r0 = scale * (xh[i] * cos(a) - xh[i + rd / 2] * sin(a));
+                const double r1 = scale * (xh[i + rd / 2] * cos(a) + xh[i] * sin(a));
+                cr_expect(fabs(yh[i] - r0) <= 2e-6 && fabs(yh[i + rd / 2] - r1) <= 2e-6, "t %d h %d i %d", t, h, i);
+            }
+            for (int i = rd; i < D; i++) cr_expect_eq(yh[i], xh[i], "dimension %d past the rotary ones moved", i);
+        }
+    mt_cpu_rope(NULL, y, pos, inv_freq, T, nh, D, rd, scale, 1);
+    for (int i = 0; i < T * nh * D; i++) {
+        const float want = i % D < rd ? x[i] * scale * scale : x[i];
+        cr_expect(fabs(y[i] - want) <= 4e-6, "roundtrip [%d]: %.9g, want %.9g", i, y[i], want);
+    }
+    free(pos); free(x); free(y);
+}
+
+/* YaRN's and LongRoPE's frequencies against transformers' formulas written out in double (the library
+ * follows its fp32 tensor roundings, so within a few ulp), and the attention factors they imply. */
+Test(cpu_ops, rope_yarn_longrope_inv_freq)
+{
+    const int D = 32;
+    float f[16];
+    /* yarn: factor 8, original 256, beta 8 / 2 (the ramp over pairs 2.8 .. 5.2), truncate off, theta 10000 */
+    const mt_rope_params yarn = {.theta = 10000.0f, .factor = 8.0f, .original_max_position = 256, .yarn = 1,
+                                 .beta_fast = 8.0f, .beta_slow = 2.0f, .no_truncate = 1};
+    mt_rope_inv_freq(f, D, &yarn);
+    const double pi2 = 2 * 3.14159265358979323846;
+    const double low = fmax(0.0, D * log(256 / (8 * pi2)) / (2 * log(10000.0)));
+    const double high = fmin(D - 1.0, D * log(256 / (2 * pi2)) / (2 * log(10000.0)));
+    int mixed = 0;
+    for (int i = 0; i < D / 2; i++) {
+        const double pf = pow(10000.0, 2.0 * i / D), ramp = fmin(1.0, fmax(0.0, (i - low) / (high - low)));
+        const double want = (1 / (8 * pf)) * ramp + (1 / pf) * (1 - ramp);
+        mixed += ramp > 0 && ramp < 1;
+        cr_expect(fabs(f[i] - want) <= 4e-7 * want, "yarn inv_freq[%d] %.9g, want %.9g", i, f[i], want);
+    }
+    cr_expect_gt(mixed, 0, "the ramp of this test mixes some pair");
+    /* truncated (the default): the range rounded outward to whole dimensions */
+    const mt_rope_params yarn_t = {.theta = 10000.0f, .factor = 8.0f, .original_max_position = 16, .yarn = 1};
+    mt_rope_inv_freq(f, D, &yarn_t);
+    const double lo_t = fmax(0.0, floor(D * log(16 / (32 * pi2)) / (2 * log(10000.0))));
+    const double hi_t = fmin(D - 1.0, ceil(D * log(16 / (1 * pi2)) / (2 * log(10000.0))));
+    for (int i = 0; i < D / 2; i++) {
+        const double pf = pow(10000.0, 2.0 * i / D), ramp = fmin(1.0, fmax(0.0, (i - lo_t) / (hi_t - lo_t)));
+        const double want = (1 / (8 * pf)) * ramp + (1 / pf) * (1 - ramp);
+        cr_expect(fabs(f[i] - want) <= 4e-7 * want, "truncated yarn inv_freq[%d] %.9g, want %.9g", i, f[i], want);
+    }
+    /* longrope: 1 / (ext[i] theta^(2i/D)) */
+    float ext[16];
+    for (int i = 0; i < 16; i++) ext[i] = 1.0f + 0.5f * (float)i;
+    const mt_rope_params lr = {.theta = 10000.0f, .ext = ext};
+    mt_rope_inv_freq(f, D, &lr);
+    for (int i = 0; i < D / 2; i++) {
+        const double want = 1 / (ext[i] * pow(10000.0, 2.0 * i / D));
+        cr_expect(fabs(f[i] - want) <= 4e-7 * want, "longrope inv_freq[%d] %.9g, want %.9g", i, f[i], want);
+    }
+    /* the attention factors: yarn 0.1 ln s + 1, or the mscale ratio; longrope sqrt(1 + ln s / ln original) */
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.rope_scaling = MT_ROPE_SCALING_YARN, c.rope_factor = 4.0f, c.rope_original_max_position = 16;
+    cr_expect(fabs(mt_rope_attention_factor(&c, MT_ROPE_GLOBAL) - (0.1 * log(4.0) + 1)) <= 1e-7);
+    c.rope_mscale = 0.707f, c.rope_mscale_all_dim = 1.0f;
+    const double ratio = (0.1 * 0.707f * log(4.0) + 1) / (0.1 * log(4.0) + 1);
+    cr_expect(fabs(mt_rope_attention_factor(&c, MT_ROPE_GLOBAL) - ratio) <= 1e-7);
+    cr_expect_eq(mt_rope_attention_factor(&c, MT_ROPE_LOCAL), 1.0f, "the sliding layers' table is never scaled");
+    c.rope_attention_factor = 1.5f;
+    cr_expect_eq(mt_rope_attention_factor(&c, MT_ROPE_GLOBAL), 1.5f, "a given factor wins");
+    c.rope_attention_factor = 0.0f, c.rope_mscale = c.rope_mscale_all_dim = 0.0f;
+    c.rope_scaling = MT_ROPE_SCALING_LONGROPE, c.rope_original_max_position = 4096, c.rope_factor = 32.0f;
+    cr_expect(fabs(mt_rope_attention_factor(&c, MT_ROPE_GLOBAL) - sqrt(1 + log(32.0) / log(4096.0))) <= 1e-7);
+    /* longrope's table by the micro-batch's largest position: long once max + 1 passes the original length */
+    cr_expect(!mt_rope_uses_long(&c, 4095) && mt_rope_uses_long(&c, 4096));
+    c.rope_scaling = MT_ROPE_SCALING_NONE;
+    cr_expect_eq(mt_rope_attention_factor(&c, MT_ROPE_GLOBAL), 1.0f);
+    cr_expect(!mt_rope_uses_long(&c, 1 << 20));
+}
+
+/* The shared expert's gate: out += sigmoid(z) src, and its backward against finite differences of
+ * L = sum_t dot(R_t, sigmoid(z_t) y_t) through z (x_t = R_t Wd: here R itself, as da = dy Wd). */
+Test(cpu_ops, moe_shared_gate)
+{
+    seed(19);
+    const int T = 5, C = 7;
+    float *out = rand_vec(T * C, 1), *src = rand_vec(T * C, 1), *z = rand_vec(T, 3), *o0 = copy_vec(out, T * C);
+    mt_cpu_moe_shared_gate(out, src, z, T, C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            const double s = 1 / (1 + exp(-(double)z[t]));
+            cr_expect(fabs(out[t * C + c] - (o0[t * C + c] + s * src[t * C + c])) <= 1e-6, "t %d c %d", t, c);
+        }
+    float *x = rand_vec(T * C, 1), *y = rand_vec(T * C, 1), *x0 = copy_vec(x, T * C), *y0 = copy_vec(y, T * C);
+    float dz[5];
+    mt_cpu_moe_shared_gate_bwd(dz, x, y, z, T, C);
+    for (int t = 0; t < T; t++) {
+        const double s = 1 / (1 + exp(-(double)z[t]));
+        double dot = 0, dplus = 0, dminus = 0;
+        const double h = 1e-3;
+        const double sp = 1 / (1 + exp(-((double)z[t] + h))), sm = 1 / (1 + exp(-((double)z[t] - h)));
+        for (int c = 0; c < C; c++) {
+            dot += (double)x0[t * C + c] * y0[t * C + c];
+            cr_expect(fabs(x[t * C + c] - s * x0[t * C + c]) <= 1e-6 && fabs(y[t * C + c] - s * y0[t * C + c]) <= 1e-6);
+        }
+        dplus = sp * dot, dminus = sm * dot;
+        cr_expect(fabs(dz[t] - (dplus - dminus) / (2 * h)) <= 1e-4 * (1 + fabs(dz[t])), "dz[%d] %.7g, fd %.7g", t,
+                  dz[t], (dplus - dminus) / (2 * h));
+        cr_expect(fabs(dz[t] - dot * s * (1 - s)) <= 1e-6 * (1 + fabs(dz[t])));
+    }
+    free(out), free(src), free(z), free(o0), free(x), free(y), free(x0), free(y0);
 }
 
 typedef struct {

@@ -399,7 +399,7 @@ Test(cuda_kernels, tuning)
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
-static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
+static void check_rope_part(int T, int nh, int D, int rd, float scale, mt_cu_dtype dt, int inverse)
 {
     const size_t n = (size_t)T * nh * D;
     tensor x = t_rand(dt, n, -1.0f, 1.0f, 0);
@@ -410,23 +410,28 @@ static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
     pos[0] = 0;
     if (T > 1) pos[1] = 131071;
     if (T > 2) pos[2] = 200000;
-    float *inv = xmalloc((size_t)(D / 2) * sizeof(float));
+    float *inv = xmalloc((size_t)(rd / 2) * sizeof(float));
     const mt_rope_params rp = {.theta = 500000.0f, .llama3 = 1, .factor = 8.0f, .low_freq_factor = 1.0f,
                               .high_freq_factor = 4.0f, .original_max_position = 8192};
-    mt_rope_inv_freq(inv, D, &rp);
-    void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(D / 2) * sizeof(float));
+    mt_rope_inv_freq(inv, rd, &rp);
+    void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(rd / 2) * sizeof(float));
     float *x0 = xmalloc(n * sizeof(float));
     memcpy(x0, x.ref, n * sizeof(float));
-    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, D, 1.0f, inverse);
-    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, D, 1.0f, inverse) == 0);
+    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, rd, scale, inverse);
+    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, rd, scale, inverse) == 0);
     float *g = t_fetch(&x);
-    const int half = D / 2;
+    const int half = rd / 2;
     for (size_t i = 0; i < n; i++) {
-        /* out = x0 c -+ x1 s: cos and sin within 3 ulp (<= 3u each, |c|,|s|
-         * <= 1) between the libraries, and the same three roundings: within
-         * 8u (|x_i| + |x_pair|). */
-        const size_t d = i % (size_t)D, pair = d < (size_t)half ? i + half : i - half;
-        const double tol = out_tol(dt, x.ref[i], 8 * U24 * (fabs(x0[i]) + fabs(x0[pair])));
+        const size_t d = i % (size_t)D;
+        if (d >= (size_t)rd) { /* past the rotary dimensions: untouched, on both sides */
+            cr_assert(g[i] == x0[i] && x.ref[i] == x0[i], "D %d rd %d: x[%zu] moved", D, rd, i);
+            continue;
+        }
+        /* out = (x0 c -+ x1 s) scale: cos and sin within 3 ulp (<= 3u each,
+         * |c|,|s| <= 1) between the libraries, and the same roundings plus
+         * the scale's two: within 10u scale (|x_i| + |x_pair|). */
+        const size_t pair = d < (size_t)half ? i + half : i - half;
+        const double tol = out_tol(dt, x.ref[i], 10 * U24 * scale * (fabs(x0[i]) + fabs(x0[pair])));
         cr_assert(fabs(g[i] - x.ref[i]) <= tol, "T %d nh %d D %d %s inverse %d: x[%zu] = %.9g, ref %.9g (pos %d)", T, nh,
                   D, dtn(dt), inverse, i, g[i], x.ref[i], pos[i / ((size_t)nh * D)]);
     }
@@ -434,6 +439,8 @@ static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse)
     mt_device_free(dpos), mt_device_free(dinv);
     t_free(&x);
 }
+
+static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse) { check_rope_part(T, nh, D, D, 1.0f, dt, inverse); }
 
 Test(cuda_kernels, rope)
 {
@@ -448,6 +455,11 @@ Test(cuda_kernels, rope)
             check_rope(11, 2, 6, dt, inv); /* half = 3: the scalar path */
             check_rope(5, 9, 80, dt, inv);
             check_rope(3203, 30, 128, dt, inv); /* 4 heads per thread, the last group short */
+            /* part of each head (Phi-4-mini's 96 of 128; 24 of 32: half 12, the scalar path), scaled (yarn's and
+             * longrope's attention factor) */
+            check_rope_part(37, 3, 128, 96, 1.2247449f, dt, inv);
+            check_rope_part(300, 4, 32, 24, 0.9671f, dt, inv);
+            check_rope_part(5, 2, 64, 16, 1.0f, dt, inv);
         }
 }
 

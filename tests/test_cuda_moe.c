@@ -240,6 +240,57 @@ Test(cuda_kernels, moe_aux_loss)
     mt_device_free(dst), mt_device_free(dl);
 }
 
+/* The shared expert's gate against the CPU's, fp32 (the gate's sigmoid within a few ulp: expf differs
+ * between the libraries) and bf16 (one rounding of the result) */
+static void shared_gate_check(int bf)
+{
+    NEED_GPU();
+    enum { T = 37, C = 300 };
+    const mt_cu_dtype dt = bf ? MT_CU_BF16 : MT_CU_F32;
+    const size_t es = bf ? 2 : 4, n = (size_t)T * C;
+    unsigned s = 11;
+    float *out = malloc(n * 4), *src = malloc(n * 4), *x = malloc(n * 4), *y = malloc(n * 4), *z = malloc(T * 4);
+    float *got = malloc(n * 4), dz[T], gdz[T];
+    void *h = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) out[i] = uni(&s), src[i] = uni(&s), x[i] = uni(&s), y[i] = uni(&s);
+    for (int t = 0; t < T; t++) z[t] = 6.0f * uni(&s);
+    /* in bf16 both sides start from the bf16 values */
+    float *arrs[4] = {out, src, x, y};
+    for (int a = 0; bf && a < 4; a++)
+        for (size_t i = 0; i < n; i++) arrs[a][i] = mt_bf16_to_f32(mt_f32_to_bf16(arrs[a][i]));
+    void *dev[4];
+    for (int a = 0; a < 4; a++) {
+        if (bf)
+            for (size_t i = 0; i < n; i++) ((uint16_t *)h)[i] = mt_f32_to_bf16(arrs[a][i]);
+        dev[a] = up(bf ? h : (void *)arrs[a], n * es);
+    }
+    float *dzv = up(z, T * 4), *ddz = up(NULL, T * 4);
+    mt_cpu_moe_shared_gate(out, src, z, T, C);
+    cr_assert_eq(mt_cu_moe_shared_gate(NULL, dt, dev[0], dev[1], dzv, T, C), 0);
+    mt_cpu_moe_shared_gate_bwd(dz, x, y, z, T, C);
+    cr_assert_eq(mt_cu_moe_shared_gate_bwd(NULL, dt, ddz, dev[2], dev[3], dzv, T, C), 0);
+    down(gdz, ddz, T * 4);
+    for (int t = 0; t < T; t++)
+        cr_assert(fabsf(gdz[t] - dz[t]) <= 8 * U24 * fabsf(dz[t]) + 1e-7f, "dz[%d] %.9g vs %.9g", t, gdz[t], dz[t]);
+    const float *want[3] = {out, x, y};
+    const int which[3] = {0, 2, 3};
+    for (int a = 0; a < 3; a++) {
+        down(bf ? h : got, dev[which[a]], n * es);
+        for (size_t i = 0; bf && i < n; i++) got[i] = mt_bf16_to_f32(((uint16_t *)h)[i]);
+        for (size_t i = 0; i < n; i++) {
+            const float w = bf ? mt_bf16_to_f32(mt_f32_to_bf16(want[a][i])) : want[a][i];
+            cr_assert(fabsf(got[i] - w) <= (bf ? 3.90625e-03f : 8 * U24) * fabsf(w) + 1e-7f, "array %d [%zu] %.9g vs %.9g",
+                      a, i, got[i], w);
+        }
+    }
+    for (int a = 0; a < 4; a++) mt_device_free(dev[a]);
+    mt_device_free(dzv), mt_device_free(ddz);
+    free(out), free(src), free(x), free(y), free(z), free(got), free(h);
+}
+
+Test(cuda_kernels, moe_shared_gate_fp32) { shared_gate_check(0); }
+Test(cuda_kernels, moe_shared_gate_bf16) { shared_gate_check(1); }
+
 /* ---- the backend -------------------------------------------------------------------------- */
 
 enum { V = 97 };

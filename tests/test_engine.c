@@ -166,6 +166,65 @@ Test(engine, gradient_check_qwen3_gqa, .timeout = 120) { gradient_check(MT_ARCH_
 Test(engine, gradient_check_mistral_window, .timeout = 120) { gradient_check_windowed(MT_ARCH_MISTRAL, 1, 0, 3e-3f, 4, 0); }
 Test(engine, gradient_check_qwen2_window, .timeout = 120) { gradient_check_windowed(MT_ARCH_QWEN2, 1, 1, 3e-3f, 4, 1); }
 
+/* RoPE scalings: Qwen3 with YaRN (factor 4 over an original length of 4, DeepSeek's mscale settings, the
+ * ramp left fractional), and Phi-3 turning half of each head (4 of head_dim 8) by LongRoPE, whose long
+ * factors the 9-token sequences take (their last position passes the original length of 4). eps 3e-3 as for
+ * Qwen3. */
+static mt_model_config yarn_cfg(void)
+{
+    mt_model_config c = cfg_of_arch(MT_ARCH_QWEN3, 1, 0, 0, MT_PRECISION_FP32);
+    c.rope_scaling = MT_ROPE_SCALING_YARN, c.rope_factor = 4.0f, c.rope_original_max_position = 4;
+    c.rope_mscale = 0.707f, c.rope_mscale_all_dim = 1.0f, c.rope_no_truncate = 1, c.rope_beta_fast = 4.0f;
+    return c;
+}
+
+static mt_model_config longrope_cfg(uint32_t original)
+{
+    mt_model_config c = cfg_of_arch(MT_ARCH_PHI3, 1, 0, 0, MT_PRECISION_FP32);
+    c.head_dim = 8, c.partial_rotary_factor = 0.5f;
+    c.rope_scaling = MT_ROPE_SCALING_LONGROPE, c.rope_factor = 16.0f, c.rope_original_max_position = original;
+    c.rope_n_factors = 2;
+    c.rope_short_factor[0] = 1.0f, c.rope_short_factor[1] = 1.5f;
+    c.rope_long_factor[0] = 3.0f, c.rope_long_factor[1] = 7.0f;
+    return c;
+}
+
+Test(engine, gradient_check_qwen3_yarn, .timeout = 120)
+{
+    const mt_model_config c = yarn_cfg();
+    gradient_check_config(&c, 3e-3f, 11);
+}
+
+Test(engine, gradient_check_phi3_longrope_partial, .timeout = 120)
+{
+    const mt_model_config c = longrope_cfg(4);
+    gradient_check_config(&c, 3e-3f, 9);
+}
+
+/* LongRoPE's table follows the micro-batch's positions: sequences of 9 use the long factors where the
+ * original length is 4 and the short ones where it is 16; changing the other list changes nothing. */
+Test(engine, longrope_factors_by_position)
+{
+    enum { B = 2, S = 9, M = 1, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 3, 5);
+    const mt_batch b = batch_of(tok, tg, B, S, M);
+    for (int orig = 4; orig <= 16; orig += 12) {
+        double loss[3];
+        for (int k = 0; k < 3; k++) {
+            mt_model_config c = longrope_cfg((uint32_t)orig);
+            if (k == 1) c.rope_short_factor[1] = 20.0f;
+            if (k == 2) c.rope_long_factor[1] = 20.0f;
+            mt_model *m = make(&c, 2);
+            loss[k] = eval_loss(m, &b);
+            mt_model_destroy(m);
+        }
+        const int long_ = orig < S;
+        cr_assert_eq(loss[0], loss[long_ ? 1 : 2], "original %d: the unused factors changed the loss", orig);
+        cr_assert(loss[0] != loss[long_ ? 2 : 1], "original %d: the factors in force changed nothing", orig);
+    }
+}
+
 /* Gemma: (1 + w) norms (started at 0, so the scale is 1 and w's gradient is
  * that of a Llama norm), post norms, GELU-tanh, the scaled embedding, tied.
  * Gemma 2: attention scores capped at 1 (initializer 0.2 makes the raw

@@ -306,6 +306,16 @@ Test(moe, gradient_check_qwen3_moe_plain_topk_aux, .timeout = 240)
     c.norm_topk_prob = 0;
     gradient_check(c);
 }
+/* Qwen2-MoE: the shared expert (width 24) and its sigmoid gate beside the routed experts, q/k/v biases,
+ * the top-k not renormalised, every even layer sliding (its config's rule), the load-balancing loss */
+Test(moe, gradient_check_qwen2_moe_shared_gate, .timeout = 240)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 4, 2, 1, MT_PRECISION_FP32);
+    c.arch = MT_ARCH_QWEN2_MOE, c.attention_bias = 1, c.norm_topk_prob = 0;
+    c.shared_expert_intermediate_size = 24, c.shared_expert_gate = 1;
+    c.sliding_window = 4, c.sliding_window_pattern = 2;
+    gradient_check(c);
+}
 Test(moe, gradient_check_mixtral_aux_window, .timeout = 240) { gradient_check(moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32)); }
 
 /* ---- experts without tokens ------------------------------------------------------------------ */

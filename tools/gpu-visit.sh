@@ -28,6 +28,13 @@ run() { # name, command...
   summary+=("$(printf '%-14s rc=%-3d %6.1fs' "$name" "$rc" "$(awk -v a=$t0 -v b=$t1 'BEGIN{print b-a}')")")
 }
 run machine sh -c 'date -u; nvidia-smi; lscpu | head -20; free -g; nproc'
+# fixtures that the generator has and tests/fixtures lacks: made here (transformers is on this machine),
+# returned as $OUT/fixtures_new.tgz to unpack into tests/fixtures
+run fixtures_new sh -c 'for f in $(python3 -c "import sys; sys.path.insert(0, \"tools/fixtures\"); import make_fixtures as m; print(\" \".join(m.FIXTURES))"); do [ -d tests/fixtures/$f ] || python3 tools/fixtures/make_fixtures.py --out "$0/fixtures_new" --only $f || echo "FAILED $f"; done; tar czf "$0/fixtures_new.tgz" -C "$0/fixtures_new" .' "$OUT"
+# the parity suites on those new fixtures, unpacked into tests/fixtures (FIXTURES_NEW="name ...": which)
+run parity_new sh -c 'tar xzf "$0/fixtures_new.tgz" -C tests/fixtures && for f in $FIXTURES_NEW; do for s in parity cuda_parity parity_bf16_cpu; do MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 4 --verbose --filter "$s/$f*"; done; done' "$OUT"
+# the reference modeling code of the families to come, as the installed transformers has it
+run hf_src sh -c 'd=$(python3 -c "import transformers, os; print(os.path.dirname(transformers.__file__))"); python3 -c "import transformers, torch; print(transformers.__version__, torch.__version__)"; cd "$d" && tar czf "$0/hf_src.tgz" modeling_rope_utils.py masking_utils.py integrations/sdpa_attention.py integrations/flex_attention.py models/gpt_oss models/deepseek_v3 models/deepseek_v2 models/llama4 models/qwen2_moe' "$OUT"
 run gpu_tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
 run gpu_backend env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'backend/*'
 # the bits of the same runs from an earlier build (PREV_FP) and this one

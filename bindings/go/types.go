@@ -52,6 +52,7 @@ const (
 	ArchGemma3   Arch = C.MT_ARCH_GEMMA3
 	ArchQwen3Moe Arch = C.MT_ARCH_QWEN3_MOE
 	ArchMixtral  Arch = C.MT_ARCH_MIXTRAL
+	ArchQwen2Moe Arch = C.MT_ARCH_QWEN2_MOE
 )
 
 // Precision is the numeric mode of a model (mt_precision).
@@ -70,9 +71,11 @@ type RopeScaling uint32
 
 // The rope scalings.
 const (
-	RopeScalingNone   RopeScaling = C.MT_ROPE_SCALING_NONE
-	RopeScalingLlama3 RopeScaling = C.MT_ROPE_SCALING_LLAMA3
-	RopeScalingLinear RopeScaling = C.MT_ROPE_SCALING_LINEAR
+	RopeScalingNone     RopeScaling = C.MT_ROPE_SCALING_NONE
+	RopeScalingLlama3   RopeScaling = C.MT_ROPE_SCALING_LLAMA3
+	RopeScalingLinear   RopeScaling = C.MT_ROPE_SCALING_LINEAR
+	RopeScalingYarn     RopeScaling = C.MT_ROPE_SCALING_YARN
+	RopeScalingLongrope RopeScaling = C.MT_ROPE_SCALING_LONGROPE
 )
 
 // Backend is what runs a model (mt_backend).
@@ -280,6 +283,24 @@ type ModelConfig struct {
 	// PadTokenID: -1 none; p: the embedding's padding row (nn.Embedding's padding_idx),
 	// zero at the start and given no gradient by the tokens that look it up.
 	PadTokenID int32
+	// SharedExpertIntermediateSize: 0 none; S: each sparse layer also runs a shared expert of width S.
+	SharedExpertIntermediateSize uint32
+	// SharedExpertGate: non-zero: the shared expert's output is scaled by sigmoid(x . w) (Qwen2-MoE).
+	SharedExpertGate uint32
+	// PartialRotaryFactor: 0 or 1: RoPE turns all of head_dim; f: its first int(head_dim * f) dimensions.
+	PartialRotaryFactor float32
+	// RopeAttentionFactor: yarn, longrope: the factor of cos and sin; 0: the scaling's default.
+	RopeAttentionFactor float32
+	// RopeBetaFast, RopeBetaSlow: yarn's correction range (0: 32 and 1).
+	RopeBetaFast, RopeBetaSlow float32
+	// RopeMscale, RopeMscaleAllDim: yarn: their ratio sets the default attention factor (0: none).
+	RopeMscale, RopeMscaleAllDim float32
+	// RopeNoTruncate: yarn: non-zero: the correction range is not rounded to whole dimensions.
+	RopeNoTruncate uint32
+	// RopeNFactors: longrope: the entries of each factor list (rotary dimensions / 2).
+	RopeNFactors uint32
+	// RopeShortFactor, RopeLongFactor: longrope's divisors below and past original_max_position.
+	RopeShortFactor, RopeLongFactor [128]float32
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -331,47 +352,73 @@ func (g *ModelConfig) toC() C.mt_model_config {
 		c.mlp_only_layers[i] = C.uint64_t(g.MlpOnlyLayers[i])
 	}
 	c.pad_token_id = C.int32_t(g.PadTokenID)
+	c.shared_expert_intermediate_size = C.uint32_t(g.SharedExpertIntermediateSize)
+	c.shared_expert_gate = C.uint32_t(g.SharedExpertGate)
+	c.partial_rotary_factor = C.float(g.PartialRotaryFactor)
+	c.rope_attention_factor = C.float(g.RopeAttentionFactor)
+	c.rope_beta_fast, c.rope_beta_slow = C.float(g.RopeBetaFast), C.float(g.RopeBetaSlow)
+	c.rope_mscale, c.rope_mscale_all_dim = C.float(g.RopeMscale), C.float(g.RopeMscaleAllDim)
+	c.rope_no_truncate = C.uint32_t(g.RopeNoTruncate)
+	c.rope_n_factors = C.uint32_t(g.RopeNFactors)
+	for i := range g.RopeShortFactor {
+		c.rope_short_factor[i] = C.float(g.RopeShortFactor[i])
+		c.rope_long_factor[i] = C.float(g.RopeLongFactor[i])
+	}
 	return c
 }
 
 func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 	g := ModelConfig{
-		Arch:                    Arch(c.arch),
-		VocabSize:               uint32(c.vocab_size),
-		HiddenSize:              uint32(c.hidden_size),
-		IntermediateSize:        uint32(c.intermediate_size),
-		NumHiddenLayers:         uint32(c.num_hidden_layers),
-		NumAttentionHeads:       uint32(c.num_attention_heads),
-		NumKeyValueHeads:        uint32(c.num_key_value_heads),
-		HeadDim:                 uint32(c.head_dim),
-		MaxPositionEmbeddings:   uint32(c.max_position_embeddings),
-		RMSNormEps:              float32(c.rms_norm_eps),
-		RopeTheta:               float32(c.rope_theta),
-		RopeScaling:             RopeScaling(c.rope_scaling),
-		RopeFactor:              float32(c.rope_factor),
-		RopeLowFreqFactor:       float32(c.rope_low_freq_factor),
-		RopeHighFreqFactor:      float32(c.rope_high_freq_factor),
-		RopeOriginalMaxPosition: uint32(c.rope_original_max_position),
-		AttentionBias:           c.attention_bias != 0,
-		TieWordEmbeddings:       c.tie_word_embeddings != 0,
-		Precision:               Precision(c.precision),
-		Seed:                    uint64(c.seed),
-		InitializerRange:        float32(c.initializer_range),
-		SlidingWindow:           uint32(c.sliding_window),
-		SlidingWindowPattern:    uint32(c.sliding_window_pattern),
-		MaxWindowLayers:         uint32(c.max_window_layers),
-		QueryPreAttnScalar:      float32(c.query_pre_attn_scalar),
-		RopeLocalBaseFreq:       float32(c.rope_local_base_freq),
-		AttnLogitSoftcapping:    float32(c.attn_logit_softcapping),
-		FinalLogitSoftcapping:   float32(c.final_logit_softcapping),
-		NumExperts:              uint32(c.num_experts),
-		NumExpertsPerTok:        uint32(c.num_experts_per_tok),
-		MoeIntermediateSize:     uint32(c.moe_intermediate_size),
-		NormTopkProb:            uint32(c.norm_topk_prob),
-		DecoderSparseStep:       uint32(c.decoder_sparse_step),
-		OutputRouterLogits:      uint32(c.output_router_logits),
-		RouterAuxLossCoef:       float32(c.router_aux_loss_coef),
-		PadTokenID:              int32(c.pad_token_id),
+		Arch:                         Arch(c.arch),
+		VocabSize:                    uint32(c.vocab_size),
+		HiddenSize:                   uint32(c.hidden_size),
+		IntermediateSize:             uint32(c.intermediate_size),
+		NumHiddenLayers:              uint32(c.num_hidden_layers),
+		NumAttentionHeads:            uint32(c.num_attention_heads),
+		NumKeyValueHeads:             uint32(c.num_key_value_heads),
+		HeadDim:                      uint32(c.head_dim),
+		MaxPositionEmbeddings:        uint32(c.max_position_embeddings),
+		RMSNormEps:                   float32(c.rms_norm_eps),
+		RopeTheta:                    float32(c.rope_theta),
+		RopeScaling:                  RopeScaling(c.rope_scaling),
+		RopeFactor:                   float32(c.rope_factor),
+		RopeLowFreqFactor:            float32(c.rope_low_freq_factor),
+		RopeHighFreqFactor:           float32(c.rope_high_freq_factor),
+		RopeOriginalMaxPosition:      uint32(c.rope_original_max_position),
+		AttentionBias:                c.attention_bias != 0,
+		TieWordEmbeddings:            c.tie_word_embeddings != 0,
+		Precision:                    Precision(c.precision),
+		Seed:                         uint64(c.seed),
+		InitializerRange:             float32(c.initializer_range),
+		SlidingWindow:                uint32(c.sliding_window),
+		SlidingWindowPattern:         uint32(c.sliding_window_pattern),
+		MaxWindowLayers:              uint32(c.max_window_layers),
+		QueryPreAttnScalar:           float32(c.query_pre_attn_scalar),
+		RopeLocalBaseFreq:            float32(c.rope_local_base_freq),
+		AttnLogitSoftcapping:         float32(c.attn_logit_softcapping),
+		FinalLogitSoftcapping:        float32(c.final_logit_softcapping),
+		NumExperts:                   uint32(c.num_experts),
+		NumExpertsPerTok:             uint32(c.num_experts_per_tok),
+		MoeIntermediateSize:          uint32(c.moe_intermediate_size),
+		NormTopkProb:                 uint32(c.norm_topk_prob),
+		DecoderSparseStep:            uint32(c.decoder_sparse_step),
+		OutputRouterLogits:           uint32(c.output_router_logits),
+		RouterAuxLossCoef:            float32(c.router_aux_loss_coef),
+		PadTokenID:                   int32(c.pad_token_id),
+		SharedExpertIntermediateSize: uint32(c.shared_expert_intermediate_size),
+		SharedExpertGate:             uint32(c.shared_expert_gate),
+		PartialRotaryFactor:          float32(c.partial_rotary_factor),
+		RopeAttentionFactor:          float32(c.rope_attention_factor),
+		RopeBetaFast:                 float32(c.rope_beta_fast),
+		RopeBetaSlow:                 float32(c.rope_beta_slow),
+		RopeMscale:                   float32(c.rope_mscale),
+		RopeMscaleAllDim:             float32(c.rope_mscale_all_dim),
+		RopeNoTruncate:               uint32(c.rope_no_truncate),
+		RopeNFactors:                 uint32(c.rope_n_factors),
+	}
+	for i := range g.RopeShortFactor {
+		g.RopeShortFactor[i] = float32(c.rope_short_factor[i])
+		g.RopeLongFactor[i] = float32(c.rope_long_factor[i])
 	}
 	for i := range g.MlpOnlyLayers {
 		g.MlpOnlyLayers[i] = uint64(c.mlp_only_layers[i])

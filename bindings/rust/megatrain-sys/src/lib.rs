@@ -76,6 +76,7 @@ c_enum!(mt_arch {
     MT_ARCH_GEMMA3 = 6,
     MT_ARCH_QWEN3_MOE = 7,
     MT_ARCH_MIXTRAL = 8,
+    MT_ARCH_QWEN2_MOE = 9,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -90,6 +91,8 @@ c_enum!(mt_rope_scaling {
     MT_ROPE_SCALING_NONE = 0,
     MT_ROPE_SCALING_LLAMA3 = 1,
     MT_ROPE_SCALING_LINEAR = 2,
+    MT_ROPE_SCALING_YARN = 3,
+    MT_ROPE_SCALING_LONGROPE = 4,
     MT_ROPE_SCALING_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -242,6 +245,18 @@ pub struct mt_model_config {
     pub mlp_only_layers: [u64; 4],
     pub pad_token_id: i32,
     pub reserved3: u32,
+    pub shared_expert_intermediate_size: u32,
+    pub shared_expert_gate: u32,
+    pub partial_rotary_factor: f32,
+    pub rope_attention_factor: f32,
+    pub rope_beta_fast: f32,
+    pub rope_beta_slow: f32,
+    pub rope_mscale: f32,
+    pub rope_mscale_all_dim: f32,
+    pub rope_no_truncate: u32,
+    pub rope_n_factors: u32,
+    pub rope_short_factor: [f32; 128],
+    pub rope_long_factor: [f32; 128],
 }
 
 #[repr(C)]

@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 200, align 8,
+    mt_model_config, size 1264, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -79,6 +79,18 @@ layout! {
     mlp_only_layers: 160,
     pad_token_id: 192,
     reserved3: 196,
+    shared_expert_intermediate_size: 200,
+    shared_expert_gate: 204,
+    partial_rotary_factor: 208,
+    rope_attention_factor: 212,
+    rope_beta_fast: 216,
+    rope_beta_slow: 220,
+    rope_mscale: 224,
+    rope_mscale_all_dim: 228,
+    rope_no_truncate: 232,
+    rope_n_factors: 236,
+    rope_short_factor: 240,
+    rope_long_factor: 752,
 }
 
 layout! {

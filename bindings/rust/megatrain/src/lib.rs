@@ -141,6 +141,7 @@ c_enum!(Arch {
     GEMMA3 = sys::MT_ARCH_GEMMA3,
     QWEN3_MOE = sys::MT_ARCH_QWEN3_MOE,
     MIXTRAL = sys::MT_ARCH_MIXTRAL,
+    QWEN2_MOE = sys::MT_ARCH_QWEN2_MOE,
 });
 
 c_enum!(Precision {
@@ -153,6 +154,8 @@ c_enum!(RopeScaling {
     NONE = sys::MT_ROPE_SCALING_NONE,
     LLAMA3 = sys::MT_ROPE_SCALING_LLAMA3,
     LINEAR = sys::MT_ROPE_SCALING_LINEAR,
+    YARN = sys::MT_ROPE_SCALING_YARN,
+    LONGROPE = sys::MT_ROPE_SCALING_LONGROPE,
 });
 
 c_enum!(Backend {
@@ -370,6 +373,30 @@ pub struct ModelConfig {
     /// -1: none; p: the embedding's padding row (nn.Embedding's padding_idx), zero at the start and
     /// given no gradient by the tokens that look it up.
     pub pad_token_id: i32,
+    /// 0: none; S: each sparse layer also runs a shared expert of width S on every token.
+    pub shared_expert_intermediate_size: u32,
+    /// Non-zero: the shared expert's output is scaled by sigmoid(x . w) (Qwen2-MoE).
+    pub shared_expert_gate: u32,
+    /// 0 or 1: RoPE turns all of head_dim; f: its first int(head_dim * f) dimensions.
+    pub partial_rotary_factor: f32,
+    /// yarn, longrope: the factor of cos and sin; 0: the scaling's default.
+    pub rope_attention_factor: f32,
+    /// yarn: 0 means 32.
+    pub rope_beta_fast: f32,
+    /// yarn: 0 means 1.
+    pub rope_beta_slow: f32,
+    /// yarn: with rope_mscale_all_dim, the default attention factor's ratio.
+    pub rope_mscale: f32,
+    /// yarn: 0 none.
+    pub rope_mscale_all_dim: f32,
+    /// yarn: non-zero: the correction range is not rounded to whole dimensions.
+    pub rope_no_truncate: u32,
+    /// longrope: the entries of each factor list (rotary dimensions / 2).
+    pub rope_n_factors: u32,
+    /// longrope: each frequency's divisor while positions stay below original_max_position.
+    pub rope_short_factor: [f32; 128],
+    /// longrope: ... and once a micro-batch has a position past it.
+    pub rope_long_factor: [f32; 128],
 }
 
 impl Default for ModelConfig {
@@ -418,6 +445,18 @@ impl ModelConfig {
             router_aux_loss_coef: r.router_aux_loss_coef,
             mlp_only_layers: r.mlp_only_layers,
             pad_token_id: r.pad_token_id,
+            shared_expert_intermediate_size: r.shared_expert_intermediate_size,
+            shared_expert_gate: r.shared_expert_gate,
+            partial_rotary_factor: r.partial_rotary_factor,
+            rope_attention_factor: r.rope_attention_factor,
+            rope_beta_fast: r.rope_beta_fast,
+            rope_beta_slow: r.rope_beta_slow,
+            rope_mscale: r.rope_mscale,
+            rope_mscale_all_dim: r.rope_mscale_all_dim,
+            rope_no_truncate: r.rope_no_truncate,
+            rope_n_factors: r.rope_n_factors,
+            rope_short_factor: r.rope_short_factor,
+            rope_long_factor: r.rope_long_factor,
         }
     }
 
@@ -460,6 +499,18 @@ impl ModelConfig {
         r.router_aux_loss_coef = self.router_aux_loss_coef;
         r.mlp_only_layers = self.mlp_only_layers;
         r.pad_token_id = self.pad_token_id;
+        r.shared_expert_intermediate_size = self.shared_expert_intermediate_size;
+        r.shared_expert_gate = self.shared_expert_gate;
+        r.partial_rotary_factor = self.partial_rotary_factor;
+        r.rope_attention_factor = self.rope_attention_factor;
+        r.rope_beta_fast = self.rope_beta_fast;
+        r.rope_beta_slow = self.rope_beta_slow;
+        r.rope_mscale = self.rope_mscale;
+        r.rope_mscale_all_dim = self.rope_mscale_all_dim;
+        r.rope_no_truncate = self.rope_no_truncate;
+        r.rope_n_factors = self.rope_n_factors;
+        r.rope_short_factor = self.rope_short_factor;
+        r.rope_long_factor = self.rope_long_factor;
         r
     }
 
