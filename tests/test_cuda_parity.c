@@ -150,6 +150,13 @@ Test(cuda_parity, qwen3_moe_routed_fp32) { on_cuda("qwen3_moe_routed", MT_PRECIS
 Test(cuda_parity, qwen3_moe_routed_bf16) { on_cuda("qwen3_moe_routed", MT_PRECISION_BF16); }
 Test(cuda_parity, mixtral_routed_fp32) { on_cuda("mixtral_routed", MT_PRECISION_FP32); }
 Test(cuda_parity, mixtral_routed_bf16) { on_cuda("mixtral_routed", MT_PRECISION_BF16); }
+Test(cuda_parity, qwen2_moe_fp32) { on_cuda("qwen2_moe", MT_PRECISION_FP32); }
+Test(cuda_parity, qwen2_moe_routed_fp32) { on_cuda("qwen2_moe_routed", MT_PRECISION_FP32); }
+Test(cuda_parity, qwen2_moe_routed_bf16) { on_cuda("qwen2_moe_routed", MT_PRECISION_BF16); }
+Test(cuda_parity, qwen3_yarn_fp32) { on_cuda("qwen3_yarn", MT_PRECISION_FP32); }
+Test(cuda_parity, qwen3_yarn_bf16) { on_cuda("qwen3_yarn", MT_PRECISION_BF16); }
+Test(cuda_parity, llama_yarn_fp32) { on_cuda("llama_yarn", MT_PRECISION_FP32); }
+Test(cuda_parity, llama_yarn_bf16) { on_cuda("llama_yarn", MT_PRECISION_BF16); }
 
 TestSuite(parity_bf16_cpu);
 
@@ -169,3 +176,6 @@ Test(parity_bf16_cpu, gemma3_pad) { on_cpu_bf16("gemma3_pad"); }
 Test(parity_bf16_cpu, llama_pad) { on_cpu_bf16("llama_pad"); }
 Test(parity_bf16_cpu, qwen3_moe_routed) { on_cpu_bf16("qwen3_moe_routed"); }
 Test(parity_bf16_cpu, mixtral_routed) { on_cpu_bf16("mixtral_routed"); }
+Test(parity_bf16_cpu, qwen2_moe_routed) { on_cpu_bf16("qwen2_moe_routed"); }
+Test(parity_bf16_cpu, qwen3_yarn) { on_cpu_bf16("qwen3_yarn"); }
+Test(parity_bf16_cpu, llama_yarn) { on_cpu_bf16("llama_yarn"); }

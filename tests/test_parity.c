@@ -61,7 +61,7 @@ static const parity_tol TOL = {
 static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope", "qwen2_tied_d32", "llama_gqa_d64",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
                                        "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
-                                       "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad"};
+                                       "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad", "qwen2_moe",
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -98,6 +98,13 @@ Test(parity, mixtral_routed) { run_fixture("mixtral_routed"); }
  * tokens in the batches */
 Test(parity, gemma3_pad) { run_fixture("gemma3_pad"); }
 Test(parity, llama_pad) { run_fixture("llama_pad"); }
+/* Qwen2-MoE: a shared expert behind its sigmoid gate beside routed experts whose top-k is not renormalised */
+Test(parity, qwen2_moe) { run_fixture("qwen2_moe"); }
+Test(parity, qwen2_moe_routed) { run_fixture("qwen2_moe_routed"); }
+/* RoPE scalings: YaRN with transformers' defaults (Qwen3) and with DeepSeek's mscale settings untruncated (Llama);
+ */
+Test(parity, qwen3_yarn) { run_fixture("qwen3_yarn"); }
+Test(parity, llama_yarn) { run_fixture("llama_yarn"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
