@@ -62,6 +62,7 @@ static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
                                        "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
                                        "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad", "qwen2_moe",
+                                       "qwen2_moe_routed", "qwen3_yarn", "llama_yarn"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
