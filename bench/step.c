@@ -11,7 +11,7 @@
  * does not fit a 125 GiB host (14 bytes a parameter: 8.7 GB for the embedding
  * and head, 8.7 GB a layer); --layers 12 (113 GB) does.
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b]
  *                    [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
@@ -91,6 +91,9 @@ static int preset(mt_model_config *c, const char *name)
         {"qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, MT_ARCH_QWEN3_MOE, 128, 128, 8, 768},
         /* Mixtral-8x7B: 46.7 B, 12.9 B active; 8 experts top-2 */
         {"mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, MT_ARCH_MIXTRAL, 0, 8, 2, 14336},
+        /* gpt-oss-20b: 20.9 B, 3.6 B active; 32 experts top-4, sinks, biases, every other layer a window of 128,
+         * yarn (GptOssConfig's) */
+        {"gpt-oss-20b", 201088, 2880, 2880, 24, 64, 8, MT_ARCH_GPT_OSS, 64, 32, 4, 2880},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (!strcmp(name, p[i].name)) {
@@ -102,6 +105,12 @@ static int preset(mt_model_config *c, const char *name)
             c->num_experts = p[i].E, c->num_experts_per_tok = p[i].K, c->moe_intermediate_size = p[i].FE;
             c->norm_topk_prob = p[i].E != 0;
             if (p[i].arch == MT_ARCH_QWEN3_MOE) c->rope_theta = 1e6f, c->rms_norm_eps = 1e-6f;
+            if (p[i].arch == MT_ARCH_GPT_OSS) {
+                c->attention_bias = 1, c->sliding_window = 128, c->sliding_window_pattern = 2;
+                c->rope_theta = 150000.0f, c->rope_scaling = MT_ROPE_SCALING_YARN, c->rope_factor = 32.0f;
+                c->rope_original_max_position = 4096, c->rope_beta_fast = 32.0f, c->rope_beta_slow = 1.0f;
+                c->rope_no_truncate = 1, c->max_position_embeddings = 131072;
+            }
             return 0;
         }
     return -1;
@@ -156,7 +165,7 @@ int main(int argc, char **argv)
                         : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
         }
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b] [--layers N] [--seq-len N] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
                             "[--nondeterministic] [--devices LIST] [--weight-fetch auto|whole|slices]\n");
@@ -237,7 +246,9 @@ int main(int argc, char **argv)
     /* the parameters a token uses: a sparse layer's experts count k of E (every layer of these presets is
      * sparse when the model has experts) */
     const double idle_experts = c.num_experts ? (double)(c.num_experts - c.num_experts_per_tok) : 0.0;
-    const double P = P_all - (double)c.num_hidden_layers * idle_experts * 3.0 * c.moe_intermediate_size * c.hidden_size;
+    const double expert_biases = c.arch == MT_ARCH_GPT_OSS ? 2.0 * c.moe_intermediate_size + c.hidden_size : 0.0;
+    const double P = P_all - (double)c.num_hidden_layers * idle_experts *
+                                 (3.0 * c.moe_intermediate_size * c.hidden_size + expert_biases);
     const double attn_width = (double)c.num_attention_heads * (c.head_dim ? c.head_dim : c.hidden_size / c.num_attention_heads);
     if (timeline) {
         int mi = 0; /* the median step */

@@ -135,6 +135,8 @@ typedef enum mt_arch {
     MT_ARCH_QWEN3_MOE = 7, /* Qwen3MoeForCausalLM: Qwen3 attention, mixture-of-experts MLPs */
     MT_ARCH_MIXTRAL = 8, /* MixtralForCausalLM: Mistral attention, mixture-of-experts MLPs */
     MT_ARCH_QWEN2_MOE = 9, /* Qwen2MoeForCausalLM: Qwen2 attention, routed experts and a gated shared expert */
+    MT_ARCH_GPT_OSS = 10, /* GptOssForCausalLM: attention sinks and q/k/v/o biases, sliding and full layers
+                           * alternating, experts with biases and a clamped SwiGLU */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 

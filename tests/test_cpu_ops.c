@@ -793,6 +793,123 @@ Test(cpu_ops, attention_softcap_backward_fd)
     check_attention_cap_bwd(1, 100, 2, 1, 6, 1.0f);  /* MQA, several query blocks */
 }
 
+/* ---- attention sinks ----------------------------------------------------------------------- */
+
+/* GPT-OSS's attention as transformers' eager implementation writes it, in double: each causal
+ * softmax row of head h gets the logit sinks[h] appended (in its max and its sum) and the sink's
+ * column is dropped after. out (B,S,H,D), lse (B,H,S) over the scores and the sink; q, k, v
+ * (B,S,H,D) (one kv head per query head). */
+static void attention_sink_ref(double *out, double *lse, const double *q, const double *k, const double *v,
+                               const double *sinks, int B, int S, int H, int D, double scale)
+{
+    double *s = malloc((size_t)S * sizeof(double));
+    cr_assert(s);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++) {
+                const double *qi = q + ((size_t)(b * S + i) * H + h) * D;
+                double m = sinks[h];
+                for (int j = 0; j <= i; j++) {
+                    const double *kj = k + ((size_t)(b * S + j) * H + h) * D;
+                    s[j] = 0;
+                    for (int d = 0; d < D; d++) s[j] += qi[d] * kj[d];
+                    s[j] *= scale;
+                    m = fmax(m, s[j]);
+                }
+                double sum = exp(sinks[h] - m);
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - m);
+                lse[((size_t)b * H + h) * S + i] = m + log(sum);
+                double *o = out + ((size_t)(b * S + i) * H + h) * D;
+                for (int d = 0; d < D; d++) o[d] = 0;
+                for (int j = 0; j <= i; j++) {
+                    const double *vj = v + ((size_t)(b * S + j) * H + h) * D;
+                    for (int d = 0; d < D; d++) o[d] += exp(s[j] - m) / sum * vj[d];
+                }
+            }
+    free(s);
+}
+
+enum { SK_B = 1, SK_S = 5, SK_H = 2, SK_D = 3, SK_N = SK_B * SK_S * SK_H * SK_D, SK_NL = SK_B * SK_H * SK_S };
+
+typedef struct {
+    double q[SK_N], k[SK_N], v[SK_N], sinks[SK_H], out[SK_N], lse[SK_NL];
+    const float *dout;
+    double scale;
+} sink_ctx;
+
+/* L = sum(dout * out) of the reference */
+static double sink_loss(sink_ctx *c)
+{
+    attention_sink_ref(c->out, c->lse, c->q, c->k, c->v, c->sinks, SK_B, SK_S, SK_H, SK_D, c->scale);
+    double L = 0;
+    for (int i = 0; i < SK_N; i++) L += c->dout[i] * c->out[i];
+    return L;
+}
+
+/* dL/dx[i] by central differences of the reference, step 1e-3 */
+static double sink_fd(sink_ctx *c, double *x, int i)
+{
+    const double x0 = x[i];
+    x[i] = x0 + 1e-3;
+    const double lp = sink_loss(c);
+    x[i] = x0 - 1e-3;
+    const double lm = sink_loss(c);
+    x[i] = x0;
+    return (lp - lm) / 2e-3;
+}
+
+/* analytic a against the central difference num (the tolerance is derived below) */
+#define SINK_FD_OK(a, num) (fabs((a) - (num)) <= 1e-4 * fmax(fabs(num), 1e-2))
+
+/* The library's sink (mt_cpu_attention, then mt_cpu_attn_sink on its out and lse) against
+ * the softmax with the sink's logit appended; its gradient (mt_cpu_attn_sink_bwd), and
+ * mt_cpu_attention_bwd run from the sunk out and lse (template.h's claim), against central
+ * differences of that reference. The differences are of the double reference, not of the fp32
+ * path: its rounding noise, ~u |L| / h ~ 1e-4, would be as large as the tolerance. Truncation
+ * (h^2 / 6 |L'''| ~ 1e-7 here) and the fp32 analytic side (~1e-7 of the gradients' terms, which
+ * are O(0.1)) are far below the tolerance, 1e-4 relative with a floor of 1e-2 where a gradient
+ * nearly cancels (seen: within 1e-6 relative); a wrong term is off by O(1). */
+Test(cpu_ops, attn_sink_matches_softmax_with_sink)
+{
+    seed(67);
+    const float scale = 1.0f / sqrtf((float)SK_D);
+    float *q = rand_vec(SK_N, 2), *k = rand_vec(SK_N, 2), *v = rand_vec(SK_N, 1), *sinks = rand_vec(SK_H, 2);
+    float *dout = rand_vec(SK_N, 1), *out = rand_vec(SK_N, 1), *lse = rand_vec(SK_NL, 1);
+    float *dq = rand_vec(SK_N, 1), *dk = rand_vec(SK_N, 1), *dv = rand_vec(SK_N, 1); /* overwritten */
+    sink_ctx c = {.dout = dout, .scale = scale};
+    for (int i = 0; i < SK_N; i++) c.q[i] = q[i], c.k[i] = k[i], c.v[i] = v[i];
+    for (int h = 0; h < SK_H; h++) c.sinks[h] = sinks[h];
+    void *ws = ws_alloc(1, SK_S);
+
+    mt_cpu_attention(NULL, ws, out, lse, q, k, v, SK_B, SK_S, SK_H, SK_H, SK_D, scale);
+    mt_cpu_attn_sink(out, lse, sinks, SK_B, SK_S, SK_H, SK_D);
+    sink_loss(&c);
+    for (int i = 0; i < SK_N; i++)
+        cr_expect(fabs(out[i] - c.out[i]) <= 1e-5, "out[%d] %.8g ref %.8g", i, out[i], c.out[i]);
+    for (int i = 0; i < SK_NL; i++)
+        cr_expect(fabs(lse[i] - c.lse[i]) <= 1e-5 * fmax(1, fabs(c.lse[i])), "lse[%d] %.8g ref %.8g", i, lse[i],
+                  c.lse[i]);
+
+    /* dsink is added into */
+    const float start[SK_H] = {0.25f, -0.5f};
+    float dsink[SK_H];
+    memcpy(dsink, start, sizeof dsink);
+    mt_cpu_attn_sink_bwd(dsink, dout, out, lse, sinks, SK_B, SK_S, SK_H, SK_D);
+    for (int h = 0; h < SK_H; h++) {
+        const double num = sink_fd(&c, c.sinks, h), got = (double)dsink[h] - start[h];
+        cr_expect(SINK_FD_OK(got, num), "dsink[%d]: analytic %.7g, numeric %.7g", h, got, num);
+    }
+
+    mt_cpu_attention_bwd(NULL, ws, dq, dk, dv, dout, out, lse, q, k, v, SK_B, SK_S, SK_H, SK_H, SK_D, scale);
+    for (int i = 0; i < SK_N; i++) {
+        const double nq = sink_fd(&c, c.q, i), nk = sink_fd(&c, c.k, i), nv = sink_fd(&c, c.v, i);
+        cr_expect(SINK_FD_OK(dq[i], nq), "dq[%d]: analytic %.7g, numeric %.7g", i, dq[i], nq);
+        cr_expect(SINK_FD_OK(dk[i], nk), "dk[%d]: analytic %.7g, numeric %.7g", i, dk[i], nk);
+        cr_expect(SINK_FD_OK(dv[i], nv), "dv[%d]: analytic %.7g, numeric %.7g", i, dv[i], nv);
+    }
+    free(q); free(k); free(v); free(sinks); free(dout); free(out); free(lse); free(dq); free(dk); free(dv); free(ws);
+}
+
 /* ---- SwiGLU ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -858,6 +975,80 @@ Test(cpu_ops, geglu)
     }
     fd_check("dgate", geglu_loss, &s, s.gate, dgate, n);
     fd_check("dup", geglu_loss, &s, s.up, dup, n);
+    free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
+}
+
+/* ---- GPT-OSS's clamped SwiGLU ---------------------------------------------------------- */
+
+static double gptoss_loss(void *c)
+{
+    swiglu_ctx *s = c;
+    mt_cpu_glu(NULL, MT_GLU_GPTOSS, s->out, s->gate, s->up, s->n);
+    return dot_d(s->out, s->R, s->n);
+}
+
+/* mt_cpu_glu's out and mt_cpu_glu_bwd's dgate, dup at (gate, up), from r = dL/dout, against
+ * the formula in double: out = (u + 1) g sigmoid(alpha g), g = min(gate, L),
+ * u = clamp(up, -L, L); dgate where gate <= L, dup where -L <= up <= L (ends included), else
+ * exactly 0. fp32 errors: exp's relative error grows with |alpha g| (up to ~17u at gate -10),
+ * where out and dup are tiny, hence their floor 1e-6; where s ~ 1, 1 - s keeps only its
+ * absolute accuracy, a few u, scaled by alpha |g| in the derivative: dgate within
+ * 1e-6 (1 + alpha |g|) |r (u + 1)|. */
+static void check_gptoss_point(const char *what, size_t i, float gate, float up, float r, float out, float dgate,
+                               float dup)
+{
+    const double L = MT_GPTOSS_LIMIT, a = MT_GPTOSS_ALPHA;
+    const double g = fmin(gate, L), u = fmin(fmax(up, -L), L), s = 1 / (1 + exp(-a * g));
+    const double o = (u + 1) * g * s, dg = r * (u + 1) * (s + a * g * s * (1 - s)), du = r * g * s;
+    cr_expect(fabs(out - o) <= 1e-6 * (1 + fabs(o)), "%s %zu: out %.8g ref %.8g (gate %.8g up %.8g)", what, i, out, o,
+              gate, up);
+    if (gate <= L)
+        cr_expect(fabs(dgate - dg) <= 1e-6 * (1 + a * fabs(g)) * fabs(r * (u + 1)),
+                  "%s %zu: dgate %.8g ref %.8g (gate %.8g up %.8g)", what, i, dgate, dg, gate, up);
+    else
+        cr_expect(dgate == 0.0f, "%s %zu: dgate %g beyond the clamp (gate %.8g)", what, i, dgate, gate);
+    if (up >= -L && up <= L)
+        cr_expect(fabs(dup - du) <= 1e-6 * (1 + fabs(du)), "%s %zu: dup %.8g ref %.8g (gate %.8g up %.8g)", what, i,
+                  dup, du, gate, up);
+    else
+        cr_expect(dup == 0.0f, "%s %zu: dup %g beyond the clamp (up %.8g)", what, i, dup, up);
+}
+
+/* Against the formula in double on [-10, 10) (both clamps reached), at the bounds and one float
+ * beyond them, and central differences (FD_TOL) with no input within 5 FD_H of a bound, where
+ * the difference would straddle the kink. */
+Test(cpu_ops, gptoss_glu)
+{
+    seed(68);
+    const size_t n = 300;
+    swiglu_ctx s = {rand_vec(n, 10), rand_vec(n, 10), rand_vec(n, 1), rand_vec(n, 1), n};
+    const float L = MT_GPTOSS_LIMIT;
+    int beyond_g = 0, beyond_u = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabsf(s.gate[i] - L) < 5 * FD_H) s.gate[i] -= 10 * FD_H;
+        if (fabsf(fabsf(s.up[i]) - L) < 5 * FD_H) s.up[i] -= copysignf(10 * FD_H, s.up[i]);
+        beyond_g += s.gate[i] > L, beyond_u += fabsf(s.up[i]) > L;
+    }
+    cr_assert(beyond_g > 0 && beyond_u > 0, "the draw reaches beyond the clamps");
+    float *dgate = rand_vec(n, 1), *dup = rand_vec(n, 1);
+    gptoss_loss(&s);
+    mt_cpu_glu_bwd(NULL, MT_GLU_GPTOSS, dgate, dup, s.R, s.gate, s.up, n);
+    for (size_t i = 0; i < n; i++)
+        check_gptoss_point("element", i, s.gate[i], s.up[i], s.R[i], s.out[i], dgate[i], dup[i]);
+    fd_check("dgate", gptoss_loss, &s, s.gate, dgate, n);
+    fd_check("dup", gptoss_loss, &s, s.up, dup, n);
+
+    /* at the bounds (the gradients pass) and one float beyond them (they do not) */
+    const float bg[] = {L, L, -L, nextafterf(L, 8.0f), 1.0f}, bu[] = {L, -L, L, 1.0f, nextafterf(-L, -8.0f)};
+    const float br[] = {0.5f, -0.75f, 1.0f, 0.5f, -0.5f};
+    float bo[5], bdg[5], bdu[5];
+    mt_cpu_glu(NULL, MT_GLU_GPTOSS, bo, bg, bu, 5);
+    mt_cpu_glu_bwd(NULL, MT_GLU_GPTOSS, bdg, bdu, br, bg, bu, 5);
+    for (size_t i = 0; i < 5; i++) {
+        check_gptoss_point("bound", i, bg[i], bu[i], br[i], bo[i], bdg[i], bdu[i]);
+        cr_expect((bdg[i] == 0.0f) == (i == 3) && (bdu[i] == 0.0f) == (i == 4), "bound %zu: dgate %g dup %g", i,
+                  bdg[i], bdu[i]);
+    }
     free(s.gate); free(s.up); free(s.out); free(s.R); free(dgate); free(dup);
 }
 

@@ -563,6 +563,168 @@ Test(cuda_kernels, geglu)
     }
 }
 
+/* ---- GPT-OSS's clamped SwiGLU ------------------------------------------------------ */
+
+static void check_gptoss_glu(size_t n, mt_cu_dtype dt, size_t off)
+{
+    /* beyond +-7 on both inputs, so the clamps and their zero gradients run */
+    tensor g = t_rand(dt, n, -10.0f, 10.0f, off), u = t_rand(dt, n, -10.0f, 10.0f, off),
+           d = t_rand(dt, n, -1.0f, 1.0f, off);
+    tensor out = t_rand(dt, n, 0, 0, off), dg = t_rand(dt, n, 0, 0, off), du = t_rand(dt, n, 0, 0, off);
+    /* the bounds themselves, exact in bf16: the gradients pass there (inclusive); at the start,
+     * so the vector path meets them where there is one */
+    const float bounds[][2] = {{7.0f, 7.0f}, {7.0f, -7.0f}, {-7.0f, 7.0f}, {-7.0f, -7.0f}};
+    for (size_t i = 0; i < 4 && i < n; i++) g.ref[i] = bounds[i][0], u.ref[i] = bounds[i][1];
+    t_upload(&g), t_upload(&u);
+    mt_cpu_glu(NULL, MT_GLU_GPTOSS, out.ref, g.ref, u.ref, n);
+    mt_cpu_glu_bwd(NULL, MT_GLU_GPTOSS, dg.ref, du.ref, d.ref, g.ref, u.ref, n);
+    cr_assert(mt_cu_glu(NULL, dt, MT_GLU_GPTOSS, out.dev, g.dev, u.dev, n) == 0);
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_GPTOSS, dg.dev, du.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *og = t_fetch(&out), *dgg = t_fetch(&dg), *dug = t_fetch(&du);
+    /* Both sides clamp the same floats to the same g and u and compute u + 1
+     * identically, so only s = sigmoid(1.702 g) differs. fp32 mode: exp
+     * within 2 ulp on each side (8u apart), 1 + e and the division add a
+     * rounding each: s within 12u relative, and out = (u + 1) (g s) (two
+     * more roundings) within 16u relative; we allow 32u. The backward's
+     * 1 - s loses s's relative accuracy (12u absolute), scaled by
+     * 1.702 |g|: dglu = s + 1.702 g s (1 - s) (|dglu| <= 1.1) within
+     * 12u (1 + 1.702 |g|) + 4u, so dgate within 32u |d (u + 1)| (1 + 1.702 |g|);
+     * dup = d (g s) within 16u relative, allowed 32u. bf16 mode uses the fast
+     * exp (2 + floor(1.173 |x|) ulp: <= 21 ulp for |1.702 g| <= 17.02)
+     * and division (2 ulp): s within ~53u, 4 times the fp32 tolerances.
+     * Beyond the bounds the gradients are exact zeros on both sides. */
+    const double k = dt == MT_CU_BF16 ? 4.0 : 1.0;
+    for (size_t i = 0; i < n; i++) {
+        const double gi = fmin(g.ref[i], MT_GPTOSS_LIMIT), ui = fmin(fmax(u.ref[i], -MT_GPTOSS_LIMIT), MT_GPTOSS_LIMIT);
+        const double di = d.ref[i];
+        cr_assert(fabs(og[i] - out.ref[i]) <= out_tol(dt, out.ref[i], k * 32 * U24 * fabs(out.ref[i])),
+                  "n %zu %s off %zu: out[%zu] = %.9g, ref %.9g (gate %.9g up %.9g)", n, dtn(dt), off, i, og[i],
+                  out.ref[i], g.ref[i], u.ref[i]);
+        cr_assert(fabs(dgg[i] - dg.ref[i]) <=
+                      out_tol(dt, dg.ref[i], k * 32 * U24 * fabs(di * (ui + 1)) * (1 + MT_GPTOSS_ALPHA * fabs(gi))),
+                  "n %zu %s off %zu: dgate[%zu] = %.9g, ref %.9g (gate %.9g up %.9g)", n, dtn(dt), off, i, dgg[i],
+                  dg.ref[i], g.ref[i], u.ref[i]);
+        cr_assert(fabs(dug[i] - du.ref[i]) <= out_tol(dt, du.ref[i], k * 32 * U24 * fabs(du.ref[i])),
+                  "n %zu %s off %zu: dup[%zu] = %.9g, ref %.9g (gate %.9g up %.9g)", n, dtn(dt), off, i, dug[i],
+                  du.ref[i], g.ref[i], u.ref[i]);
+        if (g.ref[i] > MT_GPTOSS_LIMIT) cr_assert(dgg[i] == 0.0f, "dgate[%zu] = %.9g beyond the clamp", i, dgg[i]);
+        if (fabsf(u.ref[i]) > MT_GPTOSS_LIMIT) cr_assert(dug[i] == 0.0f, "dup[%zu] = %.9g beyond the clamp", i, dug[i]);
+    }
+    /* in place: dgate over dout, dup over up (as the backend runs it) */
+    cr_assert(mt_cu_glu_bwd(NULL, dt, MT_GLU_GPTOSS, d.dev, u.dev, d.dev, g.dev, u.dev, n) == 0);
+    float *dgi = t_fetch(&d), *dui = t_fetch(&u);
+    cr_assert(memcmp(dgi, dgg, n * sizeof(float)) == 0, "in-place dgate differs");
+    cr_assert(memcmp(dui, dug, n * sizeof(float)) == 0, "in-place dup differs");
+    free(og), free(dgg), free(dug), free(dgi), free(dui);
+    t_free(&g), t_free(&u), t_free(&d), t_free(&out), t_free(&dg), t_free(&du);
+}
+
+Test(cuda_kernels, gptoss_glu)
+{
+    NEED_GPU();
+    seed(27);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_gptoss_glu((size_t)37 * 2880 + 5, dt, 0); /* vectors and a tail (GPT-OSS's F = 2880) */
+        check_gptoss_glu((size_t)37 * 96, dt, 1);       /* misaligned: scalar */
+        check_gptoss_glu(7, dt, 0);                     /* the tail alone */
+    }
+}
+
+/* ---- attention sinks ------------------------------------------------------------------ */
+
+/* ~N(0, 1): Box-Muller on two uniforms */
+static float gauss(void)
+{
+    const double a = 1.0 - uni(0.0f, 1.0f), b = uni(0.0f, 1.0f);
+    return (float)(sqrt(-2.0 * log(a)) * cos(6.283185307179586 * b));
+}
+
+static void check_attn_sink(int B, int S, int H, int D, mt_cu_dtype dt, size_t off)
+{
+    const size_t n = (size_t)B * S * H * D, nl = (size_t)B * H * S;
+    tensor out = t_rand(dt, n, -2.0f, 2.0f, off), dout = t_rand(dt, n, -1.0f, 1.0f, off);
+    /* lse >= the row's largest score: a few units either side of 0 in a trained model; with the sinks
+     * below, r = 1 / (1 + exp(sink - lse)) spans about 0.01 to 0.99 */
+    tensor lse = t_rand(MT_CU_F32, nl, -2.0f, 6.0f, 0), sk = t_rand(dt, (size_t)H, 0, 0, 0);
+    tensor ds = t_rand(MT_CU_F32, (size_t)H, -1.0f, 1.0f, 0); /* nonzero: dsink is added into */
+    for (int h = 0; h < H; h++) sk.ref[h] = dt == MT_CU_BF16 ? mt_bf16_to_f32(mt_f32_to_bf16(gauss())) : gauss();
+    t_upload(&sk);
+    float *ds0 = xmalloc((size_t)H * sizeof(float));
+    memcpy(ds0, ds.ref, (size_t)H * sizeof(float));
+
+    /* backward first, on the inputs as drawn (the forward changes out and lse in place) */
+    mt_cpu_attn_sink_bwd(ds.ref, dout.ref, out.ref, lse.ref, sk.ref, B, S, H, D);
+    cr_assert(mt_cu_attn_sink_bwd(NULL, dt, ds.dev, dout.dev, out.dev, lse.dev, sk.dev, B, S, H, D) == 0);
+    float *dsg = t_fetch(&ds);
+    /* Each row's dot of D products in fp32 (any order) is within D u sum|dout out| of the
+     * exact one; the CPU's is in double. The weights exp(sink - lse) are double on both
+     * sides (relative 1e-15), the rows summed in double: the sum is within
+     * D u sum_rows w |dout||out| (M below), then rounded to float on both sides (u |acc|
+     * each) and subtracted from dsink (u |dsink| each). Wrong or missing rows are off by
+     * about w sqrt(D) |dout out|, orders of magnitude above that. */
+    for (int h = 0; h < H; h++) {
+        double M = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int s = 0; s < S; s++) {
+                const size_t row = (((size_t)b * S + s) * H + h) * D;
+                double a = 0.0;
+                for (int j = 0; j < D; j++) a += fabs((double)dout.ref[row + j] * out.ref[row + j]);
+                M += exp((double)sk.ref[h] - lse.ref[((size_t)b * H + h) * S + s]) * a;
+            }
+        const double acc = (double)ds0[h] - ds.ref[h];
+        cr_assert(fabs(dsg[h] - ds.ref[h]) <= (D + 1) * U24 * M + 2 * U24 * (fabs(acc) + fabs(ds.ref[h])),
+                  "B %d S %d H %d D %d %s off %zu: dsink[%d] = %.9g, ref %.9g (from %.9g)", B, S, H, D, dtn(dt), off,
+                  h, dsg[h], ds.ref[h], ds0[h]);
+    }
+    /* deterministic: the same bits from the same start */
+    H2D(ds.dev, ds0, (size_t)H * sizeof(float));
+    cr_assert(mt_cu_attn_sink_bwd(NULL, dt, ds.dev, dout.dev, out.dev, lse.dev, sk.dev, B, S, H, D) == 0);
+    float *dsg2 = t_fetch(&ds);
+    cr_assert(memcmp(dsg, dsg2, (size_t)H * sizeof(float)) == 0, "B %d S %d H %d D %d %s: two runs differ", B, S, H,
+              D, dtn(dt));
+
+    mt_cpu_attn_sink(out.ref, lse.ref, sk.ref, B, S, H, D);
+    cr_assert(mt_cu_attn_sink(NULL, dt, out.dev, lse.dev, sk.dev, B, S, H, D) == 0);
+    float *og = t_fetch(&out), *lg = t_fetch(&lse);
+    /* r and the new lse are double expressions rounded to float on both sides, apart by a
+     * few double ulps (the libraries' exp, log1p / log), so their floats are equal or one
+     * ulp (2u relative) apart; out = o r rounded once on each side: within 4u |out| to
+     * first order, allowed 8u. lse within one ulp, 2u |lse|, allowed 4u, plus the double
+     * difference itself where lse is near 0 (2^-50 of the operands). bf16: the output's
+     * rounding on top (out_tol). */
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(og[i] - out.ref[i]) <= out_tol(dt, out.ref[i], 8 * U24 * fabs(out.ref[i])),
+                  "B %d S %d H %d D %d %s off %zu: out[%zu] = %.9g, ref %.9g", B, S, H, D, dtn(dt), off, i, og[i],
+                  out.ref[i]);
+    for (size_t i = 0; i < nl; i++) {
+        const int h = (int)(i / S % H);
+        const double scale = fabs(lse.ref[i]) + fabs(sk.ref[h]) + 1;
+        cr_assert(fabs(lg[i] - lse.ref[i]) <= 4 * U24 * fabs(lse.ref[i]) + 0x1p-50 * scale,
+                  "B %d S %d H %d D %d %s off %zu: lse[%zu] = %.9g, ref %.9g", B, S, H, D, dtn(dt), off, i, lg[i],
+                  lse.ref[i]);
+    }
+    free(dsg), free(dsg2), free(og), free(lg), free(ds0);
+    t_free(&out), t_free(&dout), t_free(&lse), t_free(&sk), t_free(&ds);
+}
+
+Test(cuda_kernels, attn_sink)
+{
+    NEED_GPU();
+    seed(28);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_attn_sink(2, 37, 5, 64, dt, 0);  /* GPT-OSS's head size; 5 heads: partial warps */
+        check_attn_sink(2, 37, 5, 128, dt, 0);
+        check_attn_sink(2, 37, 7, 256, dt, 0); /* a whole warp per row */
+        check_attn_sink(2, 37, 3, 72, dt, 0);  /* 9 accesses: groups of 16 lanes, 7 idle */
+        check_attn_sink(2, 37, 5, 64, dt, 1);  /* misaligned: scalar, a row over 32 lanes twice */
+        check_attn_sink(2, 37, 5, 36, dt, 0);  /* D % 8 != 0: scalar */
+        check_attn_sink(1, 1, 1, 8, dt, 0);    /* one row */
+        check_attn_sink(3, 600, 2, 64, dt, 0); /* many rows per warp of the backward */
+    }
+}
+
 /* ---- embedding ------------------------------------------------------------------ */
 
 /* scale: 1, or Gemma's sqrt(C) (rounded to bf16, as the model's bf16 mode uses it). */

@@ -94,9 +94,11 @@ Test(family, every_entry_has_a_template_and_what_it_reads)
         c.arch = (uint32_t)f->arch;
         cr_assert_eq(mt_template_for(&c), f->layer_template);
         cr_assert_eq(f->moe != MT_MOE_NONE, f->layer_template == &mt_template_moe, "%s", f->display_name);
+        /* GPT-OSS's experts are named by the layout (one fused tensor of all of them), not per expert */
         if (f->moe != MT_MOE_NONE)
-            cr_assert(f->moe_block && f->expert_names[0] && f->expert_names[1] && f->expert_names[2] && f->experts &&
-                          f->experts_per_tok,
+            cr_assert(f->moe_block &&
+                          (f->moe == MT_MOE_GPT_OSS || (f->expert_names[0] && f->expert_names[1] && f->expert_names[2])) &&
+                          f->experts && f->experts_per_tok,
                       "%s: the experts' names and defaults", f->display_name);
         if (f->window == MT_WINDOW_PATTERN) cr_assert_geq(f->window_pattern, 2u, "%s", f->display_name);
         if (f->window == MT_WINDOW_FROM_LAYER) cr_assert_gt(f->max_window_layers, 0u, "%s", f->display_name);
@@ -119,35 +121,45 @@ static const struct {
     uint32_t tied, bias;
     float qpas, attn_cap, final_cap, local_base;
     uint32_t experts, per_tok, expert_ffn, norm_topk;
+    uint32_t window, rope_scaling, head_dim; /* 0 where unlisted: no window, no scaling, hidden / heads (8) */
 } EXPECT[] = {
     {MT_ARCH_LLAMA, ATTN " o_proj post_attention_layernorm" DENSE, &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f,
-     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_QWEN2, ATTN " q_proj.bias k_proj.bias v_proj.bias o_proj post_attention_layernorm" DENSE,
-     &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+     &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_MISTRAL, ATTN " o_proj post_attention_layernorm" DENSE, &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f,
-     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_QWEN3, ATTN QKN " o_proj post_attention_layernorm" DENSE, &mt_template_llama, 1, MT_GLU_SILU, 0, 1.0f,
-     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_PHI3, "input_layernorm qkv_proj qkv_proj qkv_proj o_proj post_attention_layernorm gate_up_proj "
                    "gate_up_proj down_proj",
-     &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     &mt_template_llama, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_GEMMA2, ATTN " o_proj post_attention_layernorm pre_feedforward_layernorm post_feedforward_layernorm" DENSE,
-     &mt_template_gemma, 0, MT_GLU_GELU_TANH, 1, 0.0f, 10000.0f, 1, 0, 256.0f, 50.0f, 30.0f, 0, 0, 0, 0, 0},
+     &mt_template_gemma, 0, MT_GLU_GELU_TANH, 1, 0.0f, 10000.0f, 1, 0, 256.0f, 50.0f, 30.0f, 0, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_GEMMA3,
      ATTN QKN " o_proj post_attention_layernorm pre_feedforward_layernorm post_feedforward_layernorm" DENSE,
-     &mt_template_gemma, 1, MT_GLU_GELU_TANH, 1, 0.0f, 1e6f, 1, 0, 256.0f, 0, 0, 10000.0f, 0, 0, 0, 0},
+     &mt_template_gemma, 1, MT_GLU_GELU_TANH, 1, 0.0f, 1e6f, 1, 0, 256.0f, 0, 0, 10000.0f, 0, 0, 0, 0, 0, 0, 0},
     {MT_ARCH_QWEN3_MOE,
      ATTN QKN " o_proj post_attention_layernorm mlp.gate experts.*.gate_proj experts.*.up_proj experts.*.down_proj",
-     &mt_template_moe, 1, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 128, 8, 768, 0},
+     &mt_template_moe, 1, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 128, 8, 768, 0, 0, 0, 0},
     {MT_ARCH_MIXTRAL,
      ATTN " o_proj post_attention_layernorm block_sparse_moe.gate experts.*.w1 experts.*.w3 experts.*.w2",
-     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 8, 2, 48, 1},
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 8, 2, 48, 1, 0, 0, 0},
     /* Qwen2MoeConfig: qkv_bias true, 60 experts of 1408, top-4 unnormalised, a gated shared expert */
     {MT_ARCH_QWEN2_MOE,
      ATTN " q_proj.bias k_proj.bias v_proj.bias o_proj post_attention_layernorm mlp.gate experts.*.gate_proj "
           "experts.*.up_proj experts.*.down_proj shared_expert.gate_proj shared_expert.up_proj "
           "shared_expert.down_proj shared_expert_gate",
-     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 1, 0, 0, 0, 0, 60, 4, 1408, 0},
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 1, 0, 0, 0, 0, 60, 4, 1408, 0, 0, 0, 0},
+    /* GptOssConfig: attention_bias true, 128 experts of intermediate_size top-4 (the softmax of the top-4 logits:
+     * renormalised), sliding_window 128 with layer_types sliding, full, ...; head_dim 64 whatever the hidden size;
+     * yarn RoPE, rope_theta 150000 */
+    {MT_ARCH_GPT_OSS,
+     ATTN " q_proj.bias k_proj.bias v_proj.bias o_proj o_proj.bias sinks post_attention_layernorm router router.bias "
+          "experts.gate_up_proj experts.gate_up_proj experts.down_proj experts.gate_up_proj_bias "
+          "experts.gate_up_proj_bias experts.down_proj_bias",
+     &mt_template_moe, 0, MT_GLU_GPTOSS, 0, 1.0f, 150000.0f, 0, 1, 0, 0, 0, 0, 128, 4, 48, 1, 128,
+     MT_ROPE_SCALING_YARN, 64},
 };
 #define N_EXPECT (sizeof EXPECT / sizeof EXPECT[0])
 
@@ -196,7 +208,9 @@ Test(family, config_json_defaults_of_each_family)
         cr_assert_eq(c.num_experts_per_tok, EXPECT[i].per_tok, "%s", f->display_name);
         cr_assert_eq(c.moe_intermediate_size, EXPECT[i].expert_ffn, "%s", f->display_name);
         cr_assert_eq(c.norm_topk_prob, EXPECT[i].norm_topk, "%s", f->display_name);
-        cr_assert_eq(c.sliding_window, 0u, "%s: no window without the key", f->display_name);
+        cr_assert_eq(c.sliding_window, EXPECT[i].window, "%s: the window without the key", f->display_name);
+        cr_assert_eq(c.rope_scaling, EXPECT[i].rope_scaling, "%s: RoPE without the key", f->display_name);
+        cr_assert_eq(c.head_dim, EXPECT[i].head_dim ? EXPECT[i].head_dim : 8u, "%s: head_dim", f->display_name);
     }
 }
 
@@ -274,7 +288,8 @@ Test(family, config_json_written_and_read_back_for_each_family)
         cr_assert_str_eq(a0->valuestring, f->architecture);
         cr_assert_str_eq(cJSON_GetObjectItem(j, "model_type")->valuestring, f->model_type);
         cr_assert_str_eq(cJSON_GetObjectItem(j, "hidden_act")->valuestring, f->hidden_act);
-        cr_assert_eq(cJSON_HasObjectItem(j, "attention_bias"), !(f->flags & MT_FAMILY_BIAS) && !f->bias_key, "%s",
+        cr_assert_eq(cJSON_HasObjectItem(j, "attention_bias"),
+                     !(f->flags & MT_FAMILY_BIAS) && (!f->bias_key || !strcmp(f->bias_key, "attention_bias")), "%s",
                      f->display_name);
         if (f->bias_key) cr_assert(cJSON_IsBool(cJSON_GetObjectItem(j, f->bias_key)), "%s", f->display_name);
         const int use_key = f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_EVEN_BELOW;
@@ -285,7 +300,8 @@ Test(family, config_json_written_and_read_back_for_each_family)
                      f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "partial_rotary_factor"), (f->flags & MT_FAMILY_PHI3_ROPE) != 0, "%s",
                      f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"), f->moe == MT_MOE_MIXTRAL, "%s", f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"), f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS,
+                     "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "mlp_only_layers"), f->moe == MT_MOE_QWEN3, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "query_pre_attn_scalar"), (f->flags & MT_FAMILY_GEMMA_CONFIG) != 0,
                      "%s", f->display_name);

@@ -1767,3 +1767,152 @@ Test(hf, config_refusals_moe)
                           ",\"num_experts\":4,\"num_experts_per_tok\":2,\"decoder_sparse_step\":0}",
                           MT_ERR_FORMAT, "decoder_sparse_step");
 }
+
+/* ---- GPT-OSS: all the experts in one tensor, transposed, gate and up interleaved -------------------- */
+
+static mt_model_config gpt_oss(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_GPT_OSS;
+    c.attention_bias = 1;
+    c.num_experts = 3;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = c.intermediate_size; /* GPT-OSS's experts are intermediate_size wide */
+    c.norm_topk_prob = 1;
+    c.router_aux_loss_coef = 0.02f;
+    c.sliding_window = 24, c.sliding_window_pattern = 2;
+    return c;
+}
+
+Test(hf, round_trip_gpt_oss_bf16) { round_trip(gpt_oss(MT_PRECISION_BF16)); }
+Test(hf, round_trip_gpt_oss_fp32) { round_trip(gpt_oss(MT_PRECISION_FP32)); }
+
+/* The value the model holds for element i of tensor t of unit u: its master, or in lean mode its code
+ * times its block's scale. */
+static float model_value(const mt_model *m, int u, const mt_tensor_desc *t, uint64_t i)
+{
+    const mt_unit_desc *d = &m->layout.units[u];
+    const mt_tile *tl = &m->tiles.tile[u];
+    const uint64_t k = t->offset + i;
+    if (!d->lean) return mt_tile_master(tl, d)[k];
+    return (float)mt_tile_wq(tl, d)[k] * mt_tile_sw(tl, d)[k / MT_LEAN_BLOCK_ELEMS];
+}
+
+static float file_value(const mt_st_tensor *f, uint64_t i)
+{
+    if (f->dtype == MT_ST_F32) {
+        float x;
+        memcpy(&x, f->data + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, f->data + 2 * i, 2);
+    return mt_bf16_to_f32(h);
+}
+
+/* Each expert tensor of the folder against the model, element by element, by GptOssExperts' own
+ * indexing: gate_up_proj[e, c, 2f] is the gate's (f, c) and [e, c, 2f + 1] the up's, down_proj[e, f, c]
+ * the down projection's (c, f), gate_up_proj_bias[e, 2f (+1)] and down_proj_bias[e, c]. tol(value):
+ * how far the file may be from the model (the bf16 rounding of a bf16 folder, or a lean model's own
+ * rounding of what it read). */
+static void check_gpt_oss_experts(const mt_model *m, const mt_model_config *c, mt_st_set *s, int file_is_model)
+{
+    const uint64_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
+    for (int l = 0; l < (int)c->num_hidden_layers; l++) {
+        const mt_unit_desc *u = &m->layout.units[l + 1];
+        char n[128];
+        int seen = 0;
+        for (int i = 0; i < u->n_tensors; i++) {
+            const mt_tensor_desc *t = &u->tensors[i];
+            const int gate = t->role == MT_T_EXP_GATE || t->role == MT_T_EXP_GATE_BIAS;
+            const int up = t->role == MT_T_EXP_UP || t->role == MT_T_EXP_UP_BIAS;
+            const int down = t->role == MT_T_EXP_DOWN || t->role == MT_T_EXP_DOWN_BIAS;
+            if (!gate && !up && !down) continue;
+            const int bias = mt_role_is_bias(t->role);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s%s", l, down ? "down_proj" : "gate_up_proj",
+                     bias ? "_bias" : "");
+            const mt_st_tensor *f = mt_st_find(s, n);
+            cr_assert_not_null(f, "%s", n);
+            const uint64_t last = down ? C : 2 * F;
+            if (bias) cr_assert(f->ndim == 2 && f->dims[0] == E && f->dims[1] == last, "%s shape", n);
+            else cr_assert(f->ndim == 3 && f->dims[0] == E && f->dims[1] == (down ? F : C) && f->dims[2] == last,
+                           "%s shape", n);
+            const uint64_t rows = down ? C : F, cols = bias ? 1 : down ? F : C;
+            for (uint64_t e = 0; e < E; e++)
+                for (uint64_t r = 0; r < rows; r++)
+                    for (uint64_t k = 0; k < cols; k++) {
+                        const uint64_t at = bias ? e * last + (down ? r : 2 * r + (uint64_t)up)
+                                                 : (e * cols + k) * last + (down ? r : 2 * r + (uint64_t)up);
+                        const float want = file_value(f, at), got = model_value(m, l + 1, t, (e * rows + r) * cols + k);
+                        if (file_is_model) { /* the file holds the model's values, rounded as the file's dtype */
+                            const float w = f->dtype == MT_ST_F32 ? got : mt_bf16_to_f32(mt_f32_to_bf16(got));
+                            cr_assert(memcmp(&w, &want, 4) == 0, "%s[%llu]: file %.9g, model %.9g", n,
+                                      (unsigned long long)at, want, got);
+                        } else { /* a lean model read the file: within half its block's step */
+                            const mt_tile *tl = &m->tiles.tile[l + 1];
+                            const float sc = mt_tile_sw(tl, u)[(t->offset + (e * rows + r) * cols + k) / MT_LEAN_BLOCK_ELEMS];
+                            cr_assert(fabsf(got - want) <= 0.5f * sc, "%s[%llu]: file %.9g, lean model %.9g", n,
+                                      (unsigned long long)at, want, got);
+                        }
+                    }
+            seen++;
+        }
+        cr_assert_eq(seen, 6, "layer %d: six expert tensors", l);
+        /* the router, its bias, the sinks and o_proj's bias under their own names */
+        static const char *const plain[4][2] = {{"mlp.router.weight", "2"}, {"mlp.router.bias", "1"},
+                                                 {"self_attn.sinks", "1"}, {"self_attn.o_proj.bias", "1"}};
+        for (int i = 0; i < 4; i++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, plain[i][0]);
+            const mt_st_tensor *f = mt_st_find(s, n);
+            cr_assert(f && f->ndim == atoi(plain[i][1]), "%s", n);
+        }
+    }
+}
+
+Test(hf, gpt_oss_folder_holds_transformers_layout)
+{
+    const int precisions[3] = {MT_PRECISION_FP32, MT_PRECISION_BF16, MT_PRECISION_LEAN};
+    for (int p = 0; p < 3; p++) {
+        const mt_model_config c = gpt_oss(precisions[p]);
+        mt_model *m = make(&c);
+        char dir[512], name[32];
+        snprintf(name, sizeof name, "gpt_oss%d", p);
+        cr_assert_eq(mt_model_save(m, tmp_path(dir, name)), MT_OK, "%s", mt_model_errmsg(m));
+        mt_st_set s = {0};
+        mt_err err = mt_err_thread();
+        cr_assert_eq(mt_st_open_dir(err, &s, dir), MT_OK);
+        cr_assert_eq(mt_st_index(err, &s), MT_OK);
+        check_gpt_oss_experts(m, &c, &s, 1);
+        /* read back into a lean model: its codes hold what the file says, each within half a step */
+        if (precisions[p] == MT_PRECISION_BF16) {
+            const mt_model_config cl = gpt_oss(MT_PRECISION_LEAN);
+            mt_model *b = make(&cl);
+            cr_assert_eq(mt_model_load(b, dir), MT_OK, "%s", mt_model_errmsg(b));
+            check_gpt_oss_experts(b, &cl, &s, 0);
+            mt_model_destroy(b);
+        }
+        mt_st_free(&s);
+        mt_model_destroy(m);
+    }
+}
+
+/* GPT-OSS's published checkpoints hold MXFP4 experts: refused by name, not misread */
+Test(hf, gpt_oss_quantized_checkpoint_refused)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    const char *text = "{\"architectures\":[\"GptOssForCausalLM\"],\"vocab_size\":64,\"hidden_size\":32,"
+                       "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                       "\"num_key_value_heads\":2,\"max_position_embeddings\":128,"
+                       "\"quantization_config\":{\"quant_method\":\"mxfp4\"}}";
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert_not_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+    mt_model_config c;
+    mt_model_config_init(&c);
+    cr_assert_eq(mt_config_load(&c, dir), MT_ERR_UNSUPPORTED);
+    cr_assert(strstr(mt_last_errmsg(), "mxfp4") && strstr(mt_last_errmsg(), "quantized"), "%s", mt_last_errmsg());
+}

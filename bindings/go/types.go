@@ -53,6 +53,7 @@ const (
 	ArchQwen3Moe Arch = C.MT_ARCH_QWEN3_MOE
 	ArchMixtral  Arch = C.MT_ARCH_MIXTRAL
 	ArchQwen2Moe Arch = C.MT_ARCH_QWEN2_MOE
+	ArchGptOss   Arch = C.MT_ARCH_GPT_OSS
 )
 
 // Precision is the numeric mode of a model (mt_precision).

@@ -431,6 +431,20 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
         snprintf(b->why, sizeof b->why, "attention backward: %s", mt_cuattn_strerror(rc)), b->failed = 1;
 }
 
+static void k_attn_sink(void *kc, void *out, float *lse, const void *sinks, int n_seq, int seq_len, int H, int D)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_attn_sink(b->comp, b->dt, out, lse, sinks, n_seq, seq_len, H, D), "attention sinks");
+}
+
+static void k_attn_sink_bwd(void *kc, float *dsink, const void *dout, const void *out, const float *lse,
+                            const void *sinks, int n_seq, int seq_len, int H, int D)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_attn_sink_bwd(b->comp, b->dt, dsink, dout, out, lse, sinks, n_seq, seq_len, H, D),
+       "attention sinks backward");
+}
+
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);
@@ -622,6 +636,8 @@ static mt_kernels cuda_kernels(void)
     k.rope = k_rope;
     k.attention = k_attention;
     k.attention_bwd = k_attention_bwd;
+    k.attn_sink = k_attn_sink;
+    k.attn_sink_bwd = k_attn_sink_bwd;
     k.glu = k_glu;
     k.glu_bwd = k_glu_bwd;
     k.copy = k_copy;

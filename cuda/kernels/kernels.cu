@@ -591,6 +591,59 @@ template <typename T, typename Act> struct glu_bwd_f {
     }
 };
 
+// GPT-OSS's clamped SwiGLU (mt_cpu_glu's MT_GLU_GPTOSS), which clamps up as
+// well as gate and so has functors of its own: g = min(gate, L),
+// u = clamp(up, -L, L), s = sigmoid(alpha g) from exp_neg and div_ as
+// silu_act's, out = (u + 1) (g s). fminf / fmaxf as the CPU's: a NaN input
+// becomes the bound on both sides.
+template <typename T> __device__ __forceinline__ float gptoss_sigmoid(float g)
+{
+    return div_<T>(1.0f, __fadd_rn(1.0f, exp_neg<T>(__fmul_rn(g, MT_GPTOSS_ALPHA))));
+}
+
+__device__ __forceinline__ float gptoss_up(float u) { return fminf(fmaxf(u, -MT_GPTOSS_LIMIT), MT_GPTOSS_LIMIT); }
+
+template <typename T> struct gptoss_glu_f {
+    T *out;
+    const T *gate, *up;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        float g[W], u[W];
+        load<W>(gate + i, g);
+        load<W>(up + i, u);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            const float gc = fminf(g[k], MT_GPTOSS_LIMIT);
+            g[k] = __fmul_rn(__fadd_rn(gptoss_up(u[k]), 1.0f), __fmul_rn(gc, gptoss_sigmoid<T>(gc)));
+        }
+        store<W>(out + i, g);
+    }
+};
+
+// dgate = d (u + 1) (s + alpha g s (1 - s)) where gate <= L, dup = d g s
+// where -L <= up <= L, else 0 (torch.clamp's gradient, ends included).
+template <typename T> struct gptoss_glu_bwd_f {
+    T *dgate, *dup;
+    const T *dout, *gate, *up;
+    template <int W> __device__ void apply(size_t i) const
+    {
+        float g[W], u[W], d[W], dg[W], du[W];
+        load<W>(gate + i, g);
+        load<W>(up + i, u);
+        load<W>(dout + i, d);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            const float gc = fminf(g[k], MT_GPTOSS_LIMIT), s = gptoss_sigmoid<T>(gc);
+            const float da =
+                __fadd_rn(s, __fmul_rn(__fmul_rn(__fmul_rn(MT_GPTOSS_ALPHA, gc), s), __fsub_rn(1.0f, s)));
+            dg[k] = g[k] <= MT_GPTOSS_LIMIT ? __fmul_rn(__fmul_rn(d[k], __fadd_rn(gptoss_up(u[k]), 1.0f)), da) : 0.0f;
+            du[k] = u[k] >= -MT_GPTOSS_LIMIT && u[k] <= MT_GPTOSS_LIMIT ? __fmul_rn(d[k], __fmul_rn(gc, s)) : 0.0f;
+        }
+        store<W>(dgate + i, dg);
+        store<W>(dup + i, du);
+    }
+};
+
 // The soft-cap of the returned logits: x = tanh(x / cap) cap (mt_cpu_softcap).
 struct softcap_f {
     float *x;
@@ -604,6 +657,122 @@ struct softcap_f {
         store<W>(x + i, v);
     }
 };
+
+// ---- attention sinks ------------------------------------------------------------------------------
+// A row is one (b, s, h): out's D contiguous elements (rows in (b, s, h)
+// order) and lse[b, h, s]. A group of P lanes (P a power of two, the row's
+// VEC-wide accesses up to 32) takes a row, lane j of it the accesses j,
+// j + P, ...; a warp takes 32 / P rows at a time. Every lane of a warp runs
+// the same iterations, so the group shuffles use the full mask. The per-row
+// scalars (the sink's share, the new lse, the weights of the backward) are
+// in double, as the CPU's, so that in fp32 mode r and lse round to the
+// CPU's floats but where the two libraries' exp / log1p differ across a
+// rounding boundary.
+
+constexpr int SINK_THREADS = 256;
+constexpr int SINK_BWD_THREADS = 512;
+constexpr int SINK_BWD_CLUSTER = 8; // blocks per head in the backward (the portable cluster size)
+
+// Lanes per row for nv accesses: the power of two >= nv, at most 32.
+int sink_lanes(int nv)
+{
+    int P = 1;
+    while (P < nv && P < 32) P *= 2;
+    return P;
+}
+
+// r = 1 / (1 + exp(k - a)) and log(exp(a) + exp(k)) from e = exp(-|k - a|) <= 1,
+// so that neither overflows (a = -inf gives r = 0 and lse = k; k = -inf, r = 1).
+__device__ __forceinline__ void sink_row(double a, double k, float *r, float *lse)
+{
+    const double e = exp(-fabs(k - a));
+    *r = (float)(k <= a ? 1.0 / (1.0 + e) : e / (1.0 + e));
+    *lse = (float)(fmax(a, k) + log1p(e));
+}
+
+// out *= r (one fp32 product, rounded once to T) and lse updated, one row per group.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(SINK_THREADS) attn_sink_k(T *__restrict__ out, float *__restrict__ lse,
+                                                            const T *__restrict__ sinks, size_t rows, int S, int H,
+                                                            int D, int P)
+{
+    const int lane = threadIdx.x & 31, j0 = lane & (P - 1), nv = D / VEC;
+    const size_t first = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * (32 / P);
+    if (first >= rows) return; // the whole warp
+    const size_t row = first + lane / P;
+    float r = 0.0f;
+    if (row < rows && j0 == 0) {
+        const size_t t = row / H;
+        const int h = (int)(row % H);
+        float k[1];
+        load<1>(sinks + h, k);
+        float *l = lse + ((t / S) * H + h) * S + t % S;
+        sink_row(*l, k[0], &r, l);
+    }
+    r = __shfl_sync(0xffffffffu, r, 0, P);
+    if (row >= rows) return;
+    T *o = out + row * D;
+    for (int j = j0; j < nv; j += P) {
+        float v[VEC];
+        load<VEC>(o + (size_t)j * VEC, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = __fmul_rn(v[k], r);
+        store<VEC>(o + (size_t)j * VEC, v);
+    }
+}
+
+// One cluster of SINK_BWD_CLUSTER blocks per head h (a single block per
+// head left most of the device idle; on an H100, bf16, 8 heads of 256 moved
+// 94 GB/s that way and 730 GB/s so, GPT-OSS's 64 heads of 64 0.8 and
+// 1.8 TB/s). Its
+// rows t = b S + s in a fixed assignment: warp w of the cluster (block rank
+// times warps per block plus the warp) takes t = (w + i W) 32/P + lane / P for
+// i = 0, 1, ..., W the cluster's warps; each row's dot product of dout and
+// out in fp32 (the group's lanes, then a butterfly over them), the leader's
+// exp(sink - lse) dot summed in double in ascending i, then a block sum; rank
+// 0 adds the blocks' sums in rank order (distributed shared memory) and
+// stores dsink[h] - that. No atomics.
+template <typename T, int VEC>
+__global__ void __cluster_dims__(SINK_BWD_CLUSTER, 1, 1) __launch_bounds__(SINK_BWD_THREADS)
+    attn_sink_bwd_k(float *__restrict__ dsink, const T *__restrict__ dout, const T *__restrict__ out,
+                    const float *__restrict__ lse, const T *__restrict__ sinks, size_t BS, int S, int H, int D, int P)
+{
+    __shared__ double sh[32];
+    __shared__ double blk;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank(), h = blockIdx.x / SINK_BWD_CLUSTER;
+    const int lane = threadIdx.x & 31, j0 = lane & (P - 1), nv = D / VEC, rpw = 32 / P, nw = blockDim.x / 32;
+    float kf[1];
+    load<1>(sinks + h, kf);
+    const double k = kf[0];
+    double acc = 0.0;
+    const size_t step = (size_t)SINK_BWD_CLUSTER * nw * rpw;
+    for (size_t t0 = (size_t)(rank * nw + threadIdx.x / 32) * rpw; t0 < BS; t0 += step) {
+        const size_t t = t0 + lane / P;
+        float dot = 0.0f;
+        if (t < BS) {
+            const size_t o = (t * H + h) * D;
+            for (int j = j0; j < nv; j += P) {
+                float a[VEC], b[VEC];
+                load<VEC>(dout + o + (size_t)j * VEC, a);
+                load<VEC>(out + o + (size_t)j * VEC, b);
+#pragma unroll
+                for (int q = 0; q < VEC; q++) dot = __fmaf_rn(a[q], b[q], dot);
+            }
+        }
+        for (int m = P / 2; m > 0; m >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, m));
+        if (t < BS && j0 == 0) acc += exp(k - (double)lse[((t / S) * H + h) * S + t % S]) * (double)dot;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) blk = acc;
+    cluster.sync(); // every block's sum is visible
+    if (rank == 0 && threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int q = 0; q < SINK_BWD_CLUSTER; q++) sum += *cluster.map_shared_rank(&blk, q);
+        dsink[h] = __fsub_rn(dsink[h], (float)sum);
+    }
+    cluster.sync(); // no block leaves while rank 0 still reads its shared memory
+}
 
 // ---- embedding -----------------------------------------------------------------------------------
 
@@ -1164,6 +1333,8 @@ int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *ga
         using TT = typename decltype(tt)::type;
         if (act == MT_GLU_GELU_TANH)
             return launch_ew(s, glu_f<TT, gelu_tanh_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
+        if (act == MT_GLU_GPTOSS)
+            return launch_ew(s, gptoss_glu_f<TT>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
         return launch_ew(s, glu_f<TT, silu_act>{(TT *)out, (const TT *)gate, (const TT *)up}, n, vec);
     });
 }
@@ -1178,9 +1349,54 @@ int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *du
             return launch_ew(s, glu_bwd_f<TT, gelu_tanh_act>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
                                                              (const TT *)up},
                              n, vec);
+        if (act == MT_GLU_GPTOSS)
+            return launch_ew(s, gptoss_glu_bwd_f<TT>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
+                                                     (const TT *)up},
+                             n, vec);
         return launch_ew(s, glu_bwd_f<TT, silu_act>{(TT *)dgate, (TT *)dup, (const TT *)dout, (const TT *)gate,
                                                     (const TT *)up},
                          n, vec);
+    });
+}
+
+// ---- attention sinks ----
+
+int mt_cu_attn_sink(mt_cu_stream s, mt_cu_dtype dt, void *out, float *lse, const void *sinks, int B, int S, int H, int D)
+{
+    if (B < 0 || S < 0 || H < 0 || D <= 0 || !out || !lse || !sinks) return -1;
+    const size_t rows = (size_t)B * S * H;
+    if (rows == 0) return 0;
+    const bool vec = D % 8 == 0 && al16(out);
+    const int P = sink_lanes(vec ? D / 8 : D);
+    const unsigned blocks = blocks_for((rows + 32 / P - 1) / (32 / P) * 32, SINK_THREADS);
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        if (vec)
+            attn_sink_k<TT, 8><<<blocks, SINK_THREADS, 0, s>>>((TT *)out, lse, (const TT *)sinks, rows, S, H, D, P);
+        else
+            attn_sink_k<TT, 1><<<blocks, SINK_THREADS, 0, s>>>((TT *)out, lse, (const TT *)sinks, rows, S, H, D, P);
+        return launched();
+    });
+}
+
+int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsink, const void *dout, const void *out,
+                        const float *lse, const void *sinks, int B, int S, int H, int D)
+{
+    if (B < 0 || S < 0 || H < 0 || D <= 0 || !dsink || !dout || !out || !lse || !sinks) return -1;
+    const size_t BS = (size_t)B * S;
+    if (BS == 0 || H == 0) return 0;
+    const bool vec = D % 8 == 0 && al16(dout) && al16(out);
+    const int P = sink_lanes(vec ? D / 8 : D);
+    const unsigned blocks = (unsigned)H * SINK_BWD_CLUSTER;
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        if (vec)
+            attn_sink_bwd_k<TT, 8><<<blocks, SINK_BWD_THREADS, 0, s>>>(dsink, (const TT *)dout, (const TT *)out, lse,
+                                                                      (const TT *)sinks, BS, S, H, D, P);
+        else
+            attn_sink_bwd_k<TT, 1><<<blocks, SINK_BWD_THREADS, 0, s>>>(dsink, (const TT *)dout, (const TT *)out, lse,
+                                                                      (const TT *)sinks, BS, S, H, D, P);
+        return launched();
     });
 }
 

@@ -1,8 +1,10 @@
 /* The CUDA backend's own kernels (everything but the GEMMs and attention):
- * RMSNorm, RoPE, SwiGLU and GeGLU, embedding, cross-entropy (with soft-caps), elementwise helpers and
- * deterministic reductions. A plain C API, so host code and tests include it
- * without the CUDA headers; the kernels are in cuda/kernels/kernels.cu. See
- * docs/cuda-kernels.md for the design and the measured bandwidth.
+ * RMSNorm, RoPE, the gated activations (SwiGLU, GeGLU, GPT-OSS's clamped
+ * SwiGLU), attention sinks, embedding, cross-entropy (with soft-caps),
+ * elementwise helpers and deterministic reductions. A plain C API, so host
+ * code and tests include it without the CUDA headers; the kernels are in
+ * cuda/kernels/kernels.cu. See docs/cuda-kernels.md for the design and the
+ * measured bandwidth.
  *
  * Conventions
  * - Shapes as in src/cpu/cpu_ops.h: T tokens, C hidden, nh heads of D, V vocab.
@@ -23,8 +25,10 @@
  *   function gives (any alignment; its contents are garbage before and after;
  *   one scratch must not serve two calls that may run at the same time).
  * - Reductions (rmsnorm dw, bias gradient, embedding gradient, loss, sum of
- *   squares) use no floating-point atomics: partial sums are combined in an
- *   order fixed by the shapes, so results are bit-identical run to run.
+ *   squares, the sinks' gradient) use no floating-point atomics: partial
+ *   sums are combined in an order fixed by the shapes, so results are
+ *   bit-identical run to run (the sinks' gradient, one thread-block cluster
+ *   per head, needs no scratch).
  * - Vectorised paths (16-byte accesses) are taken when the pointers are
  *   16-byte aligned and the row lengths multiples of 8 (4 for the fp32
  *   logits); otherwise the same kernels run element by element.
@@ -133,12 +137,17 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
 int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
                int D, int rd, float scale, int inverse);
 
-/* ---- gated activations: SwiGLU and GeGLU ------------------------------------------------ */
+/* ---- gated activations: SwiGLU, GeGLU, GPT-OSS ------------------------------------------ */
 
 /* act: the MLP's activation, model/template.h's mt_glu_act as mt_cpu_glu
  * takes it: MT_GLU_SILU, or MT_GLU_GELU_TANH, gelu's tanh form (torch's
  * gelu(approximate="tanh"), Gemma's gelu_pytorch_tanh), tanhf at full
- * accuracy in both dtypes. Any other value is taken as SiLU. */
+ * accuracy in both dtypes, or MT_GLU_GPTOSS, GPT-OSS's clamped SwiGLU:
+ * with g = min(gate, 7) and u = clamp(up, -7, 7) (MT_GPTOSS_LIMIT),
+ * out = (u + 1) * g * sigmoid(1.702 g) (MT_GPTOSS_ALPHA), its gradients zero
+ * where gate > 7 (dgate) and where up is outside [-7, 7] (dup); the sigmoid
+ * as SiLU's (the fast exp and division in bf16 mode). Any other value is
+ * taken as SiLU. */
 
 /* out = act(gate) * up, all (n) in dt. out may alias gate or up. */
 int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up, size_t n);
@@ -147,6 +156,28 @@ int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *ga
  * by the same thread, so dgate may alias gate or dout and dup may alias up. */
 int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *dup, const void *dout, const void *gate,
                   const void *up, size_t n);
+
+/* ---- attention sinks (GPT-OSS) ----------------------------------------------------------- */
+
+/* On out (B, S, H, D) in dt and lse (B, H, S) fp32 (natural log) as the
+ * attention left them, a learnt logit sinks[h] (H, in dt: a weight) joins
+ * the denominator of every softmax of head h, as mt_cpu_attn_sink: with
+ * r = 1 / (1 + exp(sinks[h] - lse)), out *= r (in fp32, rounded once to dt)
+ * and lse = log(exp(lse) + exp(sinks[h])), both in place; r and lse in
+ * double from exp(-|sinks[h] - lse|), so neither overflows. One group of
+ * lanes per row. */
+int mt_cu_attn_sink(mt_cu_stream s, mt_cu_dtype dt, void *out, float *lse, const void *sinks, int B, int S, int H,
+                    int D);
+/* dsink (H, fp32) += -sum over b, s of exp(sinks[h] - lse[b, h, s])
+ * dot(dout[b, s, h, :], out[b, s, h, :]), from dout, out (B, S, H, D) in dt
+ * and lse (B, H, S) as mt_cu_attn_sink left them, as mt_cpu_attn_sink_bwd.
+ * A cluster of 8 blocks per head: each row's dot in fp32, the weighted rows
+ * summed in double in an order fixed by the shapes (and by whether the
+ * 8-wide path is taken: D % 8 == 0 and dout, out 16-byte aligned), then
+ * block sums, added in block order; no atomics, so the bits are the same on
+ * every run. */
+int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsink, const void *dout, const void *out,
+                        const float *lse, const void *sinks, int B, int S, int H, int D);
 
 /* ---- embedding ---------------------------------------------------------------------- */
 
@@ -262,6 +293,16 @@ static inline int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, 
 static inline int mt_cu_glu_bwd(mt_cu_stream s, mt_cu_dtype dt, int act, void *dgate, void *dup, const void *dout,
                                 const void *gate, const void *up, size_t n)
 { (void)s, (void)dt, (void)act, (void)dgate, (void)dup, (void)dout, (void)gate, (void)up, (void)n; return -1; }
+static inline int mt_cu_attn_sink(mt_cu_stream s, mt_cu_dtype dt, void *out, float *lse, const void *sinks, int B,
+                                  int S, int H, int D)
+{ (void)s, (void)dt, (void)out, (void)lse, (void)sinks, (void)B, (void)S, (void)H, (void)D; return -1; }
+static inline int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsink, const void *dout, const void *out,
+                                      const float *lse, const void *sinks, int B, int S, int H, int D)
+{
+    (void)s, (void)dt, (void)dsink, (void)dout, (void)out, (void)lse, (void)sinks, (void)B, (void)S, (void)H;
+    (void)D;
+    return -1;
+}
 static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
                                   const void *wte, int T, int C, int V, float scale)
 { (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V, (void)scale; return -1; }

@@ -116,6 +116,19 @@ static void k_attention_bwd(void *kc, void *dq, void *dk, void *dv, const void *
                               seq_len, H, Hkv, D, scale, softcap);
 }
 
+static void k_attn_sink(void *kc, void *out, float *lse, const void *sinks, int n_seq, int seq_len, int H, int D)
+{
+    (void)kc;
+    mt_cpu_attn_sink(out, lse, sinks, n_seq, seq_len, H, D);
+}
+
+static void k_attn_sink_bwd(void *kc, float *dsink, const void *dout, const void *out, const float *lse,
+                            const void *sinks, int n_seq, int seq_len, int H, int D)
+{
+    (void)kc;
+    mt_cpu_attn_sink_bwd(dsink, dout, out, lse, sinks, n_seq, seq_len, H, D);
+}
+
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     mt_cpu_glu(P(kc), act, out, gate, up, n);
@@ -258,6 +271,8 @@ static const mt_kernels cpu_kernels = {
     .rope = k_rope,
     .attention = k_attention,
     .attention_bwd = k_attention_bwd,
+    .attn_sink = k_attn_sink,
+    .attn_sink_bwd = k_attn_sink_bwd,
     .glu = k_glu,
     .glu_bwd = k_glu_bwd,
     .copy = k_copy,

@@ -577,12 +577,38 @@ static void geglu_bwd(float *dgate, float *dup, const float *dout, const float *
     }
 }
 
+/* GPT-OSS: g = min(gate, L), u = clamp(up, -L, L), out = (u + 1) g sigmoid(alpha g), in transformers' order
+ * of roundings (sigmoid(g alpha), times g, then times u + 1) */
+static void gptoss_glu(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float g = fminf(gate[i], MT_GPTOSS_LIMIT), u = fminf(fmaxf(up[i], -MT_GPTOSS_LIMIT), MT_GPTOSS_LIMIT);
+        const float s = 1.0f / (1.0f + expf(-(g * MT_GPTOSS_ALPHA)));
+        out[i] = (u + 1.0f) * (g * s);
+    }
+}
+
+/* d/dg g sigmoid(alpha g) = s + alpha g s (1 - s); torch.clamp passes the gradient where the input is
+ * inside its bounds, ends included */
+static void gptoss_glu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float gi = gate[i], ui = up[i];
+        const float g = fminf(gi, MT_GPTOSS_LIMIT), u = fminf(fmaxf(ui, -MT_GPTOSS_LIMIT), MT_GPTOSS_LIMIT);
+        const float s = 1.0f / (1.0f + expf(-(g * MT_GPTOSS_ALPHA)));
+        const float glu = g * s, dglu = s + MT_GPTOSS_ALPHA * g * s * (1.0f - s);
+        dgate[i] = gi <= MT_GPTOSS_LIMIT ? dout[i] * (u + 1.0f) * dglu : 0.0f;
+        dup[i] = ui >= -MT_GPTOSS_LIMIT && ui <= MT_GPTOSS_LIMIT ? dout[i] * glu : 0.0f;
+    }
+}
+
 static void glu_task(void *ctx, size_t task, int thread)
 {
     const glu_args *a = ctx;
     size_t lo, hi;
     mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    (a->act == MT_GLU_GELU_TANH ? geglu : vec_swiglu)(a->out + lo, a->gate + lo, a->up + lo, hi - lo);
+    (a->act == MT_GLU_GELU_TANH ? geglu : a->act == MT_GLU_GPTOSS ? gptoss_glu : vec_swiglu)(a->out + lo, a->gate + lo,
+                                                                                          a->up + lo, hi - lo);
 }
 
 static void glu_bwd_task(void *ctx, size_t task, int thread)
@@ -590,8 +616,8 @@ static void glu_bwd_task(void *ctx, size_t task, int thread)
     const glu_args *a = ctx;
     size_t lo, hi;
     mt_split_range(a->n, a->nt, task, 16, &lo, &hi);
-    (a->act == MT_GLU_GELU_TANH ? geglu_bwd : vec_swiglu_bwd)(a->dgate + lo, a->dup + lo, a->dout + lo, a->gate + lo,
-                                                              a->up + lo, hi - lo);
+    (a->act == MT_GLU_GELU_TANH ? geglu_bwd : a->act == MT_GLU_GPTOSS ? gptoss_glu_bwd : vec_swiglu_bwd)(
+        a->dgate + lo, a->dup + lo, a->dout + lo, a->gate + lo, a->up + lo, hi - lo);
 }
 
 void mt_cpu_glu(mt_pool *p, int act, float *out, const float *gate, const float *up, size_t n)
@@ -606,6 +632,37 @@ void mt_cpu_glu_bwd(mt_pool *p, int act, float *dgate, float *dup, const float *
     glu_args a = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n,
                   .nt = n_tasks(p, n, 1 << 14), .act = act};
     mt_pool_run(p, a.nt, glu_bwd_task, &a);
+}
+
+/* ---- attention sinks ----------------------------------------------------------- */
+
+void mt_cpu_attn_sink(float *out, float *lse, const float *sinks, int B, int S, int H, int D)
+{
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int s = 0; s < S; s++) {
+                float *l = lse + ((size_t)b * H + h) * S + s, *o = out + (((size_t)b * S + s) * H + h) * D;
+                const double m = fmax((double)*l, (double)sinks[h]);
+                const float r = (float)(1.0 / (1.0 + exp((double)sinks[h] - (double)*l)));
+                for (int d = 0; d < D; d++) o[d] *= r;
+                *l = (float)(m + log(exp((double)*l - m) + exp((double)sinks[h] - m)));
+            }
+}
+
+void mt_cpu_attn_sink_bwd(float *dsink, const float *dout, const float *out, const float *lse, const float *sinks,
+                          int B, int S, int H, int D)
+{
+    for (int h = 0; h < H; h++) {
+        double acc = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int s = 0; s < S; s++) {
+                const size_t row = (((size_t)b * S + s) * H + h) * D;
+                double dot = 0.0;
+                for (int d = 0; d < D; d++) dot += (double)dout[row + d] * out[row + d];
+                acc += exp((double)sinks[h] - (double)lse[((size_t)b * H + h) * S + s]) * dot;
+            }
+        dsink[h] -= (float)acc;
+    }
 }
 
 void mt_cpu_softcap(float *x, size_t n, float cap)

@@ -143,11 +143,19 @@ void mt_cpu_attention_bwd_docs(mt_pool *p, void *ws, float *dq, float *dk, float
                                const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
                                float softcap);
 
+/* Attention sinks (template.h's attn_sink): out (B, S, H, D) *= 1 / (1 + exp(sinks[h] - lse)) and
+ * lse (B, H, S) = log(exp(lse) + exp(sinks[h])); the backward adds to dsink (H) -sum over b, s of
+ * exp(sinks[h] - lse) dot(dout, out) for each head, from the out and lse the forward left. */
+void mt_cpu_attn_sink(float *out, float *lse, const float *sinks, int B, int S, int H, int D);
+void mt_cpu_attn_sink_bwd(float *dsink, const float *dout, const float *out, const float *lse, const float *sinks,
+                          int B, int S, int H, int D);
+
 /* ---- elementwise, embedding, loss ------------------------------------------- */
 
 /* out = act(gate) * up, act (template.h's mt_glu_act) MT_GLU_SILU, silu(g) = g / (1 + exp(-g)),
  * or MT_GLU_GELU_TANH, gelu's tanh form as torch's gelu(approximate="tanh") (Gemma's
- * gelu_pytorch_tanh); any other value is taken as MT_GLU_SILU.  out, gate, up (n) */
+ * gelu_pytorch_tanh), or MT_GLU_GPTOSS, (clamp(up, -7, 7) + 1) * g sigmoid(1.702 g) with
+ * g = min(gate, 7); any other value is taken as MT_GLU_SILU.  out, gate, up (n) */
 void mt_cpu_glu(mt_pool *p, int act, float *out, const float *gate, const float *up, size_t n);
 /* dgate = dout * up * act'(gate), dup = dout * act(gate): dgate, dup (n) overwritten; dout, gate, up (n) */
 void mt_cpu_glu_bwd(mt_pool *p, int act, float *dgate, float *dup, const float *dout, const float *gate,

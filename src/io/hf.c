@@ -62,7 +62,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
 {
     mt_status st;
     const uint32_t L = c->num_hidden_layers;
-    uint32_t W = 0, mwl = 0;
+    uint32_t W = f->window_default, mwl = 0;
     if ((st = get_u32(err, j, "sliding_window", &W, 0, path))) return st;
     if (f->window == MT_WINDOW_NONE) {
         /* LlamaForCausalLM has no window: one that covers every position is harmless */
@@ -332,12 +332,13 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
         (st = get_bool(err, j, "output_router_logits", &c->output_router_logits, path)))
         return st;
     c->num_experts = f->experts, c->num_experts_per_tok = f->experts_per_tok;
-    if (f->moe == MT_MOE_MIXTRAL) {
+    if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         if ((st = get_experts(err, j, &c->num_experts, path)) ||
             (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
             return st;
         c->moe_intermediate_size = c->intermediate_size;
-        c->norm_topk_prob = 1;
+        c->norm_topk_prob = 1; /* GPT-OSS: the softmax of the top-k logits, the same weights */
+        if (f->moe == MT_MOE_GPT_OSS) return MT_OK;
         float jitter = 0.0f;
         if ((st = get_float(err, j, "router_jitter_noise", &jitter, 0, path))) return st;
         if (jitter != 0.0f)
@@ -454,6 +455,16 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         return mt_fail(err, MT_ERR_FORMAT, "%s names neither \"architectures\" nor \"model_type\"", path);
     }
     c->arch = (uint32_t)f->arch;
+    /* a quantized checkpoint (GPT-OSS's MXFP4 experts, GPTQ, AWQ, bitsandbytes) holds no weights to train */
+    const cJSON *quant = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    if (quant && !cJSON_IsNull(quant)) {
+        const cJSON *qm = cJSON_GetObjectItemCaseSensitive(quant, "quant_method");
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: quantization_config (%s): the checkpoint's weights are quantized; training needs them in "
+                       "bf16 or fp32 (a dequantized copy of the checkpoint, as transformers saves one with "
+                       "dequantize=True)",
+                       path, cJSON_IsString(qm) ? qm->valuestring : "quantized");
+    }
 
     /* shape */
     if ((st = get_u32(err, j, "vocab_size", &c->vocab_size, 1, path)) ||
@@ -463,7 +474,7 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         (st = get_u32(err, j, "num_attention_heads", &c->num_attention_heads, 1, path)))
         return st;
     c->num_key_value_heads = c->num_attention_heads;
-    c->head_dim = 0;
+    c->head_dim = f->head_dim_default;
     if ((st = get_u32(err, j, "num_key_value_heads", &c->num_key_value_heads, 0, path)) ||
         (st = get_u32(err, j, "head_dim", &c->head_dim, 0, path)) ||
         (st = get_u32(err, j, "max_position_embeddings", &c->max_position_embeddings, 1, path)) ||
@@ -545,6 +556,11 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
     if (rs && !cJSON_IsNull(rs)) {
         if (!cJSON_IsObject(rs)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
         if ((st = rope_type_from_json(err, c, f, j, rs, path))) return st;
+    } else if (f->rope_default_yarn[0] != 0.0f) {
+        /* GptOssConfig: no RoPE description at all is its yarn */
+        const float *y = f->rope_default_yarn;
+        c->rope_scaling = MT_ROPE_SCALING_YARN, c->rope_factor = y[0], c->rope_original_max_position = (uint32_t)y[1];
+        c->rope_beta_fast = y[2], c->rope_beta_slow = y[3], c->rope_no_truncate = 1;
     }
     return MT_OK;
 }
@@ -654,9 +670,10 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     cJSON_AddStringToObject(j, "model_type", f->model_type);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
-    /* Mixtral's intermediate_size is each expert's width */
-    cJSON_AddNumberToObject(j, "intermediate_size",
-                            f->moe == MT_MOE_MIXTRAL ? c->moe_intermediate_size : c->intermediate_size);
+    /* Mixtral's and GPT-OSS's intermediate_size is each expert's width */
+    cJSON_AddNumberToObject(j, "intermediate_size", f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS
+                                                        ? c->moe_intermediate_size
+                                                        : c->intermediate_size);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
@@ -695,6 +712,11 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
                 cJSON_AddItemToArray(lf, float_number(c->rope_long_factor[i]));
             }
         }
+    } else if (f->rope_default_yarn[0] != 0.0f) {
+        /* GptOssConfig reads no RoPE description as its yarn: say "none" explicitly */
+        cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
+        cJSON_AddStringToObject(rp, "rope_type", "default");
+        cJSON_AddItemToObject(rp, "rope_theta", float_number(c->rope_theta));
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
@@ -756,10 +778,10 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON *ml = cJSON_AddArrayToObject(j, "mlp_only_layers");
         for (int l = 0; l < (int)MT_MIN(c->num_hidden_layers, 256u); l++)
             if (c->mlp_only_layers[l / 64] >> (l % 64) & 1) cJSON_AddItemToArray(ml, cJSON_CreateNumber(l));
-    } else if (f->moe == MT_MOE_MIXTRAL) {
+    } else if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
-        cJSON_AddItemToObject(j, "router_jitter_noise", float_number(0.0f));
+        if (f->moe == MT_MOE_MIXTRAL) cJSON_AddItemToObject(j, "router_jitter_noise", float_number(0.0f));
     }
     if (f->moe != MT_MOE_NONE) {
         cJSON_AddItemToObject(j, "router_aux_loss_coef", float_number(c->router_aux_loss_coef));
@@ -775,7 +797,22 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
 
 int mt_tensor_ndim(const mt_tensor_desc *t)
 {
-    return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) ? 1 : 2;
+    return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) || mt_role_is_drawn_vector(t->role) ? 1 : 2;
+}
+
+/* The checkpoint's shape of a tensor of all the experts (ck_il): (E, cols, rows' * il), or (E, rows' *
+ * il) for a bias; its map from the model's order. */
+static int experts_tensor_shape(const mt_tensor_desc *t, uint64_t *dims, mt_st_map *map)
+{
+    const uint64_t rows = t->rows / t->experts;
+    *map = (mt_st_map){rows, t->cols, t->ck_il, t->ck_phase};
+    dims[0] = t->experts;
+    if (t->cols == 1) {
+        dims[1] = rows * t->ck_il;
+        return 2;
+    }
+    dims[1] = t->cols, dims[2] = rows * t->ck_il;
+    return 3;
 }
 
 mt_st_write_req *mt_tensor_write_list(const mt_model_files *m, int which, int dtype, char (*names)[128], size_t *count)
@@ -797,12 +834,22 @@ mt_st_write_req *mt_tensor_write_list(const mt_model_files *m, int which, int dt
         const uint64_t es = mt_st_esize(src);
         for (int i = 0; i < ud->n_tensors; i++) {
             const mt_tensor_desc *t = &ud->tensors[i];
-            if (t->fused_rows && t->fused_row0) { /* a later block of the fused matrix before it */
+            if ((t->fused_rows && t->fused_row0) || (t->ck_il && t->ck_phase)) {
+                /* a later block of the fused matrix before it, or a later one interleaved with it */
                 mt_st_write_req *f = &r[k - 1];
                 f->part[f->n_parts] = base + t->offset * es;
                 if (sw) f->part_scale[f->n_parts] = sw + t->offset / MT_Q16_BLOCK; /* tensors start a block */
                 f->part_numel[f->n_parts++] = t->numel;
                 f->numel += t->numel;
+                continue;
+            }
+            if (t->ck_il) { /* all the experts in one tensor, transposed (and interleaved: parts above) */
+                snprintf(names[k], sizeof names[k], "%s%s", t->name, suffix[which]);
+                r[k] = (mt_st_write_req){names[k], dtype, 0, {0}, t->numel, 1, {base + t->offset * es}, {t->numel}, src,
+                                         {sw ? sw + t->offset / MT_Q16_BLOCK : NULL}, {0}, {0}};
+                r[k].ndim = experts_tensor_shape(t, r[k].dims, &r[k].map);
+                r[k].map.phase = 0;
+                k++;
                 continue;
             }
             /* stacked experts: one checkpoint tensor per expert's block */
@@ -814,7 +861,7 @@ mt_st_write_req *mt_tensor_write_list(const mt_model_files *m, int which, int dt
                 snprintf(names[k], sizeof names[k], "%s%s", name, suffix[which]);
                 const uint64_t off = t->offset + e * numel;
                 r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
-                                         {base + off * es}, {numel}, src, {NULL}, {0}};
+                                         {base + off * es}, {numel}, src, {NULL}, {0}, {0}};
                 if (sw) { /* an expert's block can start inside a block of codes */
                     r[k].part_scale[0] = sw + off / MT_Q16_BLOCK;
                     r[k].part_phase[0] = (uint32_t)(off % MT_Q16_BLOCK);
@@ -931,7 +978,8 @@ static mt_status read_lean_weights(mt_err err, const mt_model_files *m, const mt
                 if (lean_unit[k] != u) continue;
                 const uint64_t lo = MT_MAX(lean_off[k], a), hi = MT_MIN(lean_off[k] + req[k].numel, b);
                 if (lo >= hi) continue;
-                part[np++] = (mt_st_read_req){req[k].src, x + (lo - a), NULL, req[k].offset + (lo - lean_off[k]), hi - lo};
+                part[np++] = (mt_st_read_req){req[k].src, x + (lo - a), NULL, req[k].offset + (lo - lean_off[k]), hi - lo,
+                                              req[k].map};
             }
             if ((st = mt_st_read(err, m->pool, part, np))) break;
             for (uint64_t i = a; i < b; i += MT_Q16_BLOCK) {
@@ -979,18 +1027,21 @@ mt_status mt_load_tensors(mt_err err, const mt_model_files *m, mt_st_set *s, con
                     char name[128], base_name[128];
                     mt_tensor_name_of(base_name, sizeof base_name, t, e);
                     snprintf(name, sizeof name, "%s%s", base_name, suffix[which[w]]);
-                    const uint64_t dims[2] = {t->fused_rows ? t->fused_rows : t->rows / nb, t->cols};
+                    uint64_t dims[3] = {t->fused_rows ? t->fused_rows : t->rows / nb, t->cols};
                     const uint64_t off = t->offset + e * numel, from = (uint64_t)t->fused_row0 * t->cols;
+                    mt_st_map map = {0};
+                    const int ndim = t->ck_il ? experts_tensor_shape(t, dims, &map) : mt_tensor_ndim(t);
                     mt_st_tensor *src;
-                    st = mt_st_expect(err, s, name, dims, mt_tensor_ndim(t), where, &src);
+                    st = mt_st_expect(err, s, name, dims, ndim, where, &src);
                     if (!st && !mt_st_is_float(src->dtype))
                         st = mt_fail(err, MT_ERR_FORMAT, "%s: tensor %s is not F32, BF16 or F16", where, name);
                     if (st) break;
                     if (lean) {
-                        lreq[nl] = (mt_st_read_req){src, NULL, NULL, from, numel};
+                        lreq[nl] = (mt_st_read_req){src, NULL, NULL, from, numel, map};
                         lean_unit[nl] = u, lean_off[nl++] = off;
                     } else {
-                        req[k++] = (mt_st_read_req){src, base ? base + off : NULL, bf ? bf + off : NULL, from, numel};
+                        req[k++] = (mt_st_read_req){src, base ? base + off : NULL, bf ? bf + off : NULL, from, numel,
+                                                    map};
                     }
                 }
             }

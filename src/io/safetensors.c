@@ -297,9 +297,31 @@ mt_status mt_st_expect(mt_err err, mt_st_set *s, const char *name, const uint64_
 
 #define CONVERT_CHUNK (1u << 20) /* elements per parallel task */
 
-/* Elements [lo, hi) of t from element off on into dst (and their bf16 rounding into bf). */
-static void convert_range(const mt_st_tensor *t, uint64_t off, float *dst, uint16_t *bf, uint64_t lo, uint64_t hi)
+static float element_f32(const mt_st_tensor *t, uint64_t i)
 {
+    if (t->dtype == MT_ST_F32) {
+        float x;
+        memcpy(&x, t->data + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, t->data + 2 * i, 2);
+    return t->dtype == MT_ST_BF16 ? mt_bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* Elements [lo, hi) of t from element off on into dst (and their bf16 rounding into bf); through the map
+ * where it has one. */
+static void convert_range(const mt_st_tensor *t, uint64_t off, const mt_st_map *map, float *dst, uint16_t *bf,
+                          uint64_t lo, uint64_t hi)
+{
+    if (map->il) {
+        for (uint64_t i = lo; i < hi; i++) {
+            const float x = element_f32(t, mt_st_map_src(map, off + i));
+            if (dst) dst[i] = x;
+            if (bf) bf[i] = mt_f32_to_bf16(x); /* a bf16 value through f32 and back: the same bits */
+        }
+        return;
+    }
     const unsigned char *p = t->data + off * (t->dtype == MT_ST_F32 ? 4 : 2);
     if (!dst && t->dtype == MT_ST_BF16) { /* bf16 into bf16: the bits as they are */
         memcpy(bf + lo, p + 2 * lo, (hi - lo) * 2);
@@ -334,7 +356,7 @@ static void convert_task(void *ctx, size_t task, int thread)
     const mt_st_read_req *r = &j->req[i];
     uint64_t lo = (uint64_t)(task - j->first_task[i]) * CONVERT_CHUNK;
     uint64_t hi = MT_MIN(lo + CONVERT_CHUNK, r->numel ? r->numel : r->src->numel);
-    convert_range(r->src, r->offset, r->dst, r->bf16, lo, hi);
+    convert_range(r->src, r->offset, &r->map, r->dst, r->bf16, lo, hi);
 }
 
 mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_t n)
@@ -390,10 +412,47 @@ static char *header_json(const mt_st_write_req *t, size_t n, size_t *len)
     return out;
 }
 
+/* Element j of part p of t as a float (the source types a mapped tensor may have). */
+static float part_f32(const mt_st_write_req *t, int p, uint64_t j)
+{
+    if (t->src == MT_ST_F32) return ((const float *)t->part[p])[j];
+    if (t->src == MT_ST_BF16) return mt_bf16_to_f32(((const uint16_t *)t->part[p])[j]);
+    return (float)((const int16_t *)t->part[p])[j] * t->part_scale[p][(t->part_phase[p] + j) / MT_Q16_BLOCK];
+}
+
+/* A mapped tensor (mt_st_map) in the checkpoint's order: element o is (e, c, r * il + p), element
+ * (e, r, c) of part p. */
+static int write_mapped(int fd, const mt_st_write_req *t, void *buf)
+{
+    const mt_st_map *m = &t->map;
+    const size_t per = IO_CHUNK / 4;
+    if ((t->dtype != MT_ST_F32 && t->dtype != MT_ST_BF16) || t->n_parts != (int)m->il ||
+        (t->src != MT_ST_F32 && t->src != MT_ST_BF16 && t->src != MT_ST_Q16)) {
+        errno = EINVAL; /* a caller's mistake */
+        return -1;
+    }
+    const uint64_t row = m->rows * m->il, block = m->cols * row;
+    for (uint64_t o0 = 0; o0 < t->numel; o0 += per) {
+        const size_t c = (size_t)MT_MIN((uint64_t)per, t->numel - o0);
+        for (size_t k = 0; k < c; k++) {
+            const uint64_t o = o0 + k, e = o / block, col = o % block / row, x = o % row;
+            const float v = part_f32(t, (int)(x % m->il), (e * m->rows + x / m->il) * m->cols + col);
+            if (t->dtype == MT_ST_F32) ((float *)buf)[k] = v;
+            else ((uint16_t *)buf)[k] = mt_f32_to_bf16(v);
+        }
+        if (mt_write_all(fd, buf, c * mt_st_esize(t->dtype))) return -1;
+    }
+    return 0;
+}
+
 static int write_data(int fd, const mt_st_write_req *t, size_t n, void *buf)
 {
     const size_t per = IO_CHUNK / 4;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].map.il) {
+            if (write_mapped(fd, &t[i], buf)) return -1;
+            continue;
+        }
         for (int p = 0; p < t[i].n_parts; p++) {
             const int from = t[i].src, to = t[i].dtype;
             const unsigned char *src = t[i].part[p];
@@ -428,6 +487,7 @@ static int write_data(int fd, const mt_st_write_req *t, size_t n, void *buf)
                 }
             }
         }
+    }
     return 0;
 }
 

@@ -61,11 +61,27 @@ void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd);
  * checkpoint's fused matrix. dst may be NULL (lean mode: bf16 only; a BF16
  * tensor is then copied bit for bit). A U8 tensor is not converted: read it
  * through mt_st_tensor.data. */
+/* Where a model's tensor is not in the checkpoint's order (GPT-OSS's experts: mt_tensor_desc.ck_il):
+ * element j of the model's order, (e, r, c) of blocks of rows x cols, is element
+ * ((e * cols + c) * rows + r) * il + phase of the checkpoint's, which holds each block transposed and il
+ * tensors interleaved. il 0: the same order. */
+typedef struct mt_st_map {
+    uint64_t rows, cols;
+    uint32_t il, phase;
+} mt_st_map;
+
+static inline uint64_t mt_st_map_src(const mt_st_map *m, uint64_t j)
+{
+    const uint64_t per = m->rows * m->cols, e = j / per, r = j % per / m->cols, c = j % m->cols;
+    return ((e * m->cols + c) * m->rows + r) * m->il + m->phase;
+}
+
 typedef struct mt_st_read_req {
     const mt_st_tensor *src;
     float *dst;
     uint16_t *bf16;
-    uint64_t offset, numel;
+    uint64_t offset, numel; /* with a map: elements offset .. offset + numel - 1 of the model's order */
+    mt_st_map map;
 } mt_st_read_req;
 mt_status mt_st_read(mt_err err, mt_pool *pool, const mt_st_read_req *req, size_t n);
 
@@ -82,7 +98,7 @@ typedef struct mt_st_write_req {
     const char *name;
     int dtype; /* MT_ST_F32, MT_ST_BF16, MT_ST_U8 or MT_ST_I16 */
     int ndim;
-    uint64_t dims[2];
+    uint64_t dims[3];
     uint64_t numel; /* of all the parts */
     int n_parts;
     const void *part[MT_ST_MAX_PARTS];
@@ -90,6 +106,9 @@ typedef struct mt_st_write_req {
     int src; /* what the parts hold: MT_ST_F32 (0), MT_ST_BF16, MT_ST_U8, MT_ST_I16 or MT_ST_Q16 */
     const float *part_scale[MT_ST_MAX_PARTS]; /* MT_ST_Q16: the scales of the blocks of each part's first code */
     uint32_t part_phase[MT_ST_MAX_PARTS];     /* MT_ST_Q16: the first code's place in its block */
+    /* map.il != 0: the parts are map.il tensors in the model's order (part p at phase p), written
+     * interleaved and transposed as the map says, one whole tensor */
+    mt_st_map map;
 } mt_st_write_req;
 /* Writes path.tmp tensor by tensor, fsyncs it and renames it to path. */
 mt_status mt_st_write(mt_err err, const char *path, const mt_st_write_req *t, size_t n);

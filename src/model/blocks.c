@@ -66,7 +66,8 @@ int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
         out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->Hkv, (uint64_t)d->D};
     }
     out[k++] = (mt_reduction){MT_RED_EMBEDDING_BWD, T, (uint64_t)d->C};
-    out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, T, (uint64_t)d->Q}; /* q's bias; k's and v's are narrower */
+    /* q's bias (k's and v's are narrower), o's (GPT-OSS) */
+    out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, T, (uint64_t)MT_MAX(d->Q, d->C)};
     return k;
 }
 
@@ -111,9 +112,12 @@ void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int re
         k->rope(kc, a->q, T, d->H, d->D, 0, a->rope_local);
         k->rope(kc, a->k, T, d->Hkv, d->D, 0, a->rope_local);
     }
-    if (!recompute || !a->att_kept)
+    if (!recompute || !a->att_kept) {
         k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale,
                      a->window, d->attn_softcap);
+        /* GPT-OSS's sinks: what is kept, and what the backward runs from, is the attention with them */
+        if (w[MT_T_SINKS]) k->attn_sink(kc, a->att, a->lse, w[MT_T_SINKS], d->n_seq, d->seq_len, d->H, d->D);
+    }
 }
 
 /* The backward of the RMSNorm of each head (rows of D) of q or k: dact (act)
@@ -140,7 +144,9 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
     const mt_work *b = x->w;
     const int T = d->T, C = d->C, Q = d->Q, KV = d->KV;
     k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
-    k->linear_dw(kc, gw[MT_T_O], NULL, dya, a->att, T, Q, C);
+    k->linear_dw(kc, gw[MT_T_O], gw[MT_T_O_BIAS], dya, a->att, T, Q, C);
+    if (w[MT_T_SINKS])
+        k->attn_sink_bwd(kc, gw[MT_T_SINKS], b->datt, a->att, a->lse, w[MT_T_SINKS], d->n_seq, d->seq_len, d->H, d->D);
     k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
                      d->Hkv, d->D, d->attn_scale, a->window, d->attn_softcap);
     k->rope(kc, b->dq, T, d->H, d->D, 1, a->rope_local);

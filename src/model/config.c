@@ -89,8 +89,10 @@ static mt_status moe_fields_check(mt_err err, const mt_model_config *c, const mt
     if (!f->shared_gate && c->shared_expert_gate)
         return BAD("shared_expert_gate: %s's shared expert has no gate", f->display_name);
     /* MixtralConfig has no key for either: a config.json could not say otherwise */
-    if (f->moe == MT_MOE_MIXTRAL && (!c->norm_topk_prob || c->decoder_sparse_step > 1 || any_dense_layer(c)))
-        return BAD("%s renormalises its top-k weights and has experts in every layer: norm_topk_prob must be 1, "
+    if ((f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) &&
+        (!c->norm_topk_prob || c->decoder_sparse_step > 1 || any_dense_layer(c)))
+        return BAD("%s renormalises its top-k weights (GPT-OSS: the softmax of the top-k logits, the same) and has "
+                   "experts in every layer: norm_topk_prob must be 1, "
                    "decoder_sparse_step 0 or 1 and mlp_only_layers empty",
                    f->display_name);
     return MT_OK;

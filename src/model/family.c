@@ -94,6 +94,17 @@ static const mt_family FAMILIES[] = {
         .example = "Qwen1.5-MoE-A2.7B",
         .example_shape = {151936, 2048, 5632, 24, 16, 16, 0, 0, 0, 60, 4, 1408, 0, 5632},
     },
+    {
+        .arch = MT_ARCH_GPT_OSS, .name = "gpt_oss", .display_name = "GPT-OSS", .architecture = "GptOssForCausalLM",
+        .model_type = "gpt_oss", .particular = "sinks, expert biases", MOE_TEMPLATE, .hidden_act = "silu",
+        .flags = MT_FAMILY_O_BIAS | MT_FAMILY_SINKS, .bias_key = "attention_bias", .glu_act = MT_GLU_GPTOSS,
+        .window = MT_WINDOW_PATTERN, .window_pattern = 2, .window_default = 128, /* sliding, full, sliding, ... */
+        .head_dim_default = 64,
+        .rope_theta = 150000.0f, .rope_default_yarn = {32.0f, 4096.0f, 32.0f, 1.0f},
+        .moe = MT_MOE_GPT_OSS, .experts = 128, .experts_per_tok = 4, .moe_block = "mlp",
+        .example = "gpt-oss-20b",
+        .example_shape = {201088, 2880, 2880, 24, 64, 8, 64, 128, 0, 32, 4, 2880, 1, 0},
+    },
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 

@@ -33,6 +33,9 @@ enum {
                                      * class_pad (Gemma's 0, Phi3Config's 32000), not None */
     MT_FAMILY_PHI3_ROPE = 1u << 9,  /* Phi3Config's RoPE: partial_rotary_factor, a top-level
                                      * original_max_position_embeddings, rope types su and yarn read as longrope */
+    MT_FAMILY_O_BIAS = 1u << 10,    /* attention_bias gives o_proj a bias too, beside q, k and v's (GPT-OSS) */
+    MT_FAMILY_SINKS = 1u << 11,     /* a learnt logit per head in the attention's softmax (self_attn.sinks,
+                                     * GPT-OSS) */
 };
 
 /* Which layers slide, and how config.json says so. */
@@ -55,6 +58,11 @@ typedef enum mt_moe_format {
     /* MixtralConfig: num_local_experts of intermediate_size each, every layer sparse, the top-k always
      * renormalised, router_jitter_noise (refused unless 0) */
     MT_MOE_MIXTRAL = 2,
+    /* GptOssConfig: num_local_experts of intermediate_size each, every layer sparse; the router (mlp.router)
+     * and every expert matrix have biases; the softmax of each token's top-k logits (the top-k of the
+     * softmax, renormalised); the experts' matrices stored stacked and transposed, gate and up interleaved
+     * (mlp.experts.gate_up_proj (E, C, 2F), down_proj (E, F, C) and their biases) */
+    MT_MOE_GPT_OSS = 3,
 } mt_moe_format;
 /* Qwen2MoeConfig's keys are Qwen3MoeConfig's and shared_expert_intermediate_size (mt_family.shared_block). */
 
@@ -88,9 +96,14 @@ typedef struct mt_family {
     mt_window_kind window;
     uint32_t max_window_layers; /* MT_WINDOW_FROM_LAYER: transformers' default */
     uint32_t window_pattern;    /* MT_WINDOW_PATTERN: the default pattern */
+    uint32_t window_default;    /* sliding_window where config.json has none (GptOssConfig's 128), else 0 */
+    uint32_t head_dim_default;  /* head_dim where config.json has none (GptOssConfig's 64); 0: hidden / heads */
     const char *window_pattern_key; /* ... and the key that may change it (NULL: none, fixed) */
     /* config.json defaults where a key is absent: transformers' for the family */
     float rope_theta;
+    /* GptOssConfig's RoPE where config.json has none: yarn with these (factor, original length,
+     * beta_fast, beta_slow; untruncated); rope_default_yarn[0] 0: no scaling */
+    float rope_default_yarn[4];
     uint32_t tied;              /* tie_word_embeddings */
     uint32_t class_pad;         /* MT_FAMILY_CLASS_PAD: pad_token_id */
     float query_pre_attn_scalar, attn_softcap, final_softcap; /* MT_FAMILY_GEMMA_CONFIG */

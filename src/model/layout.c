@@ -38,6 +38,37 @@ static void add_experts(mt_unit_desc *u, mt_tensor_role role, const char *patter
     u->tensors[u->n_tensors - 1].experts = E;
 }
 
+/* GPT-OSS's sparse MLP: the router with its bias, and the experts' matrices and biases, each role one
+ * stacked layout tensor as for the others, which its checkpoint holds transposed in one tensor of all
+ * the experts, gate and up interleaved (mt_tensor_desc.ck_il) */
+static void add_gpt_oss_moe(mt_unit_desc *u, const mt_model_config *c, int l)
+{
+    const uint32_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d.mlp." s, l), n)
+    add_tensor(u, MT_T_ROUTER, NAME("router.weight"), E, C, 1);
+    add_tensor(u, MT_T_ROUTER_BIAS, NAME("router.bias"), E, 1, 0);
+    static const struct {
+        mt_tensor_role role;
+        const char *name;
+        int down, bias;
+        uint8_t il, phase;
+    } ex[6] = {{MT_T_EXP_GATE, "experts.gate_up_proj", 0, 0, 2, 0},
+               {MT_T_EXP_UP, "experts.gate_up_proj", 0, 0, 2, 1},
+               {MT_T_EXP_DOWN, "experts.down_proj", 1, 0, 1, 0},
+               {MT_T_EXP_GATE_BIAS, "experts.gate_up_proj_bias", 0, 1, 2, 0},
+               {MT_T_EXP_UP_BIAS, "experts.gate_up_proj_bias", 0, 1, 2, 1},
+               {MT_T_EXP_DOWN_BIAS, "experts.down_proj_bias", 1, 1, 1, 0}};
+    for (int i = 0; i < 6; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.%s", l, ex[i].name);
+        const uint32_t rows = ex[i].down ? C : F, cols = ex[i].bias ? 1 : ex[i].down ? F : C;
+        add_tensor(u, ex[i].role, n, E * rows, cols, !ex[i].bias);
+        mt_tensor_desc *t = &u->tensors[u->n_tensors - 1];
+        t->experts = E, t->ck_il = ex[i].il, t->ck_phase = ex[i].phase;
+    }
+#undef NAME
+}
+
 /* The MLP of a sparse layer: the router and the experts' gate, up and down matrices, named as the
  * family's checkpoints name them: Qwen3-MoE mlp.gate and mlp.experts.E.{gate,up,down}_proj, Mixtral
  * block_sparse_moe.gate and block_sparse_moe.experts.E.{w1,w3,w2} (mt_family.moe_block, expert_names). */
@@ -98,6 +129,8 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_K_NORM, NAME("self_attn.k_norm.weight"), c->head_dim, 1, 0);
     }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
+    if (c->attention_bias && (f->flags & MT_FAMILY_O_BIAS)) add_tensor(u, MT_T_O_BIAS, NAME("self_attn.o_proj.bias"), C, 1, 0);
+    if (f->flags & MT_FAMILY_SINKS) add_tensor(u, MT_T_SINKS, NAME("self_attn.sinks"), c->num_attention_heads, 1, 0);
     if (f->flags & MT_FAMILY_SANDWICH) { /* sandwich norms: post_attention_layernorm is the attention output's */
         add_tensor(u, MT_T_POST_ATTN_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
         add_tensor(u, MT_T_MLP_NORM, NAME("pre_feedforward_layernorm.weight"), C, 1, 0);
@@ -106,7 +139,8 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_MLP_NORM, NAME("post_attention_layernorm.weight"), C, 1, 0);
     }
     if (mt_config_layer_sparse(c, l)) {
-        add_moe_tensors(u, c, f, l);
+        if (f->moe == MT_MOE_GPT_OSS) add_gpt_oss_moe(u, c, l);
+        else add_moe_tensors(u, c, f, l);
         return;
     }
     add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
@@ -208,11 +242,15 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
     const uint64_t attn = 2 * C + q * C + 2 * kv * C + C * q + (c->attention_bias ? q + 2 * kv : 0) +
                           (mt_config_has(c, MT_FAMILY_QK_NORM) ? 2 * (uint64_t)c->head_dim : 0) +
-                          (mt_config_has(c, MT_FAMILY_SANDWICH) ? 2 * C : 0);
+                          (mt_config_has(c, MT_FAMILY_SANDWICH) ? 2 * C : 0) +
+                          (c->attention_bias && mt_config_has(c, MT_FAMILY_O_BIAS) ? C : 0) +
+                          (mt_config_has(c, MT_FAMILY_SINKS) ? c->num_attention_heads : 0);
     /* a sparse layer's MLP: the router (E, C) and E experts of three (F_e, C) matrices */
     const uint64_t E = c->num_experts, sparse = (uint64_t)mt_config_sparse_layers(c);
+    const mt_family *f = mt_config_family(c);
     const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C +
-                         3 * (uint64_t)c->shared_expert_intermediate_size * C + (c->shared_expert_gate ? C : 0);
+                         3 * (uint64_t)c->shared_expert_intermediate_size * C + (c->shared_expert_gate ? C : 0) +
+                         (f && f->moe == MT_MOE_GPT_OSS ? E + E * (2 * (uint64_t)c->moe_intermediate_size + C) : 0);
     return V * C + (uint64_t)c->num_hidden_layers * attn + ((uint64_t)c->num_hidden_layers - sparse) * 3 * F * C +
            sparse * moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }

@@ -36,6 +36,9 @@ typedef enum mt_tensor_role {
     MT_T_ROUTER, MT_T_EXP_GATE, MT_T_EXP_UP, MT_T_EXP_DOWN,
     /* a shared expert (Qwen2-MoE): gate and up (S, C), down (C, S), and its sigmoid gate (1, C) */
     MT_T_SH_GATE, MT_T_SH_UP, MT_T_SH_DOWN, MT_T_SH_SCORE,
+    /* GPT-OSS: o_proj's bias (C), the attention sinks (H), the router's bias (E) and the experts' biases,
+     * stacked as their matrices are: gate and up (E*F), down (E*C) */
+    MT_T_O_BIAS, MT_T_SINKS, MT_T_ROUTER_BIAS, MT_T_EXP_GATE_BIAS, MT_T_EXP_UP_BIAS, MT_T_EXP_DOWN_BIAS,
     MT_T_ROLE_COUNT
 } mt_tensor_role;
 
@@ -54,6 +57,13 @@ typedef struct mt_tensor_desc {
      * expert e's block at offset + e * numel / experts, named `name` with e in place of its '*'
      * (model.layers.3.mlp.experts.*.up_proj.weight) */
     uint32_t experts;
+    /* ck_il != 0 (with experts): the checkpoint holds all the experts' blocks as ONE tensor `name`, each
+     * block transposed, and ck_il such matrices interleaved along its last dimension, this one at
+     * ck_phase: element (e, r, c) of this (experts * rows', cols) matrix is element
+     * (e, c, r * ck_il + ck_phase) of the checkpoint's (experts, cols, rows' * ck_il), or (e, r * ck_il +
+     * ck_phase) of its (experts, rows' * ck_il) where cols is 1 (GPT-OSS's mlp.experts.gate_up_proj,
+     * down_proj and their biases: mt_st_map) */
+    uint8_t ck_il, ck_phase;
 } mt_tensor_desc;
 
 #define MT_MAX_UNIT_TENSORS 24
@@ -94,7 +104,14 @@ static inline int mt_role_is_norm(mt_tensor_role r)
     return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM ||
            r == MT_T_POST_ATTN_NORM || r == MT_T_POST_MLP_NORM;
 }
-static inline int mt_role_is_bias(mt_tensor_role r) { return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS; }
+static inline int mt_role_is_bias(mt_tensor_role r)
+{
+    return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS || r == MT_T_O_BIAS || r == MT_T_EXP_GATE_BIAS ||
+           r == MT_T_EXP_UP_BIAS || r == MT_T_EXP_DOWN_BIAS;
+}
+/* Vectors that start as draws of N(0, initializer_range), as matrices do, but take no weight decay:
+ * GPT-OSS's attention sinks and router bias (GptOssPreTrainedModel._init_weights) */
+static inline int mt_role_is_drawn_vector(mt_tensor_role r) { return r == MT_T_SINKS || r == MT_T_ROUTER_BIAS; }
 
 /* Whether layer l of a validated config has a mixture-of-experts MLP: every
  * decoder_sparse_step-th layer of a model with experts, except those of
@@ -140,7 +157,7 @@ static inline uint32_t mt_config_rotary_dims(const mt_model_config *c)
 void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e);
 
 /* The checkpoint tensors of a layout tensor: its experts, or 1. */
-static inline uint32_t mt_tensor_blocks(const mt_tensor_desc *t) { return t->experts ? t->experts : 1u; }
+static inline uint32_t mt_tensor_blocks(const mt_tensor_desc *t) { return t->experts && !t->ck_il ? t->experts : 1u; }
 
 /* The sparse layers of a validated config (0 for a dense model). */
 static inline int mt_config_sparse_layers(const mt_model_config *c)

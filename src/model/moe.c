@@ -61,6 +61,10 @@ typedef struct moe_work {
     void *xs, *eg, *eu, *ea, *ys, *dea, *deg, *deu, *drlog_act;
     float *sz, *dsz; /* the shared expert's gate logits (T) and their gradient */
     void *dsz_act;
+    /* GPT-OSS's down-projection biases in the backward: dot(dy, b_e) of each routed row (R) f32, and the
+     * routing weights as act, by slot and by routed row (R each) */
+    float *rbd;
+    void *topw_act, *wrow_act;
 } moe_work;
 _Static_assert(sizeof(moe_work) <= sizeof(mt_work_store), "moe_work fits mt_work_store");
 
@@ -98,6 +102,11 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(drlog, T * E, 1);
         BUF(drlog_act, T * E, 0);
     }
+    if (d->expert_bias && want_grad) {
+        BUF(rbd, R, 1);
+        BUF(topw_act, R, 0);
+        BUF(wrow_act, R, 0);
+    }
     if (d->shared_gate) {
         BUF(sz, T, 1);
         if (want_grad) {
@@ -108,8 +117,10 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
     return k;
 }
 
-/* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32. */
-static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return mt_at(d, W, (size_t)e * n); }
+/* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32; NULL where W is
+ * (a bias the experts do not have). */
+static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return W ? mt_at(d, W, (size_t)e * n) : NULL; }
+static float *expert_f32_or_null(float *G, int e, size_t n) { return G ? G + (size_t)e * n : NULL; }
 static float *expert_f32(float *G, int e, size_t n) { return G + (size_t)e * n; }
 
 /* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
@@ -121,7 +132,7 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     const mt_dims *d = x->d;
     const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
-    k->linear(kc, b->rlog, 1, b->base.xn2, w[MT_T_ROUTER], NULL, T, C, E, 0); /* (T, E) f32 */
+    k->linear(kc, b->rlog, 1, b->base.xn2, w[MT_T_ROUTER], w[MT_T_ROUTER_BIAS], T, C, E, 0); /* (T, E) f32 */
     k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K,
                  d->norm_topk);
     k->moe_gather(kc, b->xs, b->base.xn2, b->rrows, R, K, C); /* (R, C) */
@@ -129,10 +140,10 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
         const int n = offs[e + 1] - offs[e];
         if (!n) continue;
         const void *xs = mt_at(d, b->xs, (size_t)offs[e] * C);
-        k->linear(kc, mt_at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C), NULL,
-                  n, C, FE, 0);
-        k->linear(kc, mt_at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C), NULL, n,
-                  C, FE, 0);
+        k->linear(kc, mt_at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C),
+                  expert(d, w[MT_T_EXP_GATE_BIAS], e, (size_t)FE), n, C, FE, 0);
+        k->linear(kc, mt_at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C),
+                  expert(d, w[MT_T_EXP_UP_BIAS], e, (size_t)FE), n, C, FE, 0);
     }
     k->glu(kc, b->ea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
 }
@@ -183,6 +194,42 @@ static void shared_backward(const mt_exec *x, void *const *w, float *const *gw, 
     k->linear_dw(kc, gw[MT_T_SH_SCORE], NULL, dz, b->base.xn2, T, C, 1);
 }
 
+/* GPT-OSS's down-projection biases, after moe_dot_scale (ys holds each routed row's output gradient
+ * dys, unweighted): a row's output is a Wd^T + b_e, so its routing weight's gradient gains dot(dys, b_e),
+ * added by slot; b_e's gradient is the weighted sum of its rows' dys, w^T dys as a GEMM of one row. */
+static void down_bias_backward(const mt_exec *x, void *const *w, float *const *gw, const int *offs)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const moe_work *b = W(x);
+    const int C = d->C, E = d->E, R = d->T * d->topk;
+    for (int e = 0; e < E; e++) {
+        const int n = offs[e + 1] - offs[e];
+        if (n)
+            k->linear(kc, b->rbd + offs[e], 1, mt_at(d, b->ys, (size_t)offs[e] * C), expert(d, w[MT_T_EXP_DOWN_BIAS], e, C),
+                      NULL, n, C, 1, 0);
+    }
+    k->moe_combine(kc, b->rdw, 1, b->rbd, 1, NULL, b->rslot, R, 1, 1); /* rdw[slot] += rbd[its row] */
+    k->moe_gather(kc, b->wrow_act, k->as_act(kc, b->topw_act, b->topw, (size_t)R), b->rrows, R, 1, 1);
+    for (int e = 0; e < E; e++) {
+        const int n = offs[e + 1] - offs[e];
+        if (n)
+            k->linear_dw(kc, gw[MT_T_EXP_DOWN_BIAS] + (size_t)e * C, NULL, mt_at(d, b->wrow_act, (size_t)offs[e]),
+                         mt_at(d, b->ys, (size_t)offs[e] * C), n, C, 1);
+    }
+}
+
+/* The reductions of the Llama blocks and, with GPT-OSS's biases, the router's and the experts' bias
+ * gradients: rows T at most (a token takes an expert once), as wide as the widest of them. */
+static int moe_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
+{
+    int k = mt_block_reductions(d, want_grad, out);
+    if (want_grad && d->expert_bias)
+        out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, (uint64_t)d->T, (uint64_t)MT_MAX(d->FE, d->E)};
+    return k;
+}
+
 static void layer_forward(const mt_exec *x, void *const *w, const void *in, void *out, const mt_layer_acts *a)
 {
     if (!w[MT_T_ROUTER]) { /* a dense layer */
@@ -202,7 +249,8 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
         const int n = offs[e + 1] - offs[e];
         if (n)
             k->linear(kc, mt_at(d, b->ys, (size_t)offs[e] * C), 0, mt_at(d, b->ea, (size_t)offs[e] * FE),
-                      expert(d, w[MT_T_EXP_DOWN], e, (size_t)C * FE), NULL, n, FE, C, 0);
+                      expert(d, w[MT_T_EXP_DOWN], e, (size_t)C * FE), expert(d, w[MT_T_EXP_DOWN_BIAS], e, (size_t)C), n,
+                      FE, C, 0);
     }
     k->copy(kc, out, a->h, (size_t)T * C);
     k->moe_combine(kc, out, 0, b->ys, 0, b->topw, b->rslot, T, K, C);
@@ -235,6 +283,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     }
     /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight */
     k->moe_dot_scale(kc, b->rdw, b->dea, b->ea, b->topw, b->rrows, R, FE);
+    if (d->expert_bias) down_bias_backward(x, w, gw, offs);
     k->glu_bwd(kc, b->deg, b->deu, b->dea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
@@ -245,8 +294,10 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, mt_at(d, b->ea, r0 * FE), n, FE, C);
         k->linear_dx(kc, b->dxs + r0 * C, 1, dg, expert(d, w[MT_T_EXP_GATE], e, GU), n, C, FE, 0);
         k->linear_dx(kc, b->dxs + r0 * C, 1, du, expert(d, w[MT_T_EXP_UP], e, GU), n, C, FE, 1);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), NULL, dg, xs, n, C, FE);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), NULL, du, xs, n, C, FE);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), expert_f32_or_null(gw[MT_T_EXP_GATE_BIAS], e, FE), dg, xs,
+                     n, C, FE);
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), expert_f32_or_null(gw[MT_T_EXP_UP_BIAS], e, FE), du, xs, n,
+                     C, FE);
     }
     /* the gradient of xn2: the experts' rows added back per token, then the router's */
     k->zero(kc, b->base.dxn, (size_t)T * C * sizeof(float));
@@ -258,7 +309,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
                      d->norm_topk);
     const void *dl = k->as_act(kc, b->drlog_act, b->drlog, (size_t)T * E);
     k->linear_dx(kc, b->base.dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
-    k->linear_dw(kc, gw[MT_T_ROUTER], NULL, dl, b->base.xn2, T, C, E);
+    k->linear_dw(kc, gw[MT_T_ROUTER], gw[MT_T_ROUTER_BIAS], dl, b->base.xn2, T, C, E);
     if (d->FS) shared_backward(x, w, gw, dya);
     mt_llama_attn_backward(x, w, gw, in, dy, a);
 }
@@ -280,7 +331,7 @@ static void head(const mt_exec *x, void *const *w, const void *lm, float *const 
 const mt_template mt_template_moe = {
     .name = "moe",
     .work = moe_work_bufs,
-    .reductions = mt_block_reductions, /* the experts' linear_dw have no biases */
+    .reductions = moe_reductions,
     .state_elems = moe_state_elems,
     .keeps = mt_block_keeps,
     .embed_forward = mt_block_embed_forward, /* the embedding and the last positions' logits are Llama's */

@@ -51,6 +51,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
         d->n_sparse = mt_config_sparse_layers(c);
         d->aux_coef = c->output_router_logits ? c->router_aux_loss_coef : 0.0f;
         d->FS = (int)c->shared_expert_intermediate_size, d->shared_gate = c->shared_expert_gate != 0;
+        d->expert_bias = f->moe == MT_MOE_GPT_OSS;
     }
 }
 

@@ -77,6 +77,16 @@ typedef struct mt_kernels {
     void (*attention_bwd)(void *kc, void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, int n_seq, int seq_len, int H, int Hkv, int D,
                           float scale, int window, float softcap);
+    /* Attention sinks (GPT-OSS): a learnt logit sink[h] per head in the denominator of every softmax
+     * of head h. On out and lse as attention wrote them (n_seq sequences of seq_len, H heads of D):
+     * with r = 1 / (1 + exp(sink[h] - lse)), out *= r and lse becomes log(exp(lse) + exp(sink[h])).
+     * attention_bwd from that out and lse is then the backward of the attention with sinks (its
+     * probabilities exp(s - lse) are the sink's, and D_i = rowsum(dout * out) too); attn_sink_bwd
+     * adds the sinks' gradient, dsink[h] (f32) += -sum over the rows of head h of
+     * exp(sink[h] - lse) dot(dout, out), summed in a fixed order. sinks (H) act (a weight). */
+    void (*attn_sink)(void *kc, void *out, float *lse, const void *sinks, int n_seq, int seq_len, int H, int D);
+    void (*attn_sink_bwd)(void *kc, float *dsink, const void *dout, const void *out, const float *lse,
+                          const void *sinks, int n_seq, int seq_len, int H, int D);
     /* A gated MLP's middle: out = act(gate) * up, n elements act (mt_glu_act); and its backward */
     void (*glu)(void *kc, void *out, const void *gate, const void *up, size_t n, int act);
     void (*glu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
@@ -179,13 +189,22 @@ typedef struct mt_dims {
     float aux_coef;
     int FS;          /* the shared expert's width beside the routed ones, 0 none */
     int shared_gate; /* its output scaled by a sigmoid gate (Qwen2-MoE) */
+    int expert_bias; /* the router and every expert matrix have biases (GPT-OSS) */
 } mt_dims;
 
 /* The activation of a gated MLP: out = act(gate) * up. */
 typedef enum mt_glu_act {
     MT_GLU_SILU = 0,      /* SwiGLU: silu(x) = x / (1 + exp(-x)) (Llama and the others) */
     MT_GLU_GELU_TANH = 1, /* GeGLU: gelu's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma) */
+    /* GPT-OSS's clamped SwiGLU, as transformers' GptOssExperts computes it: with g = min(gate, L) and
+     * u = clamp(up, -L, L), out = (u + 1) * g * sigmoid(MT_GPTOSS_ALPHA * g); L = MT_GPTOSS_LIMIT. Its
+     * backward passes gate's gradient where gate <= L and up's where -L <= up <= L (torch.clamp's) */
+    MT_GLU_GPTOSS = 2,
 } mt_glu_act;
+
+/* GPT-OSS's activation constants (transformers' GptOssExperts: fixed, not read from the config) */
+#define MT_GPTOSS_ALPHA 1.702f
+#define MT_GPTOSS_LIMIT 7.0f
 
 /* The model's part of d (everything but es, FT and chunk, which the backend
  * sets) for micro-batches of n_seq sequences of seq_len. */

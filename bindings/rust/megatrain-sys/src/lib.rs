@@ -77,6 +77,7 @@ c_enum!(mt_arch {
     MT_ARCH_QWEN3_MOE = 7,
     MT_ARCH_MIXTRAL = 8,
     MT_ARCH_QWEN2_MOE = 9,
+    MT_ARCH_GPT_OSS = 10,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 

@@ -142,6 +142,7 @@ c_enum!(Arch {
     QWEN3_MOE = sys::MT_ARCH_QWEN3_MOE,
     MIXTRAL = sys::MT_ARCH_MIXTRAL,
     QWEN2_MOE = sys::MT_ARCH_QWEN2_MOE,
+    GPT_OSS = sys::MT_ARCH_GPT_OSS,
 });
 
 c_enum!(Precision {
