@@ -1916,3 +1916,49 @@ Test(hf, gpt_oss_quantized_checkpoint_refused)
     cr_assert_eq(mt_config_load(&c, dir), MT_ERR_UNSUPPORTED);
     cr_assert(strstr(mt_last_errmsg(), "mxfp4") && strstr(mt_last_errmsg(), "quantized"), "%s", mt_last_errmsg());
 }
+
+/* gpt-oss-20b's config.json as published, less its quantization_config (a dequantized bf16 copy's):
+ * 20,914,757,184 parameters (attention 26.6 M with its biases and sinks, router 92 K, 32 experts of
+ * 3 x 2880 x 2880 and 8640 biases a layer, 24 layers, two 579 M embeddings), layer_types read as every
+ * other layer sliding, its yarn, and its padding row 199999. */
+Test(hf, config_load_real_world_gpt_oss)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    char text[4096];
+    int n = snprintf(text, sizeof text,
+                     "{\n  \"architectures\": [\"GptOssForCausalLM\"],\n  \"attention_bias\": true,\n"
+                     "  \"attention_dropout\": 0.0,\n  \"eos_token_id\": 200002,\n  \"experts_per_token\": 4,\n"
+                     "  \"head_dim\": 64,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": 2880,\n"
+                     "  \"initial_context_length\": 4096,\n  \"initializer_range\": 0.02,\n"
+                     "  \"intermediate_size\": 2880,\n  \"layer_types\": [");
+    for (int l = 0; l < 24; l++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s\"%s\"", l ? ", " : "",
+                      l % 2 ? "full_attention" : "sliding_attention");
+    snprintf(text + n, sizeof text - (size_t)n,
+             "],\n  \"max_position_embeddings\": 131072,\n  \"model_type\": \"gpt_oss\",\n"
+             "  \"num_attention_heads\": 64,\n  \"num_experts_per_tok\": 4,\n  \"num_hidden_layers\": 24,\n"
+             "  \"num_key_value_heads\": 8,\n  \"num_local_experts\": 32,\n  \"output_router_logits\": false,\n"
+             "  \"pad_token_id\": 199999,\n  \"rms_norm_eps\": 1e-05,\n  \"rope_scaling\": {\n"
+             "    \"beta_fast\": 32.0,\n    \"beta_slow\": 1.0,\n    \"factor\": 32.0,\n"
+             "    \"original_max_position_embeddings\": 4096,\n    \"rope_type\": \"yarn\",\n    \"truncate\": false\n"
+             "  },\n  \"rope_theta\": 150000,\n  \"router_aux_loss_coef\": 0.9,\n  \"sliding_window\": 128,\n"
+             "  \"swiglu_limit\": 7.0,\n  \"tie_word_embeddings\": false,\n  \"transformers_version\": \"4.55.0.dev0\",\n"
+             "  \"use_cache\": true,\n  \"vocab_size\": 201088\n}\n");
+    mt_model_config c = load_text(dir, text);
+    cr_assert_eq(c.arch, MT_ARCH_GPT_OSS);
+    cr_assert_eq(c.num_experts, 32);
+    cr_assert_eq(c.num_experts_per_tok, 4);
+    cr_assert_eq(c.moe_intermediate_size, 2880);
+    cr_assert_eq(c.norm_topk_prob, 1);
+    cr_assert_eq(c.attention_bias, 1);
+    cr_assert_eq(c.head_dim, 64);
+    cr_assert_eq(c.pad_token_id, 199999);
+    cr_assert_eq(c.router_aux_loss_coef, 0.9f);
+    cr_assert(c.sliding_window == 128 && mt_config_layer_slides(&c, 0) && !mt_config_layer_slides(&c, 1) &&
+              mt_config_layer_slides(&c, 22) && !mt_config_layer_slides(&c, 23));
+    cr_assert(c.rope_scaling == MT_ROPE_SCALING_YARN && c.rope_factor == 32.0f && c.rope_original_max_position == 4096 &&
+              c.rope_beta_fast == 32.0f && c.rope_beta_slow == 1.0f && c.rope_no_truncate && c.rope_theta == 150000.0f);
+    cr_assert_eq(mt_config_sparse_layers(&c), 24);
+    cr_assert_eq(params_of(&c), 20914757184ull);
+}
