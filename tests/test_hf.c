@@ -1905,12 +1905,7 @@ Test(hf, gpt_oss_quantized_checkpoint_refused)
                        "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
                        "\"num_key_value_heads\":2,\"max_position_embeddings\":128,"
                        "\"quantization_config\":{\"quant_method\":\"mxfp4\"}}";
-    char path[600];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *fp = fopen(path, "w");
-    cr_assert_not_null(fp);
-    fputs(text, fp);
-    fclose(fp);
+    write_text(dir, "config.json", text);
     mt_model_config c;
     mt_model_config_init(&c);
     cr_assert_eq(mt_config_load(&c, dir), MT_ERR_UNSUPPORTED);
