@@ -321,6 +321,7 @@ static mt_model_config moe_cfg(mt_arch arch, int precision)
     c.router_aux_loss_coef = 0.1f;
     if (arch == MT_ARCH_QWEN3_MOE) c.mlp_only_layers[0] = 1u << 1;
     else c.sliding_window = 24, c.moe_intermediate_size = c.intermediate_size = 48;
+    if (arch == MT_ARCH_GPT_OSS) c.attention_bias = 1, c.sliding_window_pattern = 2; /* layer 1 full: cuDNN's */
     return c;
 }
 
@@ -371,6 +372,11 @@ static void decisive_routing(mt_model *m)
                 for (uint32_t e = 0; e < E; e++)
                     for (uint32_t c = 0; c < C; c++)
                         set_weight(m, unit, t, (uint64_t)e * C + c, 0.01f * uni(&s) + (c == e ? 6.0f : 0.0f));
+            } else if (t->role == MT_T_SINKS) { /* GPT-OSS: sinks with a sizeable share of each softmax */
+                for (uint64_t i = 0; i < t->numel; i++) set_weight(m, unit, t, i, 1.0f + uni(&s));
+            } else if (mt_role_is_bias(t->role)) { /* not only zeros; none into the routing channels */
+                const int out = t->role == MT_T_O_BIAS || t->role == MT_T_EXP_DOWN_BIAS;
+                for (uint64_t i = 0; i < t->numel; i++) set_weight(m, unit, t, i, out && i % C < E ? 0.0f : 0.1f * uni(&s));
             } else if (t->role == MT_T_O || t->role == MT_T_DOWN || t->role == MT_T_EXP_DOWN) {
                 /* rows of C outputs (each expert's block of C rows for the stacked down projections) */
                 for (uint64_t r = 0; r < t->rows; r++)
@@ -447,6 +453,10 @@ Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_fp32) { step_matches_cpu(MT_AR
 Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16); }
 Test(cuda_backend, moe_mixtral_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_MIXTRAL, MT_PRECISION_FP32); }
 Test(cuda_backend, moe_mixtral_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_MIXTRAL, MT_PRECISION_BF16); }
+/* GPT-OSS: sinks after the kernels' (sliding layers) and cuDNN's (the full layer) attention, the biases,
+ * the clamped SwiGLU */
+Test(cuda_backend, moe_gpt_oss_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_GPT_OSS, MT_PRECISION_FP32); }
+Test(cuda_backend, moe_gpt_oss_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_GPT_OSS, MT_PRECISION_BF16); }
 
 /* Steps on the GPU are the same bits run to run (no atomics in the routing, the same GEMMs). */
 Test(cuda_backend, moe_steps_are_bit_identical)
