@@ -314,30 +314,14 @@ static float element_f32(const mt_st_tensor *t, uint64_t i)
 static void convert_range(const mt_st_tensor *t, uint64_t off, const mt_st_map *map, float *dst, uint16_t *bf,
                           uint64_t lo, uint64_t hi)
 {
-    if (map->il) {
-        for (uint64_t i = lo; i < hi; i++) {
-            const float x = element_f32(t, mt_st_map_src(map, off + i));
-            if (dst) dst[i] = x;
-            if (bf) bf[i] = mt_f32_to_bf16(x); /* a bf16 value through f32 and back: the same bits */
-        }
-        return;
-    }
-    const unsigned char *p = t->data + off * (t->dtype == MT_ST_F32 ? 4 : 2);
-    if (!dst && t->dtype == MT_ST_BF16) { /* bf16 into bf16: the bits as they are */
-        memcpy(bf + lo, p + 2 * lo, (hi - lo) * 2);
+    if (!map->il && !dst && t->dtype == MT_ST_BF16) { /* bf16 into bf16: the bits as they are */
+        memcpy(bf + lo, t->data + 2 * (off + lo), (hi - lo) * 2);
         return;
     }
     for (uint64_t i = lo; i < hi; i++) {
-        float x;
-        if (t->dtype == MT_ST_F32) {
-            memcpy(&x, p + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            x = t->dtype == MT_ST_BF16 ? mt_bf16_to_f32(h) : f16_to_f32(h);
-        }
+        const float x = element_f32(t, map->il ? mt_st_map_src(map, off + i) : off + i);
         if (dst) dst[i] = x;
-        if (bf) bf[i] = mt_f32_to_bf16(x);
+        if (bf) bf[i] = mt_f32_to_bf16(x); /* a bf16 value through f32 and back: the same bits */
     }
 }
 

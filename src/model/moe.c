@@ -120,8 +120,7 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
 /* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32; NULL where W is
  * (a bias the experts do not have). */
 static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return W ? mt_at(d, W, (size_t)e * n) : NULL; }
-static float *expert_f32_or_null(float *G, int e, size_t n) { return G ? G + (size_t)e * n : NULL; }
-static float *expert_f32(float *G, int e, size_t n) { return G + (size_t)e * n; }
+static float *expert_f32(float *G, int e, size_t n) { return G ? G + (size_t)e * n : NULL; }
 
 /* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
  * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. */
@@ -294,9 +293,9 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
         k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, mt_at(d, b->ea, r0 * FE), n, FE, C);
         k->linear_dx(kc, b->dxs + r0 * C, 1, dg, expert(d, w[MT_T_EXP_GATE], e, GU), n, C, FE, 0);
         k->linear_dx(kc, b->dxs + r0 * C, 1, du, expert(d, w[MT_T_EXP_UP], e, GU), n, C, FE, 1);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), expert_f32_or_null(gw[MT_T_EXP_GATE_BIAS], e, FE), dg, xs,
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), expert_f32(gw[MT_T_EXP_GATE_BIAS], e, FE), dg, xs,
                      n, C, FE);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), expert_f32_or_null(gw[MT_T_EXP_UP_BIAS], e, FE), du, xs, n,
+        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), expert_f32(gw[MT_T_EXP_UP_BIAS], e, FE), du, xs, n,
                      C, FE);
     }
     /* the gradient of xn2: the experts' rows added back per token, then the router's */
