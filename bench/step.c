@@ -11,7 +11,7 @@
  * does not fit a 125 GiB host (14 bytes a parameter: 8.7 GB for the embedding
  * and head, 8.7 GB a layer); --layers 12 (113 GB) does.
  *
- *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b]
+ *   build/bench/step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b|deepseek-v2-lite]
  *                    [--layers N] [--seq-len N]
  *                    [--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K]
  *                    [--host-budget GIB] [--gpu-budget GIB] [--recompute auto|full] [--timeline]
@@ -94,9 +94,14 @@ static int preset(mt_model_config *c, const char *name)
         /* gpt-oss-20b: 20.9 B, 3.6 B active; 32 experts top-4, sinks, biases, every other layer a window of 128,
          * yarn (GptOssConfig's) */
         {"gpt-oss-20b", 201088, 2880, 2880, 24, 64, 8, MT_ARCH_GPT_OSS, 64, 32, 4, 2880},
+        /* DeepSeek-V2-Lite: 15.7 B, 2.7 B active (mt_family_example's shape): latent attention, 64 experts
+         * top-6 and 2 shared, the first layer dense */
+        {"deepseek-v2-lite", 0, 0, 0, 0, 0, 0, MT_ARCH_DEEPSEEK_V2, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        if (!strcmp(name, p[i].name)) {
+        if (!strcmp(name, p[i].name) && p[i].arch == MT_ARCH_DEEPSEEK_V2) {
+            return mt_family_example(c, MT_ARCH_DEEPSEEK_V2) == MT_OK ? 0 : -1;
+        } else if (!strcmp(name, p[i].name)) {
             c->vocab_size = p[i].V, c->hidden_size = p[i].C, c->intermediate_size = p[i].F;
             c->num_hidden_layers = p[i].L, c->num_attention_heads = p[i].H, c->num_key_value_heads = p[i].Hkv;
             c->arch = p[i].arch;
@@ -165,7 +170,7 @@ int main(int argc, char **argv)
                         : !strcmp(a, "auto") ? MT_ATTENTION_AUTO : 99;
         }
         else {
-            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b] [--layers N] [--seq-len N] "
+            fprintf(stderr, "usage: step [--backend cpu|cuda] [--preset tiny|1b|1.5b|7b|qwen7b|qwen14b|8b|qwen3-8b|qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b|deepseek-v2-lite] [--layers N] [--seq-len N] "
                             "[--micro-batch N] [--grad-accum N] [--steps N] [--warmup N] [--fp32 | --lean] [--slots K] [--host-budget GIB] [--gpu-budget GIB] "
                             "[--recompute auto|full] [--timeline] [--timeline-csv FILE] [--attention auto|kernels|cudnn] "
                             "[--nondeterministic] [--devices LIST] [--weight-fetch auto|whole|slices]\n");
@@ -243,13 +248,19 @@ int main(int argc, char **argv)
     memcpy(sorted, t, (size_t)steps * sizeof *t);
     qsort(sorted, (size_t)steps, sizeof *sorted, cmp);
     const double med = sorted[steps / 2], P_all = (double)mt_model_num_params(m);
-    /* the parameters a token uses: a sparse layer's experts count k of E (every layer of these presets is
-     * sparse when the model has experts) */
+    /* the parameters a token uses: a sparse layer's experts count k of E (the layers mlp_only_layers leaves
+     * sparse: every layer of these presets but DeepSeek's first) */
     const double idle_experts = c.num_experts ? (double)(c.num_experts - c.num_experts_per_tok) : 0.0;
     const double expert_biases = c.arch == MT_ARCH_GPT_OSS ? 2.0 * c.moe_intermediate_size + c.hidden_size : 0.0;
-    const double P = P_all - (double)c.num_hidden_layers * idle_experts *
-                                 (3.0 * c.moe_intermediate_size * c.hidden_size + expert_biases);
-    const double attn_width = (double)c.num_attention_heads * (c.head_dim ? c.head_dim : c.hidden_size / c.num_attention_heads);
+    int sparse = 0;
+    for (uint32_t l = 0; c.num_experts && l < c.num_hidden_layers; l++)
+        sparse += l >= 256 || !(c.mlp_only_layers[l / 64] >> (l % 64) & 1);
+    const double P = P_all - (double)sparse * idle_experts * (3.0 * c.moe_intermediate_size * c.hidden_size + expert_biases);
+    /* the attention's two products a token makes per layer: q.k over the q/k head, p.v over the value head
+     * (multi-head latent attention's narrower values: the zeros it pads them with are not counted) */
+    const double d_qk = c.head_dim ? c.head_dim : (double)c.hidden_size / c.num_attention_heads;
+    const double d_v = c.kv_lora_rank ? (double)c.v_head_dim : d_qk;
+    const double attn_width = (double)c.num_attention_heads * (d_qk + d_v) / 2.0;
     if (timeline) {
         int mi = 0; /* the median step */
         while (mi + 1 < steps && t[mi] != med) mi++;

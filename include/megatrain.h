@@ -137,6 +137,10 @@ typedef enum mt_arch {
     MT_ARCH_QWEN2_MOE = 9, /* Qwen2MoeForCausalLM: Qwen2 attention, routed experts and a gated shared expert */
     MT_ARCH_GPT_OSS = 10, /* GptOssForCausalLM: attention sinks and q/k/v/o biases, sliding and full layers
                            * alternating, experts with biases and a clamped SwiGLU */
+    MT_ARCH_DEEPSEEK_V3 = 11, /* DeepseekV3ForCausalLM: multi-head latent attention, sigmoid-scored experts
+                               * with a shared one, the first layers dense (also Kimi-K2, Moonlight) */
+    MT_ARCH_DEEPSEEK_V2 = 12, /* DeepseekV2ForCausalLM: DeepSeek-V3's layer with softmax-scored experts
+                               * (greedy or group-limited), no correction bias (DeepSeek-V2, V2-Lite) */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 
@@ -228,7 +232,30 @@ typedef struct mt_model_config {
     uint32_t rope_n_factors;       /* longrope: the entries of each list below, (rotary dimensions) / 2 */
     float rope_short_factor[128];  /* longrope: each frequency's divisor while positions < original_max_position */
     float rope_long_factor[128];   /* longrope: ... and once a micro-batch has a position past it */
+    /* appended in 0.2: multi-head latent attention and DeepSeek's routing (DeepSeek-V2, DeepSeek-V3) */
+    uint32_t kv_lora_rank;         /* 0: plain attention; R: multi-head latent attention, each token's keys and
+                                      values expanded from a rank-R latent (kv_a_proj_with_mqa, kv_b_proj) */
+    uint32_t q_lora_rank;          /* with kv_lora_rank: 0, q_proj from the hidden state; R, q from a rank-R
+                                      latent (q_a_proj, q_b_proj) */
+    uint32_t qk_nope_head_dim;     /* with kv_lora_rank: each q and k head is qk_nope_head_dim dimensions without
+                                      RoPE, then qk_rope_head_dim with it (the key's shared by all heads);
+                                      head_dim is their sum */
+    uint32_t qk_rope_head_dim;
+    uint32_t v_head_dim;           /* with kv_lora_rank: each value head's dimensions (at most head_dim) */
+    uint32_t rope_interleave;      /* with kv_lora_rank: RoPE turns the pairs (2i, 2i + 1), not (i, i + d/2) */
+    uint32_t n_group;              /* 0 or 1: no group limit; G: the experts form G groups of E/G ... */
+    uint32_t topk_group;           /* ... and a token's k are chosen from its topk_group best groups */
+    float routed_scaling_factor;   /* 0 or 1: none; s: the routing weights are multiplied by s */
+    uint32_t moe_scoring;          /* mt_moe_scoring: how the router scores the experts */
 } mt_model_config;
+
+/* mt_model_config.moe_scoring: how a router's logits become the scores that choose and weigh the experts */
+typedef enum mt_moe_scoring {
+    MT_MOE_SCORING_SOFTMAX = 0, /* the softmax of the logits; a group's score its best expert's (DeepSeek-V2) */
+    MT_MOE_SCORING_SIGMOID = 1, /* sigmoid(logit); chosen by score + e_score_correction_bias, a group's score
+                                   the sum of its best two (DeepSeek-V3) */
+    MT_MOE_SCORING_MAX_ENUM = 0x7FFFFFFF
+} mt_moe_scoring;
 
 /* Defaults: a small Llama (vocab 32000, hidden 512, 8 layers, 8 heads,
  * intermediate 1408, max positions 2048), rms_norm_eps 1e-5, rope_theta 10000,

@@ -567,6 +567,10 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
     const int n_run = memcheck && f.n_steps > 2 ? 2 : f.n_steps;
     double loss_max = 0.0, norm_max = 0.0, eval_rel = 0.0, lr_sum = 0.0, loss0 = 0.0, norm0 = 0.0;
     int loss_at = 0, norm_at = 0;
+    /* each step's loss and norm here and transformers' (a later step beyond its bound is judged after the
+     * one-ulp runs, below) */
+    double *got = calloc((size_t)n_run * 4, sizeof *got);
+    cr_assert(got);
     for (int s = 0; s < n_run; s++) {
         const cJSON *js = cJSON_GetArrayItem(f.steps, s);
         parity_use_step(&f, s);
@@ -592,11 +596,13 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
                   parity_jnum(js, "lr"));
         lr_sum += st.lr;
         const double lr_ = parity_rel_diff(st.loss, want_loss), nr = parity_rel_diff(st.grad_norm, want_norm);
-        const double tl = s ? tol->loss_rel_trained : tol->loss_rel, tn = s ? tol->norm_rel_trained : tol->norm_rel;
-        cr_expect(lr_ <= tl, "%s (%s, %s) step %d: loss %.9g, transformers %.9g (relative %.3g)", name, bn, pn, s,
-                  st.loss, want_loss, lr_);
-        cr_expect(nr <= tn, "%s (%s, %s) step %d: gradient norm %.9g, transformers %.9g (relative %.3g)", name, bn,
-                  pn, s, st.grad_norm, want_norm, nr);
+        got[4 * s] = st.loss, got[4 * s + 1] = want_loss, got[4 * s + 2] = st.grad_norm, got[4 * s + 3] = want_norm;
+        if (s == 0) {
+            cr_expect(lr_ <= tol->loss_rel, "%s (%s, %s) step 0: loss %.9g, transformers %.9g (relative %.3g)", name,
+                      bn, pn, st.loss, want_loss, lr_);
+            cr_expect(nr <= tol->norm_rel, "%s (%s, %s) step 0: gradient norm %.9g, transformers %.9g (relative %.3g)",
+                      name, bn, pn, st.grad_norm, want_norm, nr);
+        }
         if (!(lr_ <= loss_max)) loss_max = lr_, loss_at = s;
         if (!(nr <= norm_max)) norm_max = nr, norm_at = s;
         if (s == 0) loss0 = lr_, norm0 = nr;
@@ -613,6 +619,9 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
     mt_model *start = parity_load_weights_file(&c32, path);
     const double cap = 2.0 * lr_sum;
     char line[1024];
+    /* how far one ulp at the start moves each step's loss and norm here (the fp32 one-ulp runs below) */
+    double *spread = calloc((size_t)n_run * 2, sizeof *spread);
+    cr_assert(spread);
     if (n_run < f.n_steps) {
         /* (nor the one-ulp re-trainings below, the very code of the training
          * above, 3x its time under valgrind) */
@@ -629,7 +638,11 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
             parity_perturb_one_ulp(alt[a], 1u + (unsigned)a);
             for (int s = 0; s < f.n_steps; s++) {
                 parity_use_step(&f, s);
-                cr_assert_eq(mt_step(alt[a], &f.batch, &f.optim, NULL), MT_OK, "%s", mt_model_errmsg(alt[a]));
+                mt_step_stats st;
+                mt_step_stats_init(&st);
+                cr_assert_eq(mt_step(alt[a], &f.batch, &f.optim, &st), MT_OK, "%s", mt_model_errmsg(alt[a]));
+                spread[2 * s] = fmax(spread[2 * s], fabs(st.loss - got[4 * s]));
+                spread[2 * s + 1] = fmax(spread[2 * s + 1], fabs(st.grad_norm - got[4 * s + 2]));
             }
             mt_optimizer_drain(&alt[a]->opt);
         }
@@ -676,6 +689,46 @@ void parity_run(const char *name, uint32_t backend, uint32_t precision, const pa
                  "| training moved weights up to %.2g",
                  r.worst_rel, r.worst_at, r.k_bias_rel, r.all_rel, r.max_abs, r.max_at, cap, r.moved);
     }
+
+    /* Steps 1 and later run from trained weights: beyond the bound, a step's loss or norm passes only where
+     * one ulp at the start moves libmegatrain's own figure by a tenth as much or more (the weights' rule: a
+     * weight set by rounding that the later steps see), which needs the fp32 one-ulp runs. In bf16, a step's
+     * gradient norm may also be as far from the fp32 run's as twice what transformers' own training with bf16
+     * weights and gradients gives on the fixture (fixture.json's bf16_emulation, measured by the generator):
+     * there the fixture's conditioning, not the library, sets the distance (docs/parity.md) */
+    const cJSON *emu = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(f.json, "bf16_emulation"),
+                                                        "grad_norm_rel");
+    for (int s = 1; s < n_run; s++) {
+        const double dl = fabs(got[4 * s] - got[4 * s + 1]), dn = fabs(got[4 * s + 2] - got[4 * s + 3]);
+        const double emu_rel = precision == MT_PRECISION_BF16 && cJSON_IsNumber(cJSON_GetArrayItem(emu, s))
+                                   ? cJSON_GetArrayItem(emu, s)->valuedouble
+                                   : 0.0;
+        const double norm_bound = fmax(tol->norm_rel_trained, 2.0 * emu_rel);
+        const int l_ok = dl <= tol->loss_rel_trained * fabs(got[4 * s + 1]),
+                  n_ok = dn <= norm_bound * fabs(got[4 * s + 3]);
+        if (n_ok && dn > tol->norm_rel_trained * fabs(got[4 * s + 3]))
+            fprintf(stderr, "parity %s (%s, %s) step %d: norm rel %.3g, beyond %.3g but within twice transformers' "
+                            "own bf16 distance (%.3g)\n",
+                    name, bn, pn, s, parity_rel_diff(got[4 * s + 2], got[4 * s + 3]), tol->norm_rel_trained, emu_rel);
+        const int l_noise = !l_ok && dl <= 10.0 * spread[2 * s], n_noise = !n_ok && dn <= 10.0 * spread[2 * s + 1];
+        cr_expect(l_ok || l_noise,
+                  "%s (%s, %s) step %d: loss %.9g, transformers %.9g (relative %.3g; one ulp at the start moves it "
+                  "by %.3g)",
+                  name, bn, pn, s, got[4 * s], got[4 * s + 1], parity_rel_diff(got[4 * s], got[4 * s + 1]),
+                  spread[2 * s]);
+        cr_expect(n_ok || n_noise,
+                  "%s (%s, %s) step %d: gradient norm %.9g, transformers %.9g (relative %.3g, bound %.3g; one ulp at "
+                  "the start moves it by %.3g)",
+                  name, bn, pn, s, got[4 * s + 2], got[4 * s + 3], parity_rel_diff(got[4 * s + 2], got[4 * s + 3]),
+                  norm_bound, spread[2 * s + 1]);
+        if (l_noise || n_noise)
+            fprintf(stderr, "parity %s (%s, %s) step %d: loss rel %.3g, norm rel %.3g, beyond the bound but within "
+                            "10x of what one ulp at the start moves them (%.3g, %.3g)\n",
+                    name, bn, pn, s, parity_rel_diff(got[4 * s], got[4 * s + 1]),
+                    parity_rel_diff(got[4 * s + 2], got[4 * s + 3]), spread[2 * s], spread[2 * s + 1]);
+    }
+    free(spread);
+    free(got);
 
     fprintf(stderr,
             "parity %-14s %-4s %s | inv_freq rel %.2g | logits abs %.2g (max |logit| %.2g) | eval loss rel %.2g | "

@@ -546,6 +546,166 @@ Test(cpu_ops, rope_backward)
     free(r.x); free(r.y); free(r.R); free(r.pos); free(rx); free(rty);
 }
 
+/* Multi-head latent attention's RoPE (DeepSeek-V2/V3): heads of D = 24 whose first 16 dimensions
+ * (qk_nope_head_dim) pass untouched, bit for bit, and whose last 8 (qk_rope_head_dim) turn in pairs
+ * (16 + 2i, 16 + 2i + 1) (rope_interleave) or (16 + i, 16 + i + 4), pair i by inv_freq[i], against the
+ * rotation written out in double (scaled or not); the inverse undoes the unscaled one. Swapping the two
+ * pairings, or turning the first rotary dimensions of the head, fails every check here. */
+Test(cpu_ops, rope_offset_interleaved)
+{
+    seed(23);
+    const int T = 13, nh = 3, D = 24, off = 16, rd = 8, n = T * nh * D;
+    const mt_rope_params rp = {.theta = 10000.0f};
+    float inv_freq[4];
+    mt_rope_inv_freq(inv_freq, rd, &rp);
+    int32_t *pos = rand_pos(T, 5000); /* positions of a packed batch: not 0 .. T-1 */
+    for (int il = 0; il < 2; il++)
+        for (int si = 0; si < 2; si++) {
+            const float scale = si ? 1.2247449f : 1.0f;
+            float *x = rand_vec(n, 1), *y = copy_vec(x, n);
+            mt_cpu_rope_at(NULL, y, pos, inv_freq, T, nh, D, off, rd, il, scale, 0);
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < nh; h++) {
+                    const float *xh = x + (t * nh + h) * D, *yh = y + (t * nh + h) * D;
+                    cr_expect(memcmp(xh, yh, off * sizeof(float)) == 0, "il %d: t %d h %d: an unrotated dim moved",
+                              il, t, h);
+                    for (int i = 0; i < rd / 2; i++) {
+                        const int i0 = off + (il ? 2 * i : i), i1 = off + (il ? 2 * i + 1 : i + rd / 2);
+                        const double a = (double)((float)pos[t] * inv_freq[i]);
+                        const double r0 = scale * (xh[i0] * cos(a) - xh[i1] * sin(a));
+                        const double r1 = scale * (xh[i1] * cos(a) + xh[i0] * sin(a));
+                        cr_expect(fabs(yh[i0] - r0) <= 2e-6 && fabs(yh[i1] - r1) <= 2e-6,
+                                  "il %d scale %g: t %d h %d pair %d: %.9g %.9g, want %.9g %.9g", il, scale, t, h, i,
+                                  yh[i0], yh[i1], r0, r1);
+                    }
+                }
+            if (scale == 1.0f) { /* the inverse undoes it (to rounding), and leaves the first 16 as they were */
+                mt_cpu_rope_at(NULL, y, pos, inv_freq, T, nh, D, off, rd, il, 1.0f, 1);
+                for (int i = 0; i < n; i++) {
+                    if (i % D < off) cr_expect(memcmp(&x[i], &y[i], sizeof(float)) == 0, "il %d: [%d] moved", il, i);
+                    else cr_expect(fabs(y[i] - x[i]) <= 1e-6, "il %d roundtrip [%d]: %.9g, want %.9g", il, i, y[i], x[i]);
+                }
+            }
+            free(x), free(y);
+        }
+    /* split over 3 threads (by token): the same bits */
+    const int Tb = 3000, nb = Tb * nh * D;
+    int32_t *posb = rand_pos(Tb, 100000);
+    float *xb = rand_vec(nb, 1), *y1 = copy_vec(xb, nb), *y3 = copy_vec(xb, nb);
+    mt_pool *p = mt_pool_create(3, NULL);
+    cr_assert(p);
+    mt_cpu_rope_at(NULL, y1, posb, inv_freq, Tb, nh, D, off, rd, 1, 1.0f, 0);
+    mt_cpu_rope_at(p, y3, posb, inv_freq, Tb, nh, D, off, rd, 1, 1.0f, 0);
+    expect_same("rope interleaved", y1, y3, nb, 3);
+    mt_pool_destroy(p);
+    free(pos), free(posb), free(xb), free(y1), free(y3);
+}
+
+/* A model without latent attention (kv_lora_rank 0) rotates from dimension 0 in halves whatever its
+ * rope_interleave says, and mt_cpu_rope_at there (with a partial rotary factor and a scale, both ways)
+ * gives the bits of the kernel before offsets, whose loop is written out here. With kv_lora_rank the
+ * config places RoPE after qk_nope_head_dim, qk_rope_head_dim wide, interleaved where rope_interleave. */
+Test(cpu_ops, rope_offset_zero_unchanged)
+{
+    mt_model_config c;
+    mt_model_config_init(&c);
+    c.head_dim = 32, c.partial_rotary_factor = 0.75f, c.rope_interleave = 1;
+    c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 8, c.kv_lora_rank = 0;
+    cr_expect_eq(mt_config_rotary_offset(&c), 0u);
+    cr_expect_eq(mt_config_rotary_dims(&c), 24u);
+    cr_expect(!mt_config_rope_interleaved(&c), "rope_interleave counts only with kv_lora_rank");
+    seed(24);
+    const int T = 9, nh = 2, D = (int)c.head_dim, rd = (int)mt_config_rotary_dims(&c), n = T * nh * D;
+    const float scale = 1.2247449f;
+    const mt_rope_params rp = {.theta = 10000.0f};
+    float inv_freq[12];
+    mt_rope_inv_freq(inv_freq, rd, &rp);
+    int32_t *pos = rand_pos(T, 5000);
+    for (int inverse = 0; inverse < 2; inverse++) {
+        float *x = rand_vec(n, 1), *y = copy_vec(x, n), *y0 = copy_vec(x, n), *want = copy_vec(x, n);
+        for (int t = 0; t < T; t++) /* the kernel as it was */
+            for (int i = 0; i < rd / 2; i++) {
+                const float ang = (float)pos[t] * inv_freq[i];
+                const float cs = cosf(ang) * scale, sn = (inverse ? -sinf(ang) : sinf(ang)) * scale;
+                for (int h = 0; h < nh; h++) {
+                    float *xh = want + (t * nh + h) * D;
+                    const float x0 = xh[i], x1 = xh[i + rd / 2];
+                    xh[i] = x0 * cs - x1 * sn;
+                    xh[i + rd / 2] = x1 * cs + x0 * sn;
+                }
+            }
+        mt_cpu_rope_at(NULL, y, pos, inv_freq, T, nh, D, (int)mt_config_rotary_offset(&c), rd,
+                       mt_config_rope_interleaved(&c), scale, inverse);
+        mt_cpu_rope(NULL, y0, pos, inv_freq, T, nh, D, rd, scale, inverse);
+        cr_expect(memcmp(y, want, n * sizeof(float)) == 0, "inverse %d: offset 0, halves: not the former bits",
+                  inverse);
+        cr_expect(memcmp(y0, want, n * sizeof(float)) == 0, "inverse %d: mt_cpu_rope: not the former bits", inverse);
+        free(x), free(y), free(y0), free(want);
+    }
+    c.kv_lora_rank = 64, c.head_dim = 24;
+    cr_expect_eq(mt_config_rotary_offset(&c), 16u);
+    cr_expect_eq(mt_config_rotary_dims(&c), 8u);
+    cr_expect(mt_config_rope_interleaved(&c));
+    c.rope_interleave = 0;
+    cr_expect(!mt_config_rope_interleaved(&c));
+    free(pos);
+}
+
+/* ---- columns (multi-head latent attention's pieces) --------------------------------------------- */
+
+/* copy_cols (sum 0; k = rep) or sum_cols (sum 1; k = n) on rows of w columns, from soff of rows sld
+ * apart into doff of rows dld apart (both wider than w), against loops: the copy exact, the sum added in
+ * ascending i from 0 in fp32, exactly; every other element of dst untouched. And the same bits with a
+ * pool of 3 threads. */
+static void check_cols(int sum, int rows, int w, int dld, int doff, int sld, int soff, int k)
+{
+    const int srows = sum ? rows * k : (rows + k - 1) / k;
+    const size_t nd = (size_t)rows * dld, ns = (size_t)srows * sld;
+    float *src = rand_vec(ns, 2), *dst = rand_vec(nd, 1), *d3 = copy_vec(dst, nd), *want = copy_vec(dst, nd);
+    /* magnitudes from 2^-12 to 2^12: sums of such values round, and differently in another order (values
+     * of rand_vec alone, multiples of 2^-22 below 2, mostly add exactly whatever the order) */
+    for (size_t i = 0; i < ns; i++) src[i] = ldexpf(src[i], (int)(next_u64() % 25) - 12);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < w; j++) {
+            float acc = 0.0f;
+            if (sum)
+                for (int i = 0; i < k; i++) acc += src[((size_t)r * k + i) * sld + soff + j];
+            want[(size_t)r * dld + doff + j] = sum ? acc : src[(size_t)(r / k) * sld + soff + j];
+        }
+    mt_pool *p = mt_pool_create(3, NULL);
+    cr_assert(p);
+    if (sum) {
+        mt_cpu_sum_cols(NULL, dst, dld, doff, src, sld, soff, rows, w, k);
+        mt_cpu_sum_cols(p, d3, dld, doff, src, sld, soff, rows, w, k);
+    } else {
+        mt_cpu_copy_cols(NULL, dst, dld, doff, src, sld, soff, rows, w, k);
+        mt_cpu_copy_cols(p, d3, dld, doff, src, sld, soff, rows, w, k);
+    }
+    mt_pool_destroy(p);
+    for (size_t i = 0; i < nd; i++)
+        cr_assert(memcmp(&dst[i], &want[i], sizeof(float)) == 0, "%s rows %d w %d k %d: dst[%zu, %zu] = %.9g, want %.9g",
+                  sum ? "sum_cols" : "copy_cols", rows, w, k, i / dld, i % dld, dst[i], want[i]);
+    expect_same(sum ? "sum_cols" : "copy_cols", dst, d3, nd, 3);
+    free(src), free(dst), free(d3), free(want);
+}
+
+Test(cpu_ops, copy_cols)
+{
+    seed(25);
+    check_cols(0, 12, 5, 11, 4, 9, 3, 1);  /* row for row */
+    check_cols(0, 12, 5, 11, 4, 9, 3, 3);  /* each source row to 3 rows (3 heads share a key part) */
+    check_cols(0, 13, 8, 24, 16, 9, 1, 3); /* rows not a multiple of rep: the last source row twice */
+    check_cols(0, 20000, 8, 24, 16, 72, 64, 4); /* long enough to be split over the threads */
+}
+
+Test(cpu_ops, sum_cols)
+{
+    seed(26);
+    check_cols(1, 12, 5, 11, 4, 9, 3, 3);
+    check_cols(1, 7, 8, 8, 0, 24, 16, 1);  /* n 1: a copy */
+    check_cols(1, 10000, 8, 10, 2, 24, 16, 3); /* split over the threads */
+}
+
 /* inv_freq against transformers' formulas evaluated in double. */
 Test(cpu_ops, rope_inv_freq)
 {

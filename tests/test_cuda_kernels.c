@@ -399,7 +399,9 @@ Test(cuda_kernels, tuning)
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
-static void check_rope_part(int T, int nh, int D, int rd, float scale, mt_cu_dtype dt, int inverse)
+/* Dimensions off .. off + rd - 1 of each head turn, in pairs (i, i + rd/2) or, where il, (2i, 2i + 1)
+ * (multi-head latent attention); the rest pass untouched. */
+static void check_rope_at(int T, int nh, int D, int off, int rd, int il, float scale, mt_cu_dtype dt, int inverse)
 {
     const size_t n = (size_t)T * nh * D;
     tensor x = t_rand(dt, n, -1.0f, 1.0f, 0);
@@ -417,27 +419,35 @@ static void check_rope_part(int T, int nh, int D, int rd, float scale, mt_cu_dty
     void *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dinv = dev_upload(inv, (size_t)(rd / 2) * sizeof(float));
     float *x0 = xmalloc(n * sizeof(float));
     memcpy(x0, x.ref, n * sizeof(float));
-    mt_cpu_rope(NULL, x.ref, pos, inv, T, nh, D, rd, scale, inverse);
-    cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, rd, scale, inverse) == 0);
+    mt_cpu_rope_at(NULL, x.ref, pos, inv, T, nh, D, off, rd, il, scale, inverse);
+    if (off == 0 && !il) cr_assert(mt_cu_rope(NULL, dt, x.dev, dpos, dinv, T, nh, D, rd, scale, inverse) == 0);
+    else cr_assert(mt_cu_rope_at(NULL, dt, x.dev, dpos, dinv, T, nh, D, off, rd, il, scale, inverse) == 0);
     float *g = t_fetch(&x);
     const int half = rd / 2;
     for (size_t i = 0; i < n; i++) {
         const size_t d = i % (size_t)D;
-        if (d >= (size_t)rd) { /* past the rotary dimensions: untouched, on both sides */
-            cr_assert(g[i] == x0[i] && x.ref[i] == x0[i], "D %d rd %d: x[%zu] moved", D, rd, i);
+        if (d < (size_t)off || d >= (size_t)(off + rd)) { /* outside the rotary dimensions: untouched, on both sides */
+            cr_assert(g[i] == x0[i] && x.ref[i] == x0[i], "D %d off %d rd %d: x[%zu] moved", D, off, rd, i);
             continue;
         }
         /* out = (x0 c -+ x1 s) scale: cos and sin within 3 ulp (<= 3u each,
          * |c|,|s| <= 1) between the libraries, and the same roundings plus
          * the scale's two: within 10u scale (|x_i| + |x_pair|). */
-        const size_t pair = d < (size_t)half ? i + half : i - half;
+        const size_t k = d - (size_t)off;
+        const size_t pair = il ? (k % 2 ? i - 1 : i + 1) : k < (size_t)half ? i + half : i - half;
         const double tol = out_tol(dt, x.ref[i], 10 * U24 * scale * (fabs(x0[i]) + fabs(x0[pair])));
-        cr_assert(fabs(g[i] - x.ref[i]) <= tol, "T %d nh %d D %d %s inverse %d: x[%zu] = %.9g, ref %.9g (pos %d)", T, nh,
-                  D, dtn(dt), inverse, i, g[i], x.ref[i], pos[i / ((size_t)nh * D)]);
+        cr_assert(fabs(g[i] - x.ref[i]) <= tol,
+                  "T %d nh %d D %d off %d rd %d il %d %s inverse %d: x[%zu] = %.9g, ref %.9g (pos %d)", T, nh, D, off,
+                  rd, il, dtn(dt), inverse, i, g[i], x.ref[i], pos[i / ((size_t)nh * D)]);
     }
     free(pos), free(inv), free(x0), free(g);
     mt_device_free(dpos), mt_device_free(dinv);
     t_free(&x);
+}
+
+static void check_rope_part(int T, int nh, int D, int rd, float scale, mt_cu_dtype dt, int inverse)
+{
+    check_rope_at(T, nh, D, 0, rd, 0, scale, dt, inverse);
 }
 
 static void check_rope(int T, int nh, int D, mt_cu_dtype dt, int inverse) { check_rope_part(T, nh, D, D, 1.0f, dt, inverse); }
@@ -461,6 +471,92 @@ Test(cuda_kernels, rope)
             check_rope_part(300, 4, 32, 24, 0.9671f, dt, inv);
             check_rope_part(5, 2, 64, 16, 1.0f, dt, inv);
         }
+}
+
+/* Multi-head latent attention's RoPE against mt_cpu_rope_at: the last rd dimensions of each head after
+ * off unrotated ones, interleaved (DeepSeek's rope_interleave) or in halves, with the tolerance of the
+ * rope test above, and the first off dimensions untouched bit for bit. */
+Test(cuda_kernels, rope_offset_interleaved)
+{
+    NEED_GPU();
+    seed(31);
+    for (int dti = 0; dti < 2; dti++)
+        for (int inv = 0; inv < 2; inv++)
+            for (int il = 0; il < 2; il++) {
+                const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+                check_rope_at(37, 3, 192, 128, 64, il, 1.0f, dt, inv);  /* DeepSeek-V3's 128 + 64: the 8-wide path */
+                check_rope_at(300, 4, 24, 16, 8, il, 1.0f, dt, inv);    /* 16 + 8: half 4, the scalar path */
+                check_rope_at(5, 9, 72, 4, 64, il, 0.9671f, dt, inv);   /* off 4: not 16-byte aligned, scalar; scaled */
+                check_rope_at(3203, 30, 48, 16, 32, il, 1.2247449f, dt, inv); /* 4 heads per thread */
+            }
+    cr_expect(mt_cu_rope_at(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 24, 20, 8, 1, 1.0f, 0) == -1, "off + rd > D");
+    cr_expect(mt_cu_rope_at(NULL, MT_CU_F32, NULL, NULL, NULL, 4, 2, 24, -2, 8, 0, 1.0f, 0) == -1, "a negative off");
+}
+
+/* ---- columns (multi-head latent attention) ------------------------------------------------------ */
+
+/* copy_cols (sum 0, k = rep) or sum_cols (sum 1, k = n) against mt_cpu_copy_cols / mt_cpu_sum_cols on
+ * the same values, both exactly: the copy moves bits, and the sum adds the same fp32 values in the same
+ * order (ascending i, from 0, one rounding each) as the CPU, then rounds once to dt, as the reference's
+ * fp32 result is rounded here; so the tolerance is 0 in both dtypes. Every element of dst outside the w
+ * columns keeps its value. base_off shifts both buffers by an element (off 16-byte alignment). */
+static void check_cols_cu(int sum, int rows, int w, int dld, int doff, int sld, int soff, int k, mt_cu_dtype dt,
+                          size_t base_off)
+{
+    const int srows = sum ? rows * k : (rows + k - 1) / k;
+    const size_t nd = (size_t)rows * dld, ns = (size_t)srows * sld;
+    tensor src = t_rand(dt, ns, -2.0f, 2.0f, base_off), dst = t_rand(dt, nd, -1.0f, 1.0f, base_off);
+    /* magnitudes from 2^-12 to 2^12 (exact scalings of dt values): their sums round, and differently in
+     * another order, which the plain uniform values mostly would not */
+    for (size_t i = 0; i < ns; i++) src.ref[i] = ldexpf(src.ref[i], (int)(next_u64() % 25) - 12);
+    t_upload(&src);
+    if (sum) {
+        mt_cpu_sum_cols(NULL, dst.ref, dld, doff, src.ref, sld, soff, rows, w, k);
+        if (dt == MT_CU_BF16) /* the sums rounded once to bf16 (the other elements are bf16 already) */
+            for (size_t i = 0; i < nd; i++) dst.ref[i] = mt_bf16_to_f32(mt_f32_to_bf16(dst.ref[i]));
+        cr_assert(mt_cu_sum_cols(NULL, dt, dst.dev, dld, doff, src.dev, sld, soff, rows, w, k) == 0);
+    } else {
+        mt_cpu_copy_cols(NULL, dst.ref, dld, doff, src.ref, sld, soff, rows, w, k);
+        cr_assert(mt_cu_copy_cols(NULL, dt, dst.dev, dld, doff, src.dev, sld, soff, rows, w, k) == 0);
+    }
+    float *g = t_fetch(&dst);
+    for (size_t i = 0; i < nd; i++)
+        cr_assert(memcmp(&g[i], &dst.ref[i], sizeof(float)) == 0,
+                  "%s %s rows %d w %d k %d off %zu: dst[%zu, %zu] = %.9g, ref %.9g", sum ? "sum_cols" : "copy_cols",
+                  dtn(dt), rows, w, k, base_off, i / dld, i % dld, g[i], dst.ref[i]);
+    free(g);
+    t_free(&src), t_free(&dst);
+}
+
+Test(cuda_kernels, copy_cols)
+{
+    NEED_GPU();
+    seed(32);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        /* DeepSeek-V3's shared key part: kv_a's last 64 of 576 into each of 16 heads' last 64 of 192 */
+        check_cols_cu(0, 37 * 16, 64, 192, 128, 576, 512, 16, dt, 0);
+        check_cols_cu(0, 37 * 16, 64, 192, 128, 576, 512, 16, dt, 1); /* misaligned: the scalar path */
+        check_cols_cu(0, 300, 128, 192, 0, 256, 128, 1, dt, 0);      /* row for row (a value head's part) */
+        check_cols_cu(0, 13, 5, 11, 4, 9, 3, 3, dt, 0);             /* odd widths and strides; rows % rep != 0 */
+        check_cols_cu(0, 12, 5, 11, 4, 9, 3, 1, dt, 0);
+    }
+    cr_expect(mt_cu_copy_cols(NULL, MT_CU_F32, NULL, 8, 0, NULL, 8, 0, 4, 8, 0) == -1, "rep 0");
+}
+
+Test(cuda_kernels, sum_cols)
+{
+    NEED_GPU();
+    seed(33);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        /* the shared key part's gradient: 16 heads' last 64 of 192 summed into 64 of 576 */
+        check_cols_cu(1, 37, 64, 576, 512, 192, 128, 16, dt, 0);
+        check_cols_cu(1, 37, 64, 576, 512, 192, 128, 16, dt, 1); /* misaligned: the scalar path */
+        check_cols_cu(1, 12, 5, 11, 4, 9, 3, 3, dt, 0);
+        check_cols_cu(1, 2000, 8, 16, 8, 24, 16, 3, dt, 0);
+    }
+    cr_expect(mt_cu_sum_cols(NULL, MT_CU_F32, NULL, 8, 0, NULL, 8, 0, 4, 8, -1) == -1, "n < 0");
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------ */

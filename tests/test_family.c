@@ -95,10 +95,11 @@ Test(family, every_entry_has_a_template_and_what_it_reads)
         cr_assert_eq(mt_template_for(&c), f->layer_template);
         cr_assert_eq(f->moe != MT_MOE_NONE, f->layer_template == &mt_template_moe, "%s", f->display_name);
         /* GPT-OSS's experts are named by the layout (one fused tensor of all of them), not per expert */
+        /* (DeepseekV2Config has no default num_experts_per_tok: config.json must say) */
         if (f->moe != MT_MOE_NONE)
             cr_assert(f->moe_block &&
                           (f->moe == MT_MOE_GPT_OSS || (f->expert_names[0] && f->expert_names[1] && f->expert_names[2])) &&
-                          f->experts && f->experts_per_tok,
+                          f->experts && (f->experts_per_tok || f->arch == MT_ARCH_DEEPSEEK_V2),
                       "%s: the experts' names and defaults", f->display_name);
         if (f->window == MT_WINDOW_PATTERN) cr_assert_geq(f->window_pattern, 2u, "%s", f->display_name);
         if (f->window == MT_WINDOW_FROM_LAYER) cr_assert_gt(f->max_window_layers, 0u, "%s", f->display_name);
@@ -160,6 +161,19 @@ static const struct {
           "experts.gate_up_proj_bias experts.down_proj_bias",
      &mt_template_moe, 0, MT_GLU_GPTOSS, 0, 1.0f, 150000.0f, 0, 1, 0, 0, 0, 0, 128, 4, 48, 1, 128,
      MT_ROPE_SCALING_YARN, 64},
+    /* DeepseekV3Config: latent attention with q_lora_rank 1536, kv_lora_rank 512, heads of 128 + 64 (head_dim
+     * 192), the first 3 layers dense; 256 experts of 2048 top-8, renormalised */
+    {MT_ARCH_DEEPSEEK_V3,
+     "input_layernorm q_a_proj q_a_layernorm q_b_proj kv_a_proj_with_mqa kv_a_layernorm kv_b_proj o_proj "
+     "post_attention_layernorm" DENSE,
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 256, 8, 2048, 1, 0, 0, 192},
+    /* DeepseekV2Config: the same attention, no dense layer, 64 experts of 1407 (top-k as config.json says:
+     * 2 here), never renormalised, two shared experts */
+    {MT_ARCH_DEEPSEEK_V2,
+     "input_layernorm q_a_proj q_a_layernorm q_b_proj kv_a_proj_with_mqa kv_a_layernorm kv_b_proj o_proj "
+     "post_attention_layernorm mlp.gate experts.*.gate_proj experts.*.up_proj experts.*.down_proj "
+     "shared_experts.gate_proj shared_experts.up_proj shared_experts.down_proj",
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 64, 2, 1407, 0, 0, 0, 192},
 };
 #define N_EXPECT (sizeof EXPECT / sizeof EXPECT[0])
 
@@ -173,11 +187,13 @@ static mt_model_config load_minimal(const mt_family *f)
 {
     char path[128], text[512];
     snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    /* latent attention expands a key and value for every head; DeepseekV2Config has no default top-k */
+    const int mla = (f->flags & MT_FAMILY_MLA) != 0;
     snprintf(text, sizeof text,
              "{\"architectures\":[\"%s\"],\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":48,"
-             "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
-             "\"max_position_embeddings\":128}",
-             f->architecture);
+             "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":%d,"
+             "\"max_position_embeddings\":128%s}",
+             f->architecture, mla ? 4 : 2, f->arch == MT_ARCH_DEEPSEEK_V2 ? ",\"num_experts_per_tok\":2" : "");
     FILE *fp = fopen(path, "w");
     cr_assert_not_null(fp);
     fputs(text, fp);
@@ -273,7 +289,12 @@ Test(family, config_json_written_and_read_back_for_each_family)
         }
         if (f->moe == MT_MOE_QWEN3) c.decoder_sparse_step = 2, c.mlp_only_layers[0] = 1;
         if (f->moe != MT_MOE_NONE) c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 48;
-        if (f->moe != MT_MOE_NONE) c.output_router_logits = 1, c.router_aux_loss_coef = 0.01f;
+        if (f->moe != MT_MOE_NONE && f->moe != MT_MOE_DEEPSEEK) c.output_router_logits = 1, c.router_aux_loss_coef = 0.01f;
+        if (f->moe == MT_MOE_DEEPSEEK) { /* two shared experts, groups, a dense first layer, small latents */
+            c.shared_expert_intermediate_size = 96, c.n_group = 2, c.topk_group = 1, c.routed_scaling_factor = 1.5f;
+            c.mlp_only_layers[0] = 1, c.kv_lora_rank = 8, c.q_lora_rank = i % 2 ? 0 : 12, c.qk_nope_head_dim = 6;
+            c.qk_rope_head_dim = 4, c.v_head_dim = 6, c.head_dim = 10;
+        }
         if (f->flags & MT_FAMILY_GEMMA_CONFIG) c.query_pre_attn_scalar = 16.0f, c.attn_logit_softcapping = 20.0f;
         if (f->flags & MT_FAMILY_LOCAL_ROPE) c.rope_local_base_freq = 5000.0f;
         if (i % 2) c.pad_token_id = (int32_t)(i % c.vocab_size); /* half the families with a padding row */
@@ -296,8 +317,10 @@ Test(family, config_json_written_and_read_back_for_each_family)
         cr_assert_eq(cJSON_HasObjectItem(j, "use_sliding_window"), use_key, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "layer_types"), use_key || f->window == MT_WINDOW_PATTERN, "%s",
                      f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "shared_expert_intermediate_size"), f->shared_block != NULL, "%s",
-                     f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "shared_expert_intermediate_size"),
+                     f->shared_block != NULL && f->moe != MT_MOE_DEEPSEEK, "%s", f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "n_shared_experts"), f->moe == MT_MOE_DEEPSEEK, "%s", f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "kv_lora_rank"), (f->flags & MT_FAMILY_MLA) != 0, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "partial_rotary_factor"), (f->flags & MT_FAMILY_PHI3_ROPE) != 0, "%s",
                      f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"), f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS,

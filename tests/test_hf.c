@@ -231,7 +231,13 @@ static void round_trip(mt_model_config c)
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
     cr_assert_eq((8 + hlen) % 8, 0, "data starts 8-byte aligned");
-    cr_assert_eq((uint64_t)sb.st_size, 8 + hlen + a->layout.num_params * (fp32 ? 4 : 2));
+    uint64_t data = 0; /* every tensor in the model's dtype, but frozen buffers in fp32 (DeepSeek-V3's) */
+    for (int u = 0; u < a->layout.n_units; u++)
+        for (int t = 0; t < a->layout.units[u].n_tensors; t++) {
+            const mt_tensor_desc *td = &a->layout.units[u].tensors[t];
+            data += td->numel * (fp32 || mt_role_is_frozen(td->role) ? 4 : 2);
+        }
+    cr_assert_eq((uint64_t)sb.st_size, 8 + hlen + data);
     snprintf(p, sizeof p, "%s/model.safetensors.tmp", dir);
     cr_assert_neq(access(p, F_OK), 0, "no temporary file left");
     snprintf(p, sizeof p, "%s/config.json.tmp", dir);
@@ -370,6 +376,17 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     cr_assert_eq(a->output_router_logits, b->output_router_logits);
     cr_assert_eq(a->router_aux_loss_coef, b->router_aux_loss_coef);
     cr_assert_eq(memcmp(a->mlp_only_layers, b->mlp_only_layers, sizeof a->mlp_only_layers), 0);
+    cr_assert_eq(a->kv_lora_rank, b->kv_lora_rank);
+    cr_assert_eq(a->q_lora_rank, b->q_lora_rank);
+    cr_assert_eq(a->qk_nope_head_dim, b->qk_nope_head_dim);
+    cr_assert_eq(a->qk_rope_head_dim, b->qk_rope_head_dim);
+    cr_assert_eq(a->v_head_dim, b->v_head_dim);
+    cr_assert_eq(a->rope_interleave, b->rope_interleave);
+    cr_assert_eq(a->n_group > 1 ? a->n_group : 0, b->n_group > 1 ? b->n_group : 0);
+    cr_assert_eq(a->n_group > 1 ? a->topk_group : 0, b->n_group > 1 ? b->topk_group : 0);
+    cr_assert_eq(a->routed_scaling_factor != 0.0f ? a->routed_scaling_factor : 1.0f,
+                 b->routed_scaling_factor != 0.0f ? b->routed_scaling_factor : 1.0f);
+    cr_assert_eq(a->moe_scoring, b->moe_scoring);
 }
 
 Test(hf, config_round_trip)
@@ -1787,6 +1804,127 @@ static mt_model_config gpt_oss(int precision)
 Test(hf, round_trip_gpt_oss_bf16) { round_trip(gpt_oss(MT_PRECISION_BF16)); }
 Test(hf, round_trip_gpt_oss_fp32) { round_trip(gpt_oss(MT_PRECISION_FP32)); }
 
+/* DeepSeek-V3 and -V2: multi-head latent attention (q from a latent, and from q_proj), shared experts, the
+ * first layer dense, and V3's e_score_correction_bias */
+static mt_model_config deepseek(mt_arch arch, int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = arch;
+    c.num_key_value_heads = c.num_attention_heads;
+    c.head_dim = 0;
+    c.kv_lora_rank = 16, c.q_lora_rank = arch == MT_ARCH_DEEPSEEK_V3 ? 24 : 0;
+    c.qk_nope_head_dim = 8, c.qk_rope_head_dim = 8, c.v_head_dim = 12, c.rope_interleave = 1;
+    c.num_experts = 8, c.num_experts_per_tok = 3, c.moe_intermediate_size = 16;
+    c.shared_expert_intermediate_size = 32, c.mlp_only_layers[0] = 1;
+    c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5f;
+    c.norm_topk_prob = arch == MT_ARCH_DEEPSEEK_V3;
+    c.moe_scoring = arch == MT_ARCH_DEEPSEEK_V3 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX;
+    return c;
+}
+
+Test(hf, round_trip_deepseek_v3_bf16) { round_trip(deepseek(MT_ARCH_DEEPSEEK_V3, MT_PRECISION_BF16)); }
+Test(hf, round_trip_deepseek_v3_fp32) { round_trip(deepseek(MT_ARCH_DEEPSEEK_V3, MT_PRECISION_FP32)); }
+Test(hf, round_trip_deepseek_v2_bf16) { round_trip(deepseek(MT_ARCH_DEEPSEEK_V2, MT_PRECISION_BF16)); }
+
+/* The folder holds DeepseekV3's names and shapes (its attention's, its router's correction bias, the dense
+ * layer's, the shared experts'), and a bf16 folder keeps the correction bias's fp32 bits, as transformers
+ * holds the buffer in fp32 (_keep_in_fp32_modules_strict); training leaves it as it is. */
+Test(hf, deepseek_v3_folder_holds_transformers_layout)
+{
+    mt_model_config c = deepseek(MT_ARCH_DEEPSEEK_V3, MT_PRECISION_BF16);
+    mt_model *a = make(&c);
+    int n_corr = 0;
+    for (int u = 0; u < a->layout.n_units; u++) {
+        const mt_unit_desc *d = &a->layout.units[u];
+        for (int t = 0; t < d->n_tensors; t++)
+            if (mt_role_is_frozen(d->tensors[t].role)) {
+                float *w = mt_tile_master(&a->tiles.tile[u], d) + d->tensors[t].offset;
+                for (uint64_t i = 0; i < d->tensors[t].numel; i++) w[i] = 0.1234567f * (float)(i + 1) / 7.0f;
+                n_corr++;
+            }
+    }
+    cr_assert_eq(n_corr, (int)c.num_hidden_layers - 1, "one correction bias per sparse layer");
+    char dir[512];
+    tmp_path(dir, "ds");
+    cr_assert_eq(mt_model_save(a, dir), MT_OK, "%s", mt_model_errmsg(a));
+    char why[256] = "";
+    mt_st_set set = {0}, *f = &set;
+    cr_assert_eq(mt_st_open_dir((mt_err){why}, f, dir), MT_OK, "%s", why);
+    cr_assert_eq(mt_st_index((mt_err){why}, f), MT_OK, "%s", why);
+    static const struct {
+        const char *name;
+        int dtype;
+        uint64_t d0, d1;
+    } want[] = {
+        {"model.layers.0.self_attn.q_a_proj.weight", MT_ST_BF16, 24, 32},
+        {"model.layers.0.self_attn.q_a_layernorm.weight", MT_ST_BF16, 24, 0},
+        {"model.layers.0.self_attn.q_b_proj.weight", MT_ST_BF16, 4 * 16, 24},
+        {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", MT_ST_BF16, 16 + 8, 32},
+        {"model.layers.0.self_attn.kv_a_layernorm.weight", MT_ST_BF16, 16, 0},
+        {"model.layers.0.self_attn.kv_b_proj.weight", MT_ST_BF16, 4 * (8 + 12), 16},
+        {"model.layers.0.self_attn.o_proj.weight", MT_ST_BF16, 32, 4 * 12},
+        {"model.layers.0.mlp.gate_proj.weight", MT_ST_BF16, 72, 32},
+        {"model.layers.1.mlp.gate.weight", MT_ST_BF16, 8, 32},
+        {"model.layers.1.mlp.gate.e_score_correction_bias", MT_ST_F32, 8, 0},
+        {"model.layers.1.mlp.experts.7.down_proj.weight", MT_ST_BF16, 32, 16},
+        {"model.layers.1.mlp.shared_experts.up_proj.weight", MT_ST_BF16, 32, 32},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const mt_st_tensor *t = mt_st_find(f, want[i].name);
+        cr_assert(t, "%s is in the folder", want[i].name);
+        cr_assert_eq(t->dtype, want[i].dtype, "%s's dtype", want[i].name);
+        cr_assert_eq(t->dims[0], want[i].d0, "%s's rows", want[i].name);
+        cr_assert_eq(t->ndim, want[i].d1 ? 2 : 1, "%s's dimensions", want[i].name);
+        if (want[i].d1) cr_assert_eq(t->dims[1], want[i].d1, "%s's columns", want[i].name);
+    }
+    cr_assert_null(mt_st_find(f, "model.layers.0.mlp.gate.weight"), "layer 0 is dense");
+    cr_assert_null(mt_st_find(f, "model.layers.0.self_attn.q_proj.weight"), "q from the latent");
+    mt_st_free(f);
+    /* read back: the correction bias bit for bit, in a bf16 model too */
+    mt_model_config c2 = c;
+    c2.seed = 99;
+    mt_model *b = make(&c2);
+    cr_assert_eq(mt_model_load(b, dir), MT_OK, "%s", mt_model_errmsg(b));
+    for (int u = 0; u < a->layout.n_units; u++) {
+        const mt_unit_desc *d = &a->layout.units[u];
+        for (int t = 0; t < d->n_tensors; t++)
+            if (mt_role_is_frozen(d->tensors[t].role))
+                cr_assert_eq(memcmp(mt_tile_master(&a->tiles.tile[u], d) + d->tensors[t].offset,
+                                    mt_tile_master(&b->tiles.tile[u], d) + d->tensors[t].offset,
+                                    d->tensors[t].numel * 4),
+                             0, "%s's fp32 bits", d->tensors[t].name);
+    }
+    /* DeepSeek-V3's checkpoints carry multi-token-prediction layers past the model's (layer 61 of 61), which
+     * transformers does not load: neither does the library; a tensor it does not know inside its layers is
+     * still refused */
+    char from[1024], to[1024], extra[1024], index[1024];
+    snprintf(from, sizeof from, "%s/model.safetensors", dir);
+    snprintf(to, sizeof to, "%s/model-00001-of-00002.safetensors", dir);
+    cr_assert_eq(rename(from, to), 0);
+    float z[4] = {0};
+    for (int bad = 0; bad < 2; bad++) {
+        ht mtp = {.dtype = "F32", .nd = 1, .dims = {4}, .data = z, .bytes = sizeof z};
+        snprintf(mtp.name, sizeof mtp.name, bad ? "model.layers.1.self_attn.extra" : "model.layers.2.eh_proj.weight");
+        snprintf(extra, sizeof extra, "%s/model-00002-of-00002.safetensors", dir);
+        write_safetensors(extra, &mtp, 1);
+        char idx[512];
+        snprintf(idx, sizeof idx,
+                 "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\", "
+                 "\"%s\": \"model-00002-of-00002.safetensors\"}}",
+                 mtp.name);
+        snprintf(index, sizeof index, "%s", dir);
+        write_text(index, "model.safetensors.index.json", idx);
+        const mt_status st = mt_model_load(b, dir);
+        if (bad)
+            cr_assert(st == MT_ERR_FORMAT && strstr(mt_model_errmsg(b), "model.layers.1.self_attn.extra"), "%s",
+                      mt_model_errmsg(b));
+        else
+            cr_assert_eq(st, MT_OK, "%s", mt_model_errmsg(b));
+    }
+    mt_model_destroy(a);
+    mt_model_destroy(b);
+}
+
 /* The value the model holds for element i of tensor t of unit u: its master, or in lean mode its code
  * times its block's scale. */
 static float model_value(const mt_model *m, int u, const mt_tensor_desc *t, uint64_t i)
@@ -1956,4 +2094,123 @@ Test(hf, config_load_real_world_gpt_oss)
               c.rope_beta_fast == 32.0f && c.rope_beta_slow == 1.0f && c.rope_no_truncate && c.rope_theta == 150000.0f);
     cr_assert_eq(mt_config_sparse_layers(&c), 24);
     cr_assert_eq(params_of(&c), 20914757184ull);
+}
+
+/* ---- DeepSeek-V3 and -V2: the published configs ------------------------------------------------ */
+
+/* deepseek-ai/DeepSeek-V3's config.json, less its quantization_config (the published weights are fp8; a
+ * bf16 copy of them, as people fine-tune, has none): 61 layers, the first 3 dense, 256 routed experts in 8
+ * groups and one shared, multi-head latent attention with q and kv latents of 1536 and 512, YaRN 40 with
+ * DeepSeek's mscale. 671,026,419,200 values: 671,026,404,352 parameters (embedding and head 2 x 129280 x 7168,
+ * each layer's attention 187,107,328 and two norms, 3 dense MLPs of 3 x 7168 x 18432, 58 sparse layers of
+ * router 256 x 7168, 256 experts and one shared of 3 x 7168 x 2048) and 58 x 256 correction-bias values. */
+#define DEEPSEEK_V3_CONFIG(quant)                                                                                      \
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,\n"      \
+    " \"aux_loss_alpha\": 0.001, \"bos_token_id\": 0, \"eos_token_id\": 1, \"ep_size\": 1,\n"                        \
+    " \"first_k_dense_replace\": 3, \"hidden_act\": \"silu\", \"hidden_size\": 7168, \"initializer_range\": 0.02,\n" \
+    " \"intermediate_size\": 18432, \"kv_lora_rank\": 512, \"max_position_embeddings\": 163840,\n"                  \
+    " \"model_type\": \"deepseek_v3\", \"moe_intermediate_size\": 2048, \"moe_layer_freq\": 1, \"n_group\": 8,\n"   \
+    " \"n_routed_experts\": 256, \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"num_attention_heads\": 128,\n" \
+    " \"num_experts_per_tok\": 8, \"num_hidden_layers\": 61, \"num_key_value_heads\": 128,\n"                        \
+    " \"num_nextn_predict_layers\": 1, \"q_lora_rank\": 1536, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64,\n" \
+    quant " \"rms_norm_eps\": 1e-06, \"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 40,\n"      \
+    "  \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"},\n"  \
+    " \"rope_theta\": 10000, \"routed_scaling_factor\": 2.5, \"scoring_func\": \"sigmoid\", \"seq_aux\": true,\n"    \
+    " \"tie_word_embeddings\": false, \"topk_group\": 4, \"topk_method\": \"noaux_tc\",\n"                            \
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.33.1\", \"use_cache\": true,\n"                   \
+    " \"v_head_dim\": 128, \"vocab_size\": 129280}\n"
+
+Test(hf, config_load_real_world_deepseek_v3)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    mt_model_config c = load_text(dir, DEEPSEEK_V3_CONFIG(""));
+    cr_assert_eq(c.arch, MT_ARCH_DEEPSEEK_V3);
+    cr_assert(c.kv_lora_rank == 512 && c.q_lora_rank == 1536 && c.qk_nope_head_dim == 128 &&
+              c.qk_rope_head_dim == 64 && c.v_head_dim == 128 && c.head_dim == 192 && c.rope_interleave);
+    cr_assert(c.num_experts == 256 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 2048 &&
+              c.shared_expert_intermediate_size == 2048 && !c.shared_expert_gate && c.norm_topk_prob);
+    cr_assert(c.n_group == 8 && c.topk_group == 4 && c.routed_scaling_factor == 2.5f &&
+              c.moe_scoring == MT_MOE_SCORING_SIGMOID && !c.output_router_logits);
+    cr_assert(c.mlp_only_layers[0] == 7 && mt_config_sparse_layers(&c) == 58, "the first 3 layers dense");
+    cr_assert(c.rope_scaling == MT_ROPE_SCALING_YARN && c.rope_factor == 40.0f && c.rope_mscale == 1.0f &&
+              c.rope_mscale_all_dim == 1.0f && c.rope_original_max_position == 4096);
+    cr_assert_eq(params_of(&c), 671026419200ull);
+    /* the published fp8 weights: refused, naming the quantization */
+    expect_config_refusal(DEEPSEEK_V3_CONFIG(" \"quantization_config\": {\"activation_scheme\": \"dynamic\", "
+                                             "\"fmt\": \"e4m3\", \"quant_method\": \"fp8\", \"weight_block_size\": "
+                                             "[128, 128]},\n"),
+                          MT_ERR_UNSUPPORTED, "fp8");
+    /* what DeepseekV3ForCausalLM cannot be */
+    expect_config_refusal("{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": "
+                          "128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 64, "
+                          "\"vocab_size\": 100, \"scoring_func\": \"softmax\"}",
+                          MT_ERR_UNSUPPORTED, "scoring_func softmax");
+}
+
+/* deepseek-ai/DeepSeek-V2-Lite: q_proj from the hidden state (q_lora_rank null), 64 experts without groups
+ * (greedy), softmax scores, two shared experts, the first layer dense; 15,706,484,224 parameters */
+Test(hf, config_load_real_world_deepseek_v2_lite)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    mt_model_config c = load_text(
+        dir, "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,\n"
+             " \"aux_loss_alpha\": 0.001, \"bos_token_id\": 100000, \"eos_token_id\": 100001,\n"
+             " \"first_k_dense_replace\": 1, \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": "
+             "0.02,\n \"intermediate_size\": 10944, \"kv_lora_rank\": 512, \"max_position_embeddings\": 163840,\n"
+             " \"model_type\": \"deepseek_v2\", \"moe_intermediate_size\": 1408, \"moe_layer_freq\": 1, \"n_group\": 1,\n"
+             " \"n_routed_experts\": 64, \"n_shared_experts\": 2, \"norm_topk_prob\": false, \"num_attention_heads\": 16,\n"
+             " \"num_experts_per_tok\": 6, \"num_hidden_layers\": 27, \"num_key_value_heads\": 16, \"pretraining_tp\": 1,\n"
+             " \"q_lora_rank\": null, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"rms_norm_eps\": 1e-06,\n"
+             " \"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 40, \"mscale\": 0.707,\n"
+             "  \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"},\n"
+             " \"rope_theta\": 10000, \"routed_scaling_factor\": 1.0, \"scoring_func\": \"softmax\", \"seq_aux\": true,\n"
+             " \"tie_word_embeddings\": false, \"topk_group\": 1, \"topk_method\": \"greedy\", \"torch_dtype\": "
+             "\"bfloat16\",\n \"transformers_version\": \"4.39.3\", \"use_cache\": true, \"v_head_dim\": 128, "
+             "\"vocab_size\": 102400}\n");
+    cr_assert_eq(c.arch, MT_ARCH_DEEPSEEK_V2);
+    cr_assert(c.kv_lora_rank == 512 && c.q_lora_rank == 0 && c.head_dim == 192 && c.v_head_dim == 128 &&
+              c.rope_interleave);
+    cr_assert(c.num_experts == 64 && c.num_experts_per_tok == 6 && c.shared_expert_intermediate_size == 2816 &&
+              !c.norm_topk_prob && c.n_group <= 1 && c.moe_scoring == MT_MOE_SCORING_SOFTMAX);
+    cr_assert(c.mlp_only_layers[0] == 1 && mt_config_sparse_layers(&c) == 26);
+    cr_assert(c.rope_mscale == 0.707f && c.rope_mscale_all_dim == 0.707f);
+    cr_assert_eq(params_of(&c), 15706484224ull);
+    /* the largest DeepSeek-V2 chooses within groups: group_limited_greedy reads n_group and topk_group */
+    mt_model_config g = load_text(
+        dir, "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128,"
+             " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 64, \"vocab_size\": "
+             "100, \"kv_lora_rank\": 16, \"q_lora_rank\": 24, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, "
+             "\"v_head_dim\": 8, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
+             "\"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2}");
+    cr_assert(g.n_group == 4 && g.topk_group == 2 && g.routed_scaling_factor == 1.0f && g.mlp_only_layers[0] == 0 &&
+              g.shared_expert_intermediate_size == 32, "DeepseekV2Config's defaults: 2 shared experts, no dense layer");
+    expect_config_refusal("{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": "
+                          "128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 64, "
+                          "\"vocab_size\": 100, \"num_experts_per_tok\": 2, \"topk_method\": \"noaux_tc\"}",
+                          MT_ERR_UNSUPPORTED, "noaux_tc");
+}
+
+/* moonshotai/Moonlight-16B-A3B: DeepseekV3ForCausalLM with q_proj (q_lora_rank null), one group (no limit),
+ * sigmoid scores, rope_theta 50000 without scaling; 15,960,110,208 values (26 x 64 correction-bias ones) */
+Test(hf, config_load_real_world_moonlight)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    mt_model_config c = load_text(
+        dir, "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"attention_bias\": false, \"bos_token_id\": 163584,\n"
+             " \"eos_token_id\": 163585, \"first_k_dense_replace\": 1, \"hidden_act\": \"silu\", \"hidden_size\": 2048,\n"
+             " \"initializer_range\": 0.02, \"intermediate_size\": 11264, \"kv_lora_rank\": 512,\n"
+             " \"max_position_embeddings\": 8192, \"model_type\": \"deepseek_v3\", \"moe_intermediate_size\": 1408,\n"
+             " \"moe_layer_freq\": 1, \"n_group\": 1, \"n_routed_experts\": 64, \"n_shared_experts\": 2,\n"
+             " \"norm_topk_prob\": true, \"num_attention_heads\": 16, \"num_experts_per_tok\": 6,\n"
+             " \"num_hidden_layers\": 27, \"num_key_value_heads\": 16, \"num_nextn_predict_layers\": 0,\n"
+             " \"q_lora_rank\": null, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"rms_norm_eps\": 1e-05,\n"
+             " \"rope_scaling\": null, \"rope_theta\": 50000.0, \"routed_scaling_factor\": 2.446,\n"
+             " \"scoring_func\": \"sigmoid\", \"tie_word_embeddings\": false, \"topk_group\": 1, \"topk_method\": "
+             "\"noaux_tc\",\n \"torch_dtype\": \"bfloat16\", \"v_head_dim\": 128, \"vocab_size\": 163840}\n");
+    cr_assert(c.arch == MT_ARCH_DEEPSEEK_V3 && c.q_lora_rank == 0 && c.n_group <= 1 &&
+              c.routed_scaling_factor == 2.446f && c.rope_scaling == MT_ROPE_SCALING_NONE && c.rope_theta == 50000.0f);
+    cr_assert_eq(params_of(&c), 15960110208ull);
 }

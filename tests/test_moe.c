@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/backend.h"
+#include "model/template.h"
 
 enum { V = 37 };
 
@@ -37,7 +38,8 @@ static void route_check(int norm)
     int offs[E + 1];
     unsigned s = 5;
     for (int i = 0; i < T * E; i++) logits[i] = 3.0f * uni(&s);
-    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, K, norm);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, K,
+                     &(mt_route){.norm = norm, .scale = 1});
     int count[E] = {0};
     double psum[E] = {0};
     for (int t = 0; t < T; t++) {
@@ -94,8 +96,9 @@ static void route_bwd_check(int norm, float aux)
     for (int i = 0; i < T * E; i++) z[i] = 2.0f * uni(&s);
     for (int i = 0; i < R; i++) dw[i] = uni(&s);
     for (int i = 0; i < L * 2 * E; i++) stats[i] = (float)(lcg(&s) % 7);
-    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, norm);
-    mt_cpu_moe_route_bwd(dz, dw, probs, topw, topi, aux ? stats : NULL, L, aux, T, E, K, norm);
+    const mt_route rt = {.norm = norm, .scale = 1};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, &rt);
+    mt_cpu_moe_route_bwd(dz, dw, probs, topw, topi, aux ? stats : NULL, L, aux, T, E, K, &rt);
     double c[E] = {0};
     for (int e = 0; e < E; e++)
         for (int l = 0; l < L; l++) c[e] += stats[l * 2 * E + e];
@@ -124,6 +127,246 @@ Test(moe_ops, route_bwd_renormalised) { route_bwd_check(1, 0.0f); }
 Test(moe_ops, route_bwd_plain_with_aux) { route_bwd_check(0, 0.37f); }
 Test(moe_ops, route_bwd_renormalised_with_aux) { route_bwd_check(1, 0.37f); }
 
+/* ---- DeepSeek-V3's routing (mt_route's sigmoid mode) ---- */
+
+enum { DS_MAX_E = 64 };
+
+/* The best of n values v not yet taken (strictly larger wins: a tie goes to the lower index), taken
+ * then; *margin lowered to its lead over the best of the rest. */
+static int ds_pick(const double *v, int *taken, int n, double *margin)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    taken[best] = 1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i]) *margin = fmin(*margin, v[best] - v[i]);
+    return best;
+}
+
+/* transformers' DeepseekV3TopkRouter.forward for one token, in double from the formula: s (E) the scores
+ * sigmoid(z); the choice scores c = s + bias (NULL: zeros); each of n_group groups (0: none) scored by the
+ * sum of its two best c, the topk_group best kept (kept, n_group flags; one flag, set, without groups);
+ * idx (k) the k best c among the kept groups' experts in descending order; w (k) their s divided by
+ * their sum + 1e-20 where norm, times scale. Returns the smallest lead of a pick (group or expert) over
+ * the best of the rest, which tells whether fp32 could choose otherwise. */
+static double ds_route_ref(double *s, int *idx, double *w, int *kept, const float *z, const float *bias, int E, int k,
+                           int n_group, int topk_group, int norm, double scale)
+{
+    const int ng = n_group > 1 ? n_group : 1, G = E / ng;
+    double c[DS_MAX_E], gs[DS_MAX_E], margin = INFINITY;
+    int taken[DS_MAX_E] = {0};
+    for (int e = 0; e < E; e++) {
+        s[e] = 1.0 / (1.0 + exp(-(double)z[e]));
+        c[e] = s[e] + (bias ? (double)bias[e] : 0.0);
+    }
+    for (int g = 0; g < ng; g++) {
+        double a = -INFINITY, b = -INFINITY;
+        for (int e = g * G; e < (g + 1) * G; e++) {
+            if (c[e] > a) b = a, a = c[e];
+            else if (c[e] > b) b = c[e];
+        }
+        gs[g] = a + b;
+        kept[g] = ng == 1;
+    }
+    for (int j = 0; ng > 1 && j < topk_group; j++) ds_pick(gs, kept, ng, &margin);
+    for (int e = 0; e < E; e++)
+        if (!kept[e / G]) c[e] = -INFINITY; /* transformers' masked_fill(-inf) */
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += s[idx[j] = ds_pick(c, taken, E, &margin)];
+    for (int j = 0; j < k; j++) w[j] = s[idx[j]] / (norm ? sum + 1e-20 : 1.0) * scale;
+    return margin;
+}
+
+/* DeepSeek-V3's routing against ds_route_ref: 24 tokens, E = 16 in 4 groups of 4, the 2 best groups,
+ * k = 3, scale 2.5, logits within +-4 and a correction bias within +-0.3. Scores to 1e-6 relative (fp32
+ * expf, an add and a division: a few ulp); the choice exactly (the fixture's decisions are checked to be
+ * 1e-5 apart at least, far above fp32's ~1e-7 on choice scores below 1.3); the weights to 2e-6 relative
+ * (the scores' error, a sum of 3, a division and the scale); rows, slot_row, offs and the statistics
+ * (counts, sums of the scores) as for the softmax. The fixture exercises the bias and the groups: some
+ * token chooses otherwise without the bias, and some token's plain top-k (no groups) would take an
+ * expert of a group that is not kept. */
+static void sigmoid_route_check(int norm)
+{
+    enum { T = 24, E = 16, NG = 4, TG = 2, K = 3, R = T * K, G = E / NG };
+    const float scale = 2.5f;
+    float z[T * E], bias[E], probs[T * E], topw[R], stats[2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned sd = 17;
+    for (int i = 0; i < T * E; i++) z[i] = 4.0f * uni(&sd);
+    for (int e = 0; e < E; e++) bias[e] = 0.3f * uni(&sd);
+    const mt_route rt = {.norm = norm, .sigmoid = 1, .n_group = NG, .topk_group = TG, .scale = scale, .bias = bias};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, z, T, E, K, &rt);
+    int count[E] = {0}, bias_matters = 0, groups_matter = 0;
+    double ssum[E] = {0};
+    for (int t = 0; t < T; t++) {
+        double sc[E], w[K], s0[E], w0[K];
+        int idx[K], kept[NG], idx0[K], kept0[NG], plain[K], kept1[1];
+        const double margin = ds_route_ref(sc, idx, w, kept, z + t * E, bias, E, K, NG, TG, norm, scale);
+        cr_assert_gt(margin, 1e-5, "token %d: decisions %.3g apart (the fixture)", t, margin);
+        for (int e = 0; e < E; e++) {
+            cr_assert(fabs(probs[t * E + e] - sc[e]) <= 1e-6 * sc[e], "s[%d][%d] %.9g vs %.9g", t, e, probs[t * E + e],
+                      sc[e]);
+            ssum[e] += sc[e];
+        }
+        for (int j = 0; j < K; j++) {
+            cr_assert_eq(topi[t * K + j], idx[j], "token %d: choice %d is expert %d, the reference's %d", t, j,
+                         topi[t * K + j], idx[j]);
+            cr_assert(fabs(topw[t * K + j] - w[j]) <= 2e-6 * w[j], "w[%d][%d] %.9g vs %.9g", t, j, topw[t * K + j],
+                      w[j]);
+            count[idx[j]]++;
+        }
+        ds_route_ref(s0, idx0, w0, kept0, z + t * E, NULL, E, K, NG, TG, norm, scale);
+        bias_matters |= memcmp(idx0, idx, sizeof idx) != 0;
+        ds_route_ref(s0, plain, w0, kept1, z + t * E, bias, E, K, 0, 0, norm, scale);
+        for (int j = 0; j < K; j++) groups_matter |= !kept[plain[j] / G];
+    }
+    cr_assert(bias_matters, "the bias changes some token's choice (the fixture)");
+    cr_assert(groups_matter, "the group limit changes some token's choice (the fixture)");
+    cr_assert_eq(offs[0], 0);
+    cr_assert_eq(offs[E], R);
+    for (int e = 0; e < E; e++) {
+        cr_assert_eq(offs[e + 1] - offs[e], count[e], "expert %d: %d rows, %d routed", e, offs[e + 1] - offs[e],
+                     count[e]);
+        cr_assert_eq(stats[e], (float)count[e]);
+        cr_assert(fabs(stats[E + e] - ssum[e]) <= 1e-6 * ssum[e], "expert %d: score sum %.9g vs %.9g", e, stats[E + e],
+                  ssum[e]);
+        for (int r = offs[e]; r < offs[e + 1]; r++) {
+            cr_assert_eq(topi[rows[r]], e, "row %d of expert %d's block came from slot %d", r, e, rows[r]);
+            if (r > offs[e]) cr_assert_lt(rows[r - 1], rows[r], "slot order within an expert's rows");
+        }
+    }
+    for (int sl = 0; sl < R; sl++) cr_assert_eq(rows[slot_row[sl]], sl, "slot_row inverts rows");
+}
+
+/* DeepSeek-V2's group_limited_greedy (softmax scores, a group scored by its best expert, masked groups
+ * out, no renormalisation, times routed_scaling_factor) against transformers' DeepseekV2TopkRouter written
+ * out in double: 24 tokens, E = 16 in 4 groups, the 2 best, k = 3, scale 2.5. Probabilities and weights
+ * to 2e-6 relative (fp32 expf and a double sum, a product), the choice exactly (decisions checked to be
+ * 1e-5 apart); the group limit must change some token's choice (the fixture). */
+Test(moe_ops, route_softmax_groups_deepseek_v2)
+{
+    enum { T = 24, E = 16, NG = 4, TG = 2, K = 3, R = T * K, G = E / NG };
+    float z[T * E], probs[T * E], topw[R];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1], groups_matter = 0;
+    unsigned sd = 29;
+    for (int i = 0; i < T * E; i++) z[i] = 3.0f * uni(&sd);
+    const mt_route rt = {.norm = 0, .sigmoid = 0, .n_group = NG, .topk_group = TG, .scale = 2.5f, .bias = NULL};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, &rt);
+    for (int t = 0; t < T; t++) {
+        double p[E], gs[NG], c[E], mx = -INFINITY, sum = 0.0, margin = INFINITY;
+        int kept[NG] = {0}, taken[E] = {0}, plain[E] = {0};
+        for (int e = 0; e < E; e++) mx = fmax(mx, z[t * E + e]);
+        for (int e = 0; e < E; e++) sum += p[e] = exp((double)z[t * E + e] - mx);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        for (int g = 0; g < NG; g++) {
+            gs[g] = -INFINITY;
+            for (int e = g * G; e < (g + 1) * G; e++) gs[g] = fmax(gs[g], p[e]);
+        }
+        for (int j = 0; j < TG; j++) ds_pick(gs, kept, NG, &margin);
+        for (int e = 0; e < E; e++) c[e] = kept[e / G] ? p[e] : 0.0; /* transformers' masked_fill(0.0) */
+        for (int j = 0; j < K; j++) {
+            const int want = ds_pick(c, taken, E, &margin);
+            cr_assert_eq(topi[t * K + j], want, "token %d: choice %d is expert %d, the reference's %d", t, j,
+                         topi[t * K + j], want);
+            cr_assert(fabs(topw[t * K + j] - 2.5 * p[want]) <= 2e-6 * 2.5 * p[want], "w[%d][%d] %.9g vs %.9g", t, j,
+                      topw[t * K + j], 2.5 * p[want]);
+            groups_matter |= ds_pick(p, plain, E, &(double){INFINITY}) != want;
+        }
+        cr_assert_gt(margin, 1e-5, "token %d: decisions %.3g apart (the fixture)", t, margin);
+        for (int e = 0; e < E; e++)
+            cr_assert(fabs(probs[t * E + e] - p[e]) <= 2e-6 * p[e], "p[%d][%d] %.9g vs %.9g", t, e, probs[t * E + e],
+                      p[e]);
+    }
+    cr_assert(groups_matter, "the group limit changes some token's choice (the fixture)");
+    cr_assert_eq(offs[E], R);
+}
+
+Test(moe_ops, route_sigmoid_groups_renormalised) { sigmoid_route_check(1); }
+Test(moe_ops, route_sigmoid_groups_plain) { sigmoid_route_check(0); }
+
+/* Two tokens made by hand, E = 8 in 4 groups of 2. First, with a bias of -0.9 on every expert, scores
+ * 0.95 0.05 | 0.92 0.3 | 0.5 0.45 | 0.2 0.1 keep groups 1 and 0 (two best sums -0.58 and -0.8), and the
+ * third choice is expert 3 (choice score -0.6): the experts of the other groups are out at -inf, as in
+ * transformers 5 (masked_fill with 0 instead would take expert 4). Second, no bias, one group kept:
+ * groups 0 and 2 tie (the same two scores) and group 0 is kept, its two experts tie and come in index
+ * order: ties go to the lower index, of groups and of experts. */
+Test(moe_ops, route_sigmoid_masks_and_ties)
+{
+    enum { E = 8, NG = 4 };
+    const double s1[E] = {0.95, 0.05, 0.92, 0.3, 0.5, 0.45, 0.2, 0.1};
+    float z[2][E], bias[E], probs[E], topw[3], stats[2 * E];
+    int32_t topi[3], rows[3], slot_row[3];
+    int offs[E + 1];
+    for (int e = 0; e < E; e++) z[0][e] = (float)log(s1[e] / (1.0 - s1[e])), bias[e] = -0.9f;
+    const float z2[E] = {1.0f, 1.0f, -1.0f, -2.0f, 1.0f, 1.0f, 0.5f, -0.5f};
+    memcpy(z[1], z2, sizeof z2);
+    const mt_route r1 = {.norm = 1, .sigmoid = 1, .n_group = NG, .topk_group = 2, .scale = 1, .bias = bias};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, z[0], 1, E, 3, &r1);
+    cr_assert(topi[0] == 0 && topi[1] == 2 && topi[2] == 3, "chosen %d %d %d, want 0 2 3", topi[0], topi[1], topi[2]);
+    const mt_route r2 = {.norm = 1, .sigmoid = 1, .n_group = NG, .topk_group = 1, .scale = 1};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, z[1], 1, E, 2, &r2);
+    cr_assert(topi[0] == 0 && topi[1] == 1, "chosen %d %d, want 0 1", topi[0], topi[1]);
+    cr_assert_eq(topw[0], topw[1]);
+}
+
+/* The backward in DeepSeek-V3's mode (groups, bias, scale 2.5) against central differences of
+ * f(z) = sum_j c_j topw_j(z) (+ aux * sum_e n_e s_e(z), n_e the routed rows summed over the statistics'
+ * L rows, where they are given), c_j random: f in double from the formula with each token's choice held,
+ * and mt_cpu_moe_route run on z +- h to check that the choice does hold there. Steps h = 1e-3 (a score
+ * moves by 2.5e-4 at most, below the fixture's margins, which the check of the choice confirms):
+ * central differences are off by h^2/6 f''' < 1e-6 (f''' is a few: the scale times the sigmoid's third
+ * derivative, 1/8 at most, times sums of |c_j| <= 3), double's rounding adds ~1e-16 / h; the op is fp32
+ * on terms of order 1 (a few ulp: ~1e-6): 1e-5 absolute + 1e-4 relative. */
+static void sigmoid_route_bwd_check(int norm, float aux)
+{
+    enum { T = 9, E = 16, NG = 4, TG = 2, K = 3, R = T * K, L = 2 };
+    const float scale = 2.5f, h = 1e-3f;
+    float z[T * E], bias[E], probs[T * E], topw[R], dw[R], dz[T * E], stats[L * 2 * E];
+    int32_t topi[R], rows[R], slot_row[R];
+    int offs[E + 1];
+    unsigned sd = 23;
+    for (int i = 0; i < T * E; i++) z[i] = 4.0f * uni(&sd);
+    for (int e = 0; e < E; e++) bias[e] = 0.3f * uni(&sd);
+    for (int i = 0; i < R; i++) dw[i] = uni(&sd);
+    for (int i = 0; i < L * 2 * E; i++) stats[i] = (float)(lcg(&sd) % 7);
+    const mt_route rt = {.norm = norm, .sigmoid = 1, .n_group = NG, .topk_group = TG, .scale = scale, .bias = bias};
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, &rt);
+    mt_cpu_moe_route_bwd(dz, dw, probs, topw, topi, aux ? stats : NULL, L, aux, T, E, K, &rt);
+    double n[E] = {0};
+    for (int e = 0; e < E; e++)
+        for (int l = 0; l < L; l++) n[e] += stats[l * 2 * E + e];
+    for (int i = 0; i < T * E; i++) {
+        const int t = i / E;
+        const int32_t *idx = topi + t * K;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            float zz[E], pp[E], ww[K];
+            int32_t ii[K], rr[K], ss[K];
+            int oo[E + 1];
+            memcpy(zz, z + t * E, sizeof zz);
+            zz[i % E] += side ? -h : h;
+            mt_cpu_moe_route(pp, ww, ii, rr, ss, oo, NULL, zz, 1, E, K, &rt);
+            cr_assert_eq(memcmp(ii, idx, sizeof ii), 0, "token %d: the choice holds at logit %d %+g", t, i % E,
+                         side ? -h : h);
+            double sc[E], sum = 0.0;
+            for (int e = 0; e < E; e++) sc[e] = 1.0 / (1.0 + exp(-(double)zz[e]));
+            for (int j = 0; j < K; j++) sum += sc[idx[j]];
+            f[side] = 0.0;
+            for (int j = 0; j < K; j++) f[side] += dw[t * K + j] * sc[idx[j]] / (norm ? sum + 1e-20 : 1.0) * scale;
+            for (int e = 0; e < E; e++) f[side] += aux * n[e] * sc[e];
+        }
+        const double fd = (f[0] - f[1]) / (2.0 * h);
+        cr_assert(fabs(dz[i] - fd) <= 1e-5 + 1e-4 * fabs(fd), "dz[%d][%d] %.7g, difference %.7g", t, i % E, dz[i], fd);
+    }
+}
+
+Test(moe_ops, route_sigmoid_bwd_renormalised) { sigmoid_route_bwd_check(1, 0.0f); }
+Test(moe_ops, route_sigmoid_bwd_plain) { sigmoid_route_bwd_check(0, 0.0f); }
+Test(moe_ops, route_sigmoid_bwd_renormalised_with_aux) { sigmoid_route_bwd_check(1, 0.37f); }
+
 /* gather, combine and dot_scale against their definitions (exact: copies, and sums in the order
  * the contract states). */
 Test(moe_ops, gather_combine_dot_scale)
@@ -135,7 +378,7 @@ Test(moe_ops, gather_combine_dot_scale)
     unsigned s = 3;
     for (int i = 0; i < T * E; i++) z[i] = uni(&s);
     for (int i = 0; i < T * C; i++) x[i] = uni(&s);
-    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, 1);
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, NULL, z, T, E, K, &(mt_route){.norm = 1, .scale = 1});
     mt_cpu_moe_gather(xs, x, rows, R, K, C);
     for (int r = 0; r < R; r++)
         cr_assert_eq(memcmp(xs + r * C, x + (rows[r] / K) * C, sizeof(float) * C), 0, "row %d is its token's", r);
@@ -254,7 +497,8 @@ static void gradient_check(mt_model_config c)
             const mt_tensor_desc *td = &m->layout.units[ui].tensors[ti];
             float *w = mt_tile_master(&m->tiles.tile[ui], &m->layout.units[ui]) + td->offset;
             unsigned seed = 7u + (unsigned)(ui * 16 + ti);
-            for (uint64_t i = 0; mt_role_is_bias(td->role) && i < td->numel; i++) w[i] = 0.3f * uni(&seed);
+            for (uint64_t i = 0; (mt_role_is_bias(td->role) || mt_role_is_frozen(td->role)) && i < td->numel; i++)
+                w[i] = 0.3f * uni(&seed);
         }
     enum { B = 2, S = 6, M = 2, N = B * S * M };
     const float eps = 3e-4f;
@@ -276,6 +520,11 @@ static void gradient_check(mt_model_config c)
             const mt_tensor_desc *td = &u->tensors[ti];
             float *w = mt_tile_master(&m->tiles.tile[ui], u) + td->offset;
             const float *g = grads + off + td->offset;
+            if (mt_role_is_frozen(td->role)) { /* DeepSeek-V3's correction bias: moves the choice, takes no gradient */
+                for (uint64_t i = 0; i < td->numel; i++) cr_assert_eq(g[i], 0.0f, "%s[%llu] has a gradient", td->name,
+                                                                      (unsigned long long)i);
+                continue;
+            }
             float *d = malloc(td->numel * sizeof *d), *w0 = malloc(td->numel * sizeof *w0);
             double gd = 0;
             unsigned seed = 99u + (unsigned)(ui * 16 + ti);
@@ -333,6 +582,48 @@ Test(moe, gradient_check_gpt_oss, .timeout = 240)
 {
     mt_model_config c = moe_cfg(MT_ARCH_MIXTRAL, 4, 2, 1, MT_PRECISION_FP32);
     c.arch = MT_ARCH_GPT_OSS, c.attention_bias = 1, c.sliding_window_pattern = 2;
+    gradient_check(c);
+}
+
+/* A small DeepSeek-V3: multi-head latent attention (q from a rank-12 latent, keys and values from a rank-8
+ * one, heads of 6 + 4 with RoPE on the last 4, interleaved, values 5 wide so that the value heads are
+ * narrower than the q/k ones), YaRN with mscale_all_dim (the softmax scale's factor) and q_a/kv_a/o biases;
+ * 8 experts in 4 groups, a token's 3 chosen from its 2 best groups by sigmoid score plus the correction
+ * bias (set non-zero), weighed by score, renormalised and times 2.5; two shared experts (one MLP of 32);
+ * layer 0 dense (first_k_dense_replace 1). */
+static mt_model_config deepseek_cfg(void)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 8, 3, 0, MT_PRECISION_FP32);
+    c.arch = MT_ARCH_DEEPSEEK_V3, c.num_key_value_heads = c.num_attention_heads, c.attention_bias = 1;
+    c.mlp_only_layers[0] = 1u << 0;
+    c.kv_lora_rank = 8, c.q_lora_rank = 12, c.qk_nope_head_dim = 6, c.qk_rope_head_dim = 4, c.v_head_dim = 5;
+    c.rope_interleave = 1, c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5f;
+    c.moe_scoring = MT_MOE_SCORING_SIGMOID, c.shared_expert_intermediate_size = 32;
+    c.rope_scaling = MT_ROPE_SCALING_YARN, c.rope_factor = 4.0f, c.rope_original_max_position = 4;
+    c.rope_mscale = 1.0f, c.rope_mscale_all_dim = 1.0f;
+    /* sigmoid scores sit near 0.5 and their gaps are small: with seed 7, eps 3e-4 moves a token to other
+     * experts (the difference jumps to ~8); seed 10's routings stay put up to eps 1e-3 */
+    c.seed = 10;
+    return c;
+}
+
+Test(moe, gradient_check_deepseek_v3, .timeout = 240) { gradient_check(deepseek_cfg()); }
+/* q_proj from the hidden state (q_lora_rank null, DeepSeek-V2-Lite's shape), RoPE's pairs (i, i + 2), the
+ * weights not renormalised, no group limit, no biases */
+Test(moe, gradient_check_deepseek_v3_plain, .timeout = 240)
+{
+    mt_model_config c = deepseek_cfg();
+    c.q_lora_rank = 0, c.rope_interleave = 0, c.norm_topk_prob = 0, c.n_group = 0, c.topk_group = 0;
+    c.attention_bias = 0, c.v_head_dim = 10;
+    gradient_check(c);
+}
+
+/* DeepSeek-V2: the same attention (q_proj), softmax scores chosen among the 2 best of 4 groups (each group
+ * scored by its best expert), never renormalised, times 2.5; two shared experts; layer 0 dense */
+Test(moe, gradient_check_deepseek_v2, .timeout = 240)
+{
+    mt_model_config c = deepseek_cfg();
+    c.arch = MT_ARCH_DEEPSEEK_V2, c.moe_scoring = MT_MOE_SCORING_SOFTMAX, c.norm_topk_prob = 0, c.q_lora_rank = 0;
     gradient_check(c);
 }
 

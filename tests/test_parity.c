@@ -62,7 +62,8 @@ static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope",
                                        "llama_packed", "qwen3_gqa", "mistral_window", "qwen2_window",
                                        "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
                                        "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad", "qwen2_moe",
-                                       "qwen2_moe_routed", "qwen3_yarn", "llama_yarn"};
+                                       "qwen2_moe_routed", "qwen3_yarn", "llama_yarn", "phi3_longrope",
+                                       "gpt_oss", "gpt_oss_routed", "deepseek_v3", "deepseek_v3_routed"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -106,6 +107,17 @@ Test(parity, qwen2_moe_routed) { run_fixture("qwen2_moe_routed"); }
  */
 Test(parity, qwen3_yarn) { run_fixture("qwen3_yarn"); }
 Test(parity, llama_yarn) { run_fixture("llama_yarn"); }
+/* LongRoPE on three quarters of each head, micro-batch 0 by the short factors and micro-batch 1 by the long */
+Test(parity, phi3_longrope) { run_fixture("phi3_longrope"); }
+/* GPT-OSS: sinks, q/k/v/o biases, a sliding and a full layer, experts and router with biases, the clamped
+ * SwiGLU past its limits, YaRN, the load-balancing loss; and the same with routing clear of ties */
+Test(parity, gpt_oss) { run_fixture("gpt_oss"); }
+Test(parity, gpt_oss_routed) { run_fixture("gpt_oss_routed"); }
+/* DeepSeek-V3: latent attention (q and kv latents with their 1e-6 norms, the shared RoPE key part, values
+ * narrower than the heads), yarn's mscale in the softmax scale, q_a/kv_a/o biases, sigmoid routing within
+ * groups with the correction bias, the scale, shared experts, a dense first layer; the same decisively routed */
+Test(parity, deepseek_v3) { run_fixture("deepseek_v3"); }
+Test(parity, deepseek_v3_routed) { run_fixture("deepseek_v3_routed"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)

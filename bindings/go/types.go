@@ -43,17 +43,19 @@ type Arch uint32
 
 // The architectures.
 const (
-	ArchLlama    Arch = C.MT_ARCH_LLAMA
-	ArchQwen2    Arch = C.MT_ARCH_QWEN2
-	ArchMistral  Arch = C.MT_ARCH_MISTRAL
-	ArchQwen3    Arch = C.MT_ARCH_QWEN3
-	ArchPhi3     Arch = C.MT_ARCH_PHI3
-	ArchGemma2   Arch = C.MT_ARCH_GEMMA2
-	ArchGemma3   Arch = C.MT_ARCH_GEMMA3
-	ArchQwen3Moe Arch = C.MT_ARCH_QWEN3_MOE
-	ArchMixtral  Arch = C.MT_ARCH_MIXTRAL
-	ArchQwen2Moe Arch = C.MT_ARCH_QWEN2_MOE
-	ArchGptOss   Arch = C.MT_ARCH_GPT_OSS
+	ArchLlama      Arch = C.MT_ARCH_LLAMA
+	ArchQwen2      Arch = C.MT_ARCH_QWEN2
+	ArchMistral    Arch = C.MT_ARCH_MISTRAL
+	ArchQwen3      Arch = C.MT_ARCH_QWEN3
+	ArchPhi3       Arch = C.MT_ARCH_PHI3
+	ArchGemma2     Arch = C.MT_ARCH_GEMMA2
+	ArchGemma3     Arch = C.MT_ARCH_GEMMA3
+	ArchQwen3Moe   Arch = C.MT_ARCH_QWEN3_MOE
+	ArchMixtral    Arch = C.MT_ARCH_MIXTRAL
+	ArchQwen2Moe   Arch = C.MT_ARCH_QWEN2_MOE
+	ArchGptOss     Arch = C.MT_ARCH_GPT_OSS
+	ArchDeepseekV3 Arch = C.MT_ARCH_DEEPSEEK_V3
+	ArchDeepseekV2 Arch = C.MT_ARCH_DEEPSEEK_V2
 )
 
 // Precision is the numeric mode of a model (mt_precision).
@@ -77,6 +79,19 @@ const (
 	RopeScalingLinear   RopeScaling = C.MT_ROPE_SCALING_LINEAR
 	RopeScalingYarn     RopeScaling = C.MT_ROPE_SCALING_YARN
 	RopeScalingLongrope RopeScaling = C.MT_ROPE_SCALING_LONGROPE
+)
+
+// MoeScoring is how a router's logits become the scores that choose and weigh
+// the experts (mt_moe_scoring).
+type MoeScoring uint32
+
+// The router scorings.
+const (
+	// MoeScoringSoftmax: the softmax of the logits; a group's score its best expert's (DeepSeek-V2).
+	MoeScoringSoftmax MoeScoring = C.MT_MOE_SCORING_SOFTMAX
+	// MoeScoringSigmoid: sigmoid(logit); chosen by score + e_score_correction_bias, a group's
+	// score the sum of its best two (DeepSeek-V3).
+	MoeScoringSigmoid MoeScoring = C.MT_MOE_SCORING_SIGMOID
 )
 
 // Backend is what runs a model (mt_backend).
@@ -302,6 +317,26 @@ type ModelConfig struct {
 	RopeNFactors uint32
 	// RopeShortFactor, RopeLongFactor: longrope's divisors below and past original_max_position.
 	RopeShortFactor, RopeLongFactor [128]float32
+	// KVLoraRank: 0 plain attention; R: multi-head latent attention, each token's keys and values
+	// expanded from a rank-R latent (kv_a_proj_with_mqa, kv_b_proj).
+	KVLoraRank uint32
+	// QLoraRank: with KVLoraRank: 0, q_proj from the hidden state; R, q from a rank-R latent
+	// (q_a_proj, q_b_proj).
+	QLoraRank uint32
+	// QKNopeHeadDim, QKRopeHeadDim: with KVLoraRank: each q and k head's dimensions without RoPE,
+	// then with it (the key's shared by all heads); head_dim is their sum.
+	QKNopeHeadDim, QKRopeHeadDim uint32
+	// VHeadDim: with KVLoraRank: each value head's dimensions (at most head_dim).
+	VHeadDim uint32
+	// RopeInterleave: with KVLoraRank: non-zero: RoPE turns the pairs (2i, 2i+1), not (i, i+d/2).
+	RopeInterleave uint32
+	// NGroup, TopkGroup: 0 or 1: no group limit; G: the experts form G groups of E/G and a
+	// token's k are chosen from its TopkGroup best groups.
+	NGroup, TopkGroup uint32
+	// RoutedScalingFactor: 0 or 1: none; s: the routing weights are multiplied by s.
+	RoutedScalingFactor float32
+	// MoeScoring: how the router scores the experts.
+	MoeScoring MoeScoring
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -365,6 +400,14 @@ func (g *ModelConfig) toC() C.mt_model_config {
 		c.rope_short_factor[i] = C.float(g.RopeShortFactor[i])
 		c.rope_long_factor[i] = C.float(g.RopeLongFactor[i])
 	}
+	c.kv_lora_rank = C.uint32_t(g.KVLoraRank)
+	c.q_lora_rank = C.uint32_t(g.QLoraRank)
+	c.qk_nope_head_dim, c.qk_rope_head_dim = C.uint32_t(g.QKNopeHeadDim), C.uint32_t(g.QKRopeHeadDim)
+	c.v_head_dim = C.uint32_t(g.VHeadDim)
+	c.rope_interleave = C.uint32_t(g.RopeInterleave)
+	c.n_group, c.topk_group = C.uint32_t(g.NGroup), C.uint32_t(g.TopkGroup)
+	c.routed_scaling_factor = C.float(g.RoutedScalingFactor)
+	c.moe_scoring = C.uint32_t(g.MoeScoring)
 	return c
 }
 
@@ -416,6 +459,16 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 		RopeMscaleAllDim:             float32(c.rope_mscale_all_dim),
 		RopeNoTruncate:               uint32(c.rope_no_truncate),
 		RopeNFactors:                 uint32(c.rope_n_factors),
+		KVLoraRank:                   uint32(c.kv_lora_rank),
+		QLoraRank:                    uint32(c.q_lora_rank),
+		QKNopeHeadDim:                uint32(c.qk_nope_head_dim),
+		QKRopeHeadDim:                uint32(c.qk_rope_head_dim),
+		VHeadDim:                     uint32(c.v_head_dim),
+		RopeInterleave:               uint32(c.rope_interleave),
+		NGroup:                       uint32(c.n_group),
+		TopkGroup:                    uint32(c.topk_group),
+		RoutedScalingFactor:          float32(c.routed_scaling_factor),
+		MoeScoring:                   MoeScoring(c.moe_scoring),
 	}
 	for i := range g.RopeShortFactor {
 		g.RopeShortFactor[i] = float32(c.rope_short_factor[i])

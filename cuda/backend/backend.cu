@@ -134,6 +134,8 @@ struct cu_be {
     int cudnn_warned;     // a cuDNN call failed and was served by the kernels: said once
     char cudnn_why[200];  // why there is no cuDNN (b->cudnn_version 0)
     void *red_scratch; // reductions' scratch: the largest that the template declares (mt_runner_scratch_bytes)
+    float *bias32;     // bf16: a bias in fp32 for a product with an fp32 output (the router's logits), E floats
+    int bias32_n;
     size_t red_bytes;
     double *d_loss, *d_sumsq;
     int32_t *h_tokens;  // pinned staging for set_tokens
@@ -340,7 +342,20 @@ static void k_rmsnorm_bwd(void *kc, float *dx, float *dw, const float *dy, const
 static void k_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias, int M, int K, int N,
                      int accumulate)
 {
-    gemm(B(kc), "forward", 0, 1, M, N, K, x, W, out_f32, y, accumulate ? 1.0f : 0.0f, bias);
+    cu_be *b = B(kc);
+    // cuBLASLt reads the bias in the output's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE's default): an fp32
+    // output of bf16 operands (a router's logits) takes its bf16 bias converted to fp32 first
+    if (bias && out_f32 && b->dt != MT_CU_F32) {
+        if (N > b->bias32_n) {
+            if (!b->failed)
+                snprintf(b->why, sizeof b->why, "a bias of %d for an fp32 output, room for %d", N, b->bias32_n);
+            b->failed = 1;
+            return;
+        }
+        OK(b, mt_cu_convert(b->comp, MT_CU_F32, b->bias32, b->dt, bias, (size_t)N), "bias to fp32");
+        bias = b->bias32;
+    }
+    gemm(b, "forward", 0, 1, M, N, K, x, W, out_f32, y, accumulate ? 1.0f : 0.0f, bias);
 }
 
 // dx[M,K] = dy[M,N] W[N,K] (+ dx)
@@ -369,9 +384,25 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int loc
         b->failed = 1;
         return;
     }
-    OK(b, mt_cu_rope(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
-                     (int)mt_config_rotary_dims(b->req.cfg), b->rope_scale[t], inverse),
+    const mt_model_config *c = b->req.cfg;
+    OK(b, mt_cu_rope_at(b->comp, b->dt, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
+                        (int)mt_config_rotary_offset(c), (int)mt_config_rotary_dims(c), mt_config_rope_interleaved(c),
+                        b->rope_scale[t], inverse),
        inverse ? "rope backward" : "rope");
+}
+
+static void k_copy_cols(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                        int rep)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_copy_cols(b->comp, b->dt, dst, dld, doff, src, sld, soff, rows, w, rep), "copy columns");
+}
+
+static void k_sum_cols(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                       int n)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_sum_cols(b->comp, b->dt, dst, dld, doff, src, sld, soff, rows, w, n), "sum columns");
 }
 
 static int attn_type(const cu_be *b) { return b->dt == MT_CU_BF16 ? MT_CUATTN_BF16 : MT_CUATTN_FP32; }
@@ -542,12 +573,14 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 // (the template sizes each expert's GEMM by them). After a failure the offsets are all zero, so
 // that no GEMM runs on rows that were never written; the failure is reported by sync().
 static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm)
+                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
+                        const mt_route *rt)
 {
     cu_be *b = B(kc);
     memset(offs, 0, (size_t)(E + 1) * sizeof *offs);
     if (b->failed) return;
-    OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, norm),
+    // the correction bias, a weight, is in the activations' type
+    OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, rt, b->dt),
        "expert routing");
     int32_t got[MT_MAX_EXPERTS + 1];
     CU(b, cudaMemcpyAsync(got, offs_buf, (size_t)(E + 1) * sizeof *got, cudaMemcpyDeviceToHost, b->comp));
@@ -565,10 +598,11 @@ static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int3
 }
 
 static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
-                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k,
+                            const mt_route *rt)
 {
     cu_be *b = B(kc);
-    OK(b, mt_cu_moe_route_bwd(b->comp, dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm),
+    OK(b, mt_cu_moe_route_bwd(b->comp, dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, rt),
        "expert routing backward");
 }
 
@@ -634,6 +668,8 @@ static mt_kernels cuda_kernels(void)
     k.linear_dx = k_linear_dx;
     k.linear_dw = k_linear_dw;
     k.rope = k_rope;
+    k.copy_cols = k_copy_cols;
+    k.sum_cols = k_sum_cols;
     k.attention = k_attention;
     k.attention_bwd = k_attention_bwd;
     k.attn_sink = k_attn_sink;
@@ -796,6 +832,8 @@ static void layout_buffers(cu_be *b, carver *c)
     mt_runner_buf rb[MT_RUNNER_MAX_BUFS];
     const int n = mt_runner_buffers(&b->run, s->want_grad, rb);
     for (int i = 0; i < n; i++) *rb[i].where = carve(c, (size_t)rb[i].elems * (rb[i].f32 ? 4 : es));
+    b->bias32_n = es == 4 ? 0 : MT_MAX(d->E, 0); // the router's bias, the one fp32-output product with a bias
+    b->bias32 = b->bias32_n ? (float *)carve(c, (size_t)b->bias32_n * 4) : NULL;
     b->d_loss = (double *)carve(c, 8);
     b->d_sumsq = (double *)carve(c, 8);
     // the reductions' scratch: send_grads' sum of squares, and what the template declares

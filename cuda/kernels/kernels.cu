@@ -384,12 +384,14 @@ int colsum_finish(cudaStream_t s, float *out, const float *part, int P, int N)
 int rms_rows(int T, int chunks) { return (T + chunks - 1) / chunks; }
 
 // ---- RoPE ------------------------------------------------------------------------------------
-// One thread per (t, VEC-wide slice of the first half, group of heads): the
-// VEC angles' sincosf once, then the heads of its group.
+// One thread per (t, VEC-wide slice of the pairs, group of heads): the VEC
+// angles' sincosf once, then the heads of its group. The rotary dimensions
+// are off .. off + rd - 1 of each head; pair i is (i, i + rd/2), or with IL
+// (2i, 2i + 1): then a thread's VEC pairs are 2 VEC contiguous elements.
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool IL>
 __global__ void rope_k(T *x, const int32_t *__restrict__ pos, const float *__restrict__ inv_freq, int Tn, int nh, int D,
-                       int rd, float scale, int hpt, int inverse)
+                       int off, int rd, float scale, int hpt, int inverse)
 {
     const int half = rd / 2, nc = half / VEC, ng = (nh + hpt - 1) / hpt;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -408,18 +410,76 @@ __global__ void rope_k(T *x, const int32_t *__restrict__ pos, const float *__res
     }
     const int h1 = min(nh, (g + 1) * hpt);
     for (int h = g * hpt; h < h1; h++) {
-        T *xh = x + (t * nh + h) * (size_t)D + (size_t)j * VEC;
+        T *xh = x + (t * nh + h) * (size_t)D + off + (size_t)j * VEC * (IL ? 2 : 1);
         float a[VEC], b[VEC], oa[VEC], ob[VEC];
-        load<VEC>(xh, a);
-        load<VEC>(xh + half, b);
+        if constexpr (!IL) {
+            load<VEC>(xh, a);
+            load<VEC>(xh + half, b);
+        } else if constexpr (VEC == 1) {
+            load<1>(xh, a);
+            load<1>(xh + 1, b);
+        } else {
+            float v[2 * VEC];
+            load<2 * VEC>(xh, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) a[k] = v[2 * k], b[k] = v[2 * k + 1];
+        }
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
             oa[k] = __fsub_rn(__fmul_rn(a[k], c[k]), __fmul_rn(b[k], sn[k]));
             ob[k] = __fadd_rn(__fmul_rn(b[k], c[k]), __fmul_rn(a[k], sn[k]));
         }
-        store<VEC>(xh, oa);
-        store<VEC>(xh + half, ob);
+        if constexpr (!IL) {
+            store<VEC>(xh, oa);
+            store<VEC>(xh + half, ob);
+        } else if constexpr (VEC == 1) {
+            store<1>(xh, oa);
+            store<1>(xh + 1, ob);
+        } else {
+            float v[2 * VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v[2 * k] = oa[k], v[2 * k + 1] = ob[k];
+            store<2 * VEC>(xh, v);
+        }
     }
+}
+
+// ---- columns ----------------------------------------------------------------------------------
+// One thread per (row, V-wide slice of the w columns). copy_cols moves bits
+// (E: uint16_t for bf16, uint32_t for fp32; V 16 / sizeof(E) as one uint4, or
+// 1); sum_cols adds its n source rows in ascending i in fp32 from 0.0f, as
+// mt_cpu_sum_cols, and rounds once.
+
+template <typename E, int V>
+__global__ void copy_cols_k(E *__restrict__ dst, int dld, const E *__restrict__ src, int sld, int rows, int w, int rep)
+{
+    const int nc = w / V;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * nc) return;
+    const size_t r = idx / nc, c = (size_t)(idx % nc) * V;
+    E *d = dst + r * (size_t)dld + c;
+    const E *sp = src + r / (size_t)rep * (size_t)sld + c;
+    if constexpr (V == 1) *d = *sp;
+    else *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(sp);
+}
+
+template <typename T, int VEC>
+__global__ void sum_cols_k(T *__restrict__ dst, int dld, const T *__restrict__ src, int sld, int rows, int w, int n)
+{
+    const int nc = w / VEC;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * nc) return;
+    const size_t r = idx / nc, c = (size_t)(idx % nc) * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float v[VEC];
+        load<VEC>(src + (r * n + i) * (size_t)sld + c, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) acc[k] = __fadd_rn(acc[k], v[k]);
+    }
+    store<VEC>(dst + r * (size_t)dld + c, acc);
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
@@ -1302,13 +1362,13 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
 
 // ---- RoPE ----
 
-int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
-               int D, int rd, float scale, int inverse)
+int mt_cu_rope_at(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
+                  int D, int off, int rd, int interleaved, float scale, int inverse)
 {
-    if (T < 0 || nh < 0 || D < 0 || D % 2 || rd < 0 || rd % 2 || rd > D) return -1;
+    if (T < 0 || nh < 0 || D < 0 || D % 2 || off < 0 || rd < 0 || rd % 2 || rd > D - off) return -1;
     if (T == 0 || nh == 0 || rd == 0) return 0;
     const int half = rd / 2;
-    const bool vec = half % 8 == 0 && D % 8 == 0 && al16(x);
+    const bool vec = half % 8 == 0 && D % 8 == 0 && off % 8 == 0 && al16(x);
     const int VEC = vec ? 8 : 1, nc = half / VEC;
     // about 4 heads per thread, fewer when that leaves too few threads
     int hpt = nh < 4 ? nh : 4;
@@ -1316,11 +1376,63 @@ int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, cons
     const size_t items = (size_t)T * nc * ((nh + hpt - 1) / hpt);
     return with_dtype(dt, [&](auto tt) {
         using TT = typename decltype(tt)::type;
-        if (vec)
-            rope_k<TT, 8><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, rd, scale, hpt, inverse);
-        else
-            rope_k<TT, 1><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, pos, inv_freq, T, nh, D, rd, scale, hpt, inverse);
+        auto go = [&](auto vtag, auto il) {
+            rope_k<TT, decltype(vtag)::value, decltype(il)::value><<<blocks_for(items, 256), 256, 0, s>>>(
+                (TT *)x, pos, inv_freq, T, nh, D, off, rd, scale, hpt, inverse);
+            return launched();
+        };
+        if (interleaved) return vec ? go(ic<8>{}, std::true_type{}) : go(ic<1>{}, std::true_type{});
+        return vec ? go(ic<8>{}, std::false_type{}) : go(ic<1>{}, std::false_type{});
+    });
+}
+
+int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
+               int D, int rd, float scale, int inverse)
+{
+    return mt_cu_rope_at(s, dt, x, pos, inv_freq, T, nh, D, 0, rd, 0, scale, inverse);
+}
+
+// ---- columns ----
+
+int mt_cu_copy_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src, int sld, int soff,
+                    int rows, int w, int rep)
+{
+    if (rows < 0 || w < 0 || rep <= 0 || doff < 0 || soff < 0 || dld < 0 || sld < 0) return -1;
+    if (rows == 0 || w == 0) return 0;
+    const size_t es = mt_cu_dtype_size(dt);
+    if (es != 2 && es != 4) return -1;
+    char *d = (char *)dst + (size_t)doff * es;
+    const char *sp = (const char *)src + (size_t)soff * es;
+    const int V = (int)(16 / es);
+    const bool vec = w % V == 0 && dld % V == 0 && sld % V == 0 && al16(d) && al16(sp);
+    auto go = [&](auto etag, auto vtag) {
+        using E = typename decltype(etag)::type;
+        constexpr int VV = decltype(vtag)::value;
+        const size_t items = (size_t)rows * (w / VV);
+        copy_cols_k<E, VV><<<blocks_for(items, 256), 256, 0, s>>>((E *)d, dld, (const E *)sp, sld, rows, w, rep);
         return launched();
+    };
+    if (es == 2) return vec ? go(tag<uint16_t>{}, ic<8>{}) : go(tag<uint16_t>{}, ic<1>{});
+    return vec ? go(tag<uint32_t>{}, ic<4>{}) : go(tag<uint32_t>{}, ic<1>{});
+}
+
+int mt_cu_sum_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src, int sld, int soff,
+                   int rows, int w, int n)
+{
+    if (rows < 0 || w < 0 || n < 0 || doff < 0 || soff < 0 || dld < 0 || sld < 0) return -1;
+    if (rows == 0 || w == 0) return 0;
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        TT *d = (TT *)dst + doff;
+        const TT *sp = (const TT *)src + soff;
+        const bool vec = w % 8 == 0 && dld % 8 == 0 && sld % 8 == 0 && al16(d) && al16(sp);
+        auto go = [&](auto vtag) {
+            constexpr int VEC = decltype(vtag)::value;
+            const size_t items = (size_t)rows * (w / VEC);
+            sum_cols_k<TT, VEC><<<blocks_for(items, 256), 256, 0, s>>>(d, dld, sp, sld, rows, w, n);
+            return launched();
+        };
+        return vec ? go(ic<8>{}) : go(ic<1>{});
     });
 }
 

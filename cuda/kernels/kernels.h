@@ -1,9 +1,9 @@
 /* The CUDA backend's own kernels (everything but the GEMMs and attention):
  * RMSNorm, RoPE, the gated activations (SwiGLU, GeGLU, GPT-OSS's clamped
  * SwiGLU), attention sinks, embedding, cross-entropy (with soft-caps),
- * elementwise helpers and deterministic reductions. A plain C API, so host
- * code and tests include it without the CUDA headers; the kernels are in
- * cuda/kernels/kernels.cu. See docs/cuda-kernels.md for the design and the
+ * elementwise helpers, the column moves of multi-head latent attention and
+ * deterministic reductions. A plain C API, so host code and tests include it
+ * without the CUDA headers; the kernels are in cuda/kernels/kernels.cu. See docs/cuda-kernels.md for the design and the
  * measured bandwidth.
  *
  * Conventions
@@ -136,6 +136,29 @@ int mt_cu_rmsnorm_bwd(mt_cu_stream s, float *dx, float *dw, const float *dy, mt_
  * fp32; D and rd even, rd <= D. */
 int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
                int D, int rd, float scale, int inverse);
+/* The same on dimensions off .. off + rd - 1 of each head, in pairs
+ * (off + i, off + i + rd/2), or where interleaved (off + 2i, off + 2i + 1),
+ * pair i turning by inv_freq[i] in both, as mt_cpu_rope_at; off + rd <= D.
+ * Off 0 and not interleaved is mt_cu_rope. The 8-wide path also needs
+ * off % 8 == 0. */
+int mt_cu_rope_at(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq, int T, int nh,
+                  int D, int off, int rd, int interleaved, float scale, int inverse);
+
+/* ---- columns (multi-head latent attention) ------------------------------------------------ */
+
+/* dst[r, doff + j] = src[r / rep, soff + j] for r < rows, j < w, all in dt,
+ * rows dld and sld elements apart (rep 1: row for row; rep n: each src row n
+ * times), as mt_cpu_copy_cols: the bits copied. 16-byte accesses where w,
+ * dld, sld are multiples of 16 bytes' elements and both starts aligned.
+ * dst must not overlap src. */
+int mt_cu_copy_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src, int sld, int soff,
+                    int rows, int w, int rep);
+/* dst[r, doff + j] = the sum over i < n of src[r * n + i, soff + j], all in
+ * dt, added in fp32 in ascending i from 0 and rounded once to dt: the same
+ * bits as mt_cpu_sum_cols on the same (dt-rounded) values, and no atomics.
+ * dst must not overlap src. */
+int mt_cu_sum_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src, int sld, int soff,
+                   int rows, int w, int n);
 
 /* ---- gated activations: SwiGLU, GeGLU, GPT-OSS ------------------------------------------ */
 
@@ -285,6 +308,27 @@ static inline int mt_cu_rope(mt_cu_stream s, mt_cu_dtype dt, void *x, const int3
 {
     (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)rd, (void)scale;
     (void)inverse;
+    return -1;
+}
+static inline int mt_cu_rope_at(mt_cu_stream s, mt_cu_dtype dt, void *x, const int32_t *pos, const float *inv_freq,
+                                int T, int nh, int D, int off, int rd, int interleaved, float scale, int inverse)
+{
+    (void)s, (void)dt, (void)x, (void)pos, (void)inv_freq, (void)T, (void)nh, (void)D, (void)off, (void)rd;
+    (void)interleaved, (void)scale, (void)inverse;
+    return -1;
+}
+static inline int mt_cu_copy_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src,
+                                  int sld, int soff, int rows, int w, int rep)
+{
+    (void)s, (void)dt, (void)dst, (void)dld, (void)doff, (void)src, (void)sld, (void)soff, (void)rows, (void)w;
+    (void)rep;
+    return -1;
+}
+static inline int mt_cu_sum_cols(mt_cu_stream s, mt_cu_dtype dt, void *dst, int dld, int doff, const void *src,
+                                 int sld, int soff, int rows, int w, int n)
+{
+    (void)s, (void)dt, (void)dst, (void)dld, (void)doff, (void)src, (void)sld, (void)soff, (void)rows, (void)w;
+    (void)n;
     return -1;
 }
 static inline int mt_cu_glu(mt_cu_stream s, mt_cu_dtype dt, int act, void *out, const void *gate, const void *up,

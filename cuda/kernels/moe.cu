@@ -4,6 +4,7 @@
 // reductions in shared memory, warp sums broadcast from lane 0), never with
 // floating-point atomics, so every result is the same from run to run.
 #include "cuda/kernels/moe.h"
+#include "model/template.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -50,8 +51,9 @@ template <typename T> __device__ T block_sum(T v, T *sh)
 
 // ---- CUDA kernels ----------------------------------------------------------------------------
 
-// One warp per token: softmax, top-k in the routing's order, renormalisation.
-__global__ void route_k(float *probs, float *topw, int32_t *topi, const float *logits, int T, int E, int k, int norm)
+// One warp per token: softmax, top-k in the routing's order, renormalisation, scale (where not 1).
+__global__ void route_k(float *probs, float *topw, int32_t *topi, const float *logits, int T, int E, int k, int norm,
+                        float scale)
 {
     const int t = blockIdx.x * WARPS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
     if (t >= T) return; // the whole warp
@@ -89,6 +91,115 @@ __global__ void route_k(float *probs, float *topw, int32_t *topi, const float *l
     }
     if (norm && lane == 0)
         for (int j = 0; j < k; j++) topw[(size_t)t * k + j] /= s;
+    if (scale != 1.0f && lane == 0)
+        for (int j = 0; j < k; j++) topw[(size_t)t * k + j] *= scale;
+}
+
+__device__ float sigmoid_f(float z);
+
+// A choice score: the score plus the correction bias (none: the score)
+template <typename TB> __device__ __forceinline__ float choice(const float *p, const TB *bias, int e)
+{
+    return bias ? p[e] + ld(bias + e) : p[e];
+}
+
+// One warp per token, DeepSeek-V3's routing (mt_route's sigmoid): the scores; with groups, each group's
+// two best choice scores summed (a lane a group) and the topk_group best groups picked in the routing's
+// order (kept as a bit each, in shared memory); then the top-k choice scores among the kept groups'
+// experts (the others at -inf), their scores renormalised (+ 1e-20) and scaled, as cpu_moe.c's.
+// softmax: DeepSeek-V2's group_limited_greedy instead: route_k's softmax scores, a group scored by its
+// best, no bias, the weights renormalised and scaled as route_k's.
+template <typename TB>
+__global__ void route_sigmoid_k(float *probs, float *topw, int32_t *topi, const float *logits, int T, int E, int k,
+                                const TB *bias, int norm, int n_group, int topk_group, float scale, int softmax)
+{
+    __shared__ float gsc[WARPS_PER_BLOCK][MT_MAX_EXPERTS];       // the group scores
+    __shared__ unsigned kept[WARPS_PER_BLOCK][MT_MAX_EXPERTS / 32]; // a bit per kept group
+    const int wi = threadIdx.y, t = blockIdx.x * WARPS_PER_BLOCK + wi, lane = threadIdx.x;
+    if (t >= T) return; // the whole warp; no block barrier follows
+    const float *z = logits + (size_t)t * E;
+    float *p = probs + (size_t)t * E;
+    if (softmax) { // as route_k
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, z[e]);
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+        double sum = 0.0;
+        for (int e = lane; e < E; e += 32) {
+            const float v = expf(z[e] - mx);
+            p[e] = v;
+            sum += v;
+        }
+        const float inv = (float)(1.0 / warp_sum(sum));
+        for (int e = lane; e < E; e += 32) p[e] *= inv;
+    } else {
+        for (int e = lane; e < E; e += 32) p[e] = sigmoid_f(z[e]);
+    }
+    __syncwarp();
+    const int G = n_group > 1 ? E / n_group : E; // experts of a group
+    if (n_group > 1) {
+        for (int g = lane; g < n_group; g += 32) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int e = g * G; e < (g + 1) * G; e++) {
+                const float c = choice(p, bias, e);
+                if (c > a) b = a, a = c;
+                else if (c > b) b = c;
+            }
+            gsc[wi][g] = G > 1 && !softmax ? a + b : a;
+        }
+        for (int i = lane; i < (n_group + 31) / 32; i += 32) kept[wi][i] = 0u;
+        __syncwarp();
+        float lastv = INFINITY;
+        int lastg = -1;
+        for (int j = 0; j < topk_group; j++) { // the first group after the previous pick
+            float bv = 0.0f;
+            int bg = n_group; // none yet
+            for (int g = lane; g < n_group; g += 32) {
+                const float v = gsc[wi][g];
+                if (before(lastv, lastg, v, g) && (bg == n_group || before(v, g, bv, bg))) bv = v, bg = g;
+            }
+            for (int o = 16; o; o >>= 1) {
+                const float ov = __shfl_xor_sync(FULL, bv, o);
+                const int og = __shfl_xor_sync(FULL, bg, o);
+                if (og != n_group && (bg == n_group || before(ov, og, bv, bg))) bv = ov, bg = og;
+            }
+            if (lane == 0 && bg < n_group) kept[wi][bg >> 5] |= 1u << (bg & 31);
+            lastv = bv, lastg = bg;
+        }
+        __syncwarp();
+    }
+    float lastc = INFINITY, s = 0.0f;
+    int laste = -1;
+    for (int j = 0; j < k; j++) { // the first expert after the previous pick, by choice score
+        float bc = 0.0f;
+        int be = E; // none yet
+        for (int e = lane; e < E; e += 32) {
+            const int g = e / G;
+            const bool in = n_group <= 1 || (kept[wi][g >> 5] >> (g & 31) & 1u);
+            const float v = in ? choice(p, bias, e) : -INFINITY;
+            if (before(lastc, laste, v, e) && (be == E || before(v, e, bc, be))) bc = v, be = e;
+        }
+        for (int o = 16; o; o >>= 1) {
+            const float oc = __shfl_xor_sync(FULL, bc, o);
+            const int oe = __shfl_xor_sync(FULL, be, o);
+            if (oe != E && (be == E || before(oc, oe, bc, be))) bc = oc, be = oe;
+        }
+        const float sc = be < E ? p[be] : NAN; // the score, without the bias
+        if (lane == 0) topi[(size_t)t * k + j] = be, topw[(size_t)t * k + j] = sc;
+        s += sc; // in the order of j, as the CPU op
+        lastc = bc, laste = be;
+    }
+    if (lane == 0 && softmax) { // as route_k and the CPU's softmax path
+        if (norm)
+            for (int j = 0; j < k; j++) topw[(size_t)t * k + j] /= s;
+        if (scale != 1.0f)
+            for (int j = 0; j < k; j++) topw[(size_t)t * k + j] *= scale;
+    } else if (lane == 0) {
+        for (int j = 0; j < k; j++) {
+            float x = topw[(size_t)t * k + j];
+            if (norm) x /= s + 1e-20f;
+            topw[(size_t)t * k + j] = x * scale;
+        }
+    }
 }
 
 // One block per expert: its routed rows into offs[e + 1] (and stats), its probability sum.
@@ -137,10 +248,11 @@ __global__ void place_k(int32_t *rows, int32_t *slot_row, const int32_t *offs, c
 }
 
 // One warp per token: the gradient of the probabilities (the load-balancing loss's, then the
-// routing weights' through the renormalisation), then through the softmax. The experts' routed rows
-// summed over the L layers are made once per block, in shared memory.
+// routing weights' through the scale and the renormalisation), then through the softmax (or the
+// sigmoid). The experts' routed rows summed over the L layers are made once per block, in shared memory.
 __global__ void route_bwd_k(float *dlogits, const float *dw, const float *probs, const float *topw,
-                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm,
+                            int sigmoid, float scale)
 {
     __shared__ float cnt[1024];
     for (int e = threadIdx.y * 32 + threadIdx.x; e < E; e += 32 * WARPS_PER_BLOCK) {
@@ -161,9 +273,14 @@ __global__ void route_bwd_k(float *dlogits, const float *dw, const float *probs,
         const int32_t *idx = topi + (size_t)t * k;
         float S = 0.0f, dot = 0.0f;
         for (int j = 0; j < k; j++) S += p[idx[j]], dot += gw[j] * w[j];
-        for (int j = 0; j < k; j++) g[idx[j]] += norm ? (gw[j] - dot) / S : gw[j];
+        if (sigmoid) S += 1e-20f; // the forward's denominator
+        for (int j = 0; j < k; j++) g[idx[j]] += norm ? (scale * gw[j] - dot) / S : scale * gw[j];
     }
     __syncwarp();
+    if (sigmoid) { // dz = p (1 - p) g
+        for (int e = lane; e < E; e += 32) g[e] = p[e] * (1.0f - p[e]) * g[e];
+        return;
+    }
     double pg = 0.0;
     for (int e = lane; e < E; e += 32) pg += (double)p[e] * g[e];
     const float s = (float)warp_sum(pg);
@@ -260,14 +377,24 @@ unsigned threads_for(int C) { return C >= BLOCK ? BLOCK : (unsigned)((C + 31) / 
 
 extern "C" int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_t *topi, int32_t *rows,
                                int32_t *slot_row, int32_t *offs, float *stats, const float *logits, int T, int E,
-                               int k, int norm)
+                               int k, const mt_route *rt, mt_cu_dtype bias_dt)
 {
-    if (T < 0 || E <= 0 || E > 1024 || k <= 0 || k > E) return -1;
+    if (!rt || T < 0 || E <= 0 || E > MT_MAX_EXPERTS || k <= 0 || k > E) return -1;
+    const int ng = rt->n_group > 1 ? rt->n_group : 0;
+    if (ng && (E % ng || rt->topk_group < 1 || rt->topk_group > ng)) return -1;
     cudaStream_t st_ = (cudaStream_t)s;
     const int R = T * k;
-    if (T) {
-        route_k<<<(T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, dim3(32, WARPS_PER_BLOCK), 0, st_>>>(probs, topw, topi,
-                                                                                                  logits, T, E, k, norm);
+    const dim3 grid((T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK), block(32, WARPS_PER_BLOCK);
+    if (T && !rt->sigmoid && !ng) {
+        route_k<<<grid, block, 0, st_>>>(probs, topw, topi, logits, T, E, k, rt->norm, rt->scale);
+    } else if (T) {
+        auto go = [&](auto tag) {
+            using TB = typename std::remove_pointer<decltype(tag)>::type;
+            route_sigmoid_k<TB><<<grid, block, 0, st_>>>(probs, topw, topi, logits, T, E, k, (const TB *)rt->bias,
+                                                         rt->norm, ng, rt->topk_group, rt->scale, !rt->sigmoid);
+            return 0;
+        };
+        if (rt->bias ? with_dt(bias_dt, go) : go((float *)nullptr)) return -1;
     }
     count_k<<<E, BLOCK, 0, st_>>>(offs, stats, topi, probs, T, E, R);
     scan_k<<<1, 1, 0, st_>>>(offs, E);
@@ -277,12 +404,12 @@ extern "C" int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_
 
 extern "C" int mt_cu_moe_route_bwd(mt_cu_stream s, float *dlogits, const float *dw, const float *probs,
                                    const float *topw, const int32_t *topi, const float *stats, int L, float aux, int T,
-                                   int E, int k, int norm)
+                                   int E, int k, const mt_route *rt)
 {
-    if (T < 0 || E <= 0 || E > 1024 || k <= 0 || k > E || L < 0) return -1;
+    if (!rt || T < 0 || E <= 0 || E > MT_MAX_EXPERTS || k <= 0 || k > E || L < 0) return -1;
     if (!T) return 0;
     route_bwd_k<<<(T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, dim3(32, WARPS_PER_BLOCK), 0, (cudaStream_t)s>>>(
-        dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm);
+        dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, rt->norm, rt->sigmoid, rt->scale);
     return launched();
 }
 

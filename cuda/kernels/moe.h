@@ -18,18 +18,24 @@
 extern "C" {
 #endif
 
+struct mt_route; /* model/template.h */
+
 #if defined(MT_HAVE_CUDA) || defined(__CUDACC__)
 
-/* Routing of T tokens among E experts (E <= 1024, 1 <= k <= E) from logits (T, E) fp32: probs,
- * topw, topi, rows and slot_row as the kernel table's moe_route; offs (E+1) int32 in DEVICE memory;
- * stats (2E) fp32 or NULL. One warp per token for the softmax and the top-k, then one block per
- * expert counts its rows (and sums its probabilities), one thread scans the counts into offs, and
- * one block per expert writes its rows in slot order. */
+/* Routing of T tokens among E experts (E <= 1024, 1 <= k <= E) from logits (T, E) fp32, in the mode rt
+ * (its bias a device pointer of bias_dt, or NULL; with rt->sigmoid and rt->n_group above 1, n_group
+ * divides E and 1 <= topk_group <= n_group, else -1): probs, topw, topi, rows and slot_row as the kernel
+ * table's moe_route; offs (E+1) int32 in DEVICE memory; stats (2E) fp32 or NULL. One warp per token for
+ * the softmax (or sigmoid, the groups) and the top-k, then one block per expert counts its rows (and sums
+ * its probabilities), one thread scans the counts into offs, and one block per expert writes its rows in
+ * slot order. */
 int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                    int32_t *offs, float *stats, const float *logits, int T, int E, int k, int norm);
-/* The routing's backward into dlogits (T, E) fp32, as the kernel table's moe_route_bwd. */
+                    int32_t *offs, float *stats, const float *logits, int T, int E, int k, const struct mt_route *rt,
+                    mt_cu_dtype bias_dt);
+/* The routing's backward into dlogits (T, E) fp32, as the kernel table's moe_route_bwd (rt's bias unused). */
 int mt_cu_moe_route_bwd(mt_cu_stream s, float *dlogits, const float *dw, const float *probs, const float *topw,
-                        const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm);
+                        const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k,
+                        const struct mt_route *rt);
 /* dst[r, :] = src[rows[r] / k, :] for r < R; dst, src in dt */
 int mt_cu_moe_gather(mt_cu_stream s, mt_cu_dtype dt, void *dst, const void *src, const int32_t *rows, int R, int k,
                      int C);
@@ -55,18 +61,18 @@ int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, 
 
 static inline int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_t *topi, int32_t *rows,
                                   int32_t *slot_row, int32_t *offs, float *stats, const float *logits, int T, int E,
-                                  int k, int norm)
+                                  int k, const struct mt_route *rt, mt_cu_dtype bias_dt)
 {
     (void)s, (void)probs, (void)topw, (void)topi, (void)rows, (void)slot_row, (void)offs, (void)stats, (void)logits;
-    (void)T, (void)E, (void)k, (void)norm;
+    (void)T, (void)E, (void)k, (void)rt, (void)bias_dt;
     return -1;
 }
 static inline int mt_cu_moe_route_bwd(mt_cu_stream s, float *dlogits, const float *dw, const float *probs,
                                       const float *topw, const int32_t *topi, const float *stats, int L, float aux,
-                                      int T, int E, int k, int norm)
+                                      int T, int E, int k, const struct mt_route *rt)
 {
     (void)s, (void)dlogits, (void)dw, (void)probs, (void)topw, (void)topi, (void)stats, (void)L, (void)aux, (void)T;
-    (void)E, (void)k, (void)norm;
+    (void)E, (void)k, (void)rt;
     return -1;
 }
 static inline int mt_cu_moe_gather(mt_cu_stream s, mt_cu_dtype dt, void *dst, const void *src, const int32_t *rows,

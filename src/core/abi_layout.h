@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 1264, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, rope_long_factor) + sizeof(((mt_model_config *)0)->rope_long_factor) == 1264, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 1304, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, moe_scoring) + sizeof(((mt_model_config *)0)->moe_scoring) == 1304, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -65,6 +65,16 @@ _Static_assert(offsetof(mt_model_config, rope_no_truncate) == 232, "mt_model_con
 _Static_assert(offsetof(mt_model_config, rope_n_factors) == 236, "mt_model_config.rope_n_factors: offset");
 _Static_assert(offsetof(mt_model_config, rope_short_factor) == 240, "mt_model_config.rope_short_factor: offset");
 _Static_assert(offsetof(mt_model_config, rope_long_factor) == 752, "mt_model_config.rope_long_factor: offset");
+_Static_assert(offsetof(mt_model_config, kv_lora_rank) == 1264, "mt_model_config.kv_lora_rank: offset");
+_Static_assert(offsetof(mt_model_config, q_lora_rank) == 1268, "mt_model_config.q_lora_rank: offset");
+_Static_assert(offsetof(mt_model_config, qk_nope_head_dim) == 1272, "mt_model_config.qk_nope_head_dim: offset");
+_Static_assert(offsetof(mt_model_config, qk_rope_head_dim) == 1276, "mt_model_config.qk_rope_head_dim: offset");
+_Static_assert(offsetof(mt_model_config, v_head_dim) == 1280, "mt_model_config.v_head_dim: offset");
+_Static_assert(offsetof(mt_model_config, rope_interleave) == 1284, "mt_model_config.rope_interleave: offset");
+_Static_assert(offsetof(mt_model_config, n_group) == 1288, "mt_model_config.n_group: offset");
+_Static_assert(offsetof(mt_model_config, topk_group) == 1292, "mt_model_config.topk_group: offset");
+_Static_assert(offsetof(mt_model_config, routed_scaling_factor) == 1296, "mt_model_config.routed_scaling_factor: offset");
+_Static_assert(offsetof(mt_model_config, moe_scoring) == 1300, "mt_model_config.moe_scoring: offset");
 
 _Static_assert(sizeof(mt_family_info) == 64, "mt_family_info: size");
 _Static_assert(offsetof(mt_family_info, example) + sizeof(((mt_family_info *)0)->example) == 64, "mt_family_info: no tail padding");

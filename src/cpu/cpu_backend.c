@@ -87,8 +87,10 @@ static void k_rope(void *kc, void *x, int T, int nh, int D, int inverse, int loc
 {
     cpu_be *b = kc;
     const mt_rope_table t = local ? MT_ROPE_LOCAL : b->rope_long[b->mb] ? MT_ROPE_LONG : MT_ROPE_GLOBAL;
-    mt_cpu_rope(b->pool, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
-                (int)mt_config_rotary_dims(b->req.cfg), b->rope_scale[t], inverse);
+    const mt_model_config *c = b->req.cfg;
+    mt_cpu_rope_at(b->pool, x, b->pos + (size_t)b->mb * b->run.d.T, b->inv_freq[t], T, nh, D,
+                   (int)mt_config_rotary_offset(c), (int)mt_config_rotary_dims(c), mt_config_rope_interleaved(c),
+                   b->rope_scale[t], inverse);
 }
 
 /* The first key of each query of the current micro-batch: its window's in a sliding layer, its
@@ -154,6 +156,18 @@ static void k_last_rows(void *kc, void *rows, const void *src, int n, int stride
                (size_t)C * sizeof(float));
 }
 
+static void k_copy_cols(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                        int rep)
+{
+    mt_cpu_copy_cols(P(kc), dst, dld, doff, src, sld, soff, rows, w, rep);
+}
+
+static void k_sum_cols(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                       int n)
+{
+    mt_cpu_sum_cols(P(kc), dst, dld, doff, src, sld, soff, rows, w, n);
+}
+
 static const void *k_as_act(void *kc, void *scratch, const float *src, size_t n)
 {
     (void)kc, (void)scratch, (void)n;
@@ -213,17 +227,19 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 /* ---- mixture of experts (cpu_moe.c) ---- */
 
 static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm)
+                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
+                        const mt_route *rt)
 {
-    (void)kc, (void)offs_buf; /* offs are made in host memory directly */
-    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, k, norm);
+    (void)kc, (void)offs_buf; /* offs are made in host memory directly; rt->bias is fp32, as every weight slot */
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, k, rt);
 }
 
 static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
-                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm)
+                            const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k,
+                            const mt_route *rt)
 {
     (void)kc;
-    mt_cpu_moe_route_bwd(dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, norm);
+    mt_cpu_moe_route_bwd(dlogits, dw, probs, topw, topi, stats, L, aux, T, E, k, rt);
 }
 
 static void k_moe_gather(void *kc, void *dst, const void *src, const int32_t *rows, int R, int k, int C)
@@ -269,6 +285,8 @@ static const mt_kernels cpu_kernels = {
     .linear_dx = k_linear_dx,
     .linear_dw = k_linear_dw,
     .rope = k_rope,
+    .copy_cols = k_copy_cols,
+    .sum_cols = k_sum_cols,
     .attention = k_attention,
     .attention_bwd = k_attention_bwd,
     .attn_sink = k_attn_sink,

@@ -1,14 +1,78 @@
 /* Mixture-of-experts operations on the CPU (cpu_moe.h). Serial: they touch
  * T*k rows of C at most once each, which is small beside the experts' GEMMs. */
 #include "cpu/cpu_moe.h"
+#include "model/template.h"
 
 #include <math.h>
 #include <string.h>
 
+static float sigmoid(float z);
+
+/* The group limit on one token's choice scores c (E): the experts outside the topk_group of n_group groups
+ * whose score is highest go to -inf; a group's score is the sum of its two best (two_best: DeepSeek-V3)
+ * or its best (DeepSeek-V2's group_limited_greedy); a tie goes to the lower index. */
+static void keep_groups(float *c, int E, const mt_route *rt, int two_best)
+{
+    const int n = rt->n_group, G = E / n; /* groups of G experts */
+    float gs[MT_MAX_EXPERTS];
+    unsigned char kept[MT_MAX_EXPERTS];
+    for (int g = 0; g < n; g++) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int e = g * G; e < (g + 1) * G; e++) {
+            if (c[e] > a) b = a, a = c[e];
+            else if (c[e] > b) b = c[e];
+        }
+        gs[g] = two_best && G > 1 ? a + b : a;
+        kept[g] = 0;
+    }
+    for (int j = 0; j < rt->topk_group; j++) { /* the topk_group best */
+        int best = -1;
+        for (int g = 0; g < n; g++)
+            if (!kept[g] && (best < 0 || gs[g] > gs[best])) best = g;
+        kept[best] = 1;
+    }
+    for (int e = 0; e < E; e++)
+        if (!kept[e / G]) c[e] = -INFINITY;
+}
+
+/* One token's routing in DeepSeek-V3's mode (mt_route's sigmoid): p (E) the scores of the logits z (E),
+ * idx (k) the choice in descending order of choice score, w (k) the weights. */
+static void route_sigmoid(float *p, float *w, int32_t *idx, const float *z, int E, int k, const mt_route *rt)
+{
+    const float *bias = rt->bias;
+    float c[MT_MAX_EXPERTS]; /* the choice scores, -inf outside the chosen groups */
+    for (int e = 0; e < E; e++) {
+        p[e] = sigmoid(z[e]);
+        c[e] = bias ? p[e] + bias[e] : p[e];
+    }
+    if (rt->n_group > 1) keep_groups(c, E, rt, 1);
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) { /* as the softmax's choice, on the choice scores */
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || c[e] > c[best])) best = e;
+        }
+        idx[j] = best;
+        s += p[best];
+    }
+    for (int j = 0; j < k; j++) { /* the scores without the bias: / (sum + 1e-20), then * scale */
+        float x = p[idx[j]];
+        if (rt->norm) x /= s + 1e-20f;
+        w[j] = x * rt->scale;
+    }
+}
+
 void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
-                      float *stats, const float *logits, int T, int E, int k, int norm)
+                      float *stats, const float *logits, int T, int E, int k, const mt_route *rt)
 {
     for (int t = 0; t < T; t++) {
+        if (rt->sigmoid) {
+            route_sigmoid(probs + (size_t)t * E, topw + (size_t)t * k, topi + (size_t)t * k, logits + (size_t)t * E, E,
+                          k, rt);
+            continue;
+        }
         const float *z = logits + (size_t)t * E;
         float *p = probs + (size_t)t * E;
         float mx = z[0];
@@ -17,21 +81,31 @@ void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, i
         for (int e = 0; e < E; e++) sum += (double)(p[e] = expf(z[e] - mx));
         const float inv = (float)(1.0 / sum);
         for (int e = 0; e < E; e++) p[e] *= inv;
-        /* the k largest, in descending order; a tie goes to the lower index (strictly greater wins) */
+        /* the k largest, in descending order; a tie goes to the lower index (strictly greater wins); with
+         * groups (DeepSeek-V2's group_limited_greedy) among the kept groups' experts */
+        float c[MT_MAX_EXPERTS];
+        const float *choice = p;
+        if (rt->n_group > 1) {
+            memcpy(c, p, (size_t)E * sizeof *c);
+            keep_groups(c, E, rt, 0);
+            choice = c;
+        }
         float s = 0.0f;
         for (int j = 0; j < k; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int i = 0; i < j; i++) taken |= topi[(size_t)t * k + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
             }
             topi[(size_t)t * k + j] = best;
             topw[(size_t)t * k + j] = p[best];
             s += p[best];
         }
-        if (norm)
+        if (rt->norm)
             for (int j = 0; j < k; j++) topw[(size_t)t * k + j] /= s;
+        if (rt->scale != 1.0f) /* no rounding at all where it is 1 */
+            for (int j = 0; j < k; j++) topw[(size_t)t * k + j] *= rt->scale;
     }
     /* counting sort of the slots by expert, stable: offs[e] first counts, then is each expert's cursor */
     const int R = T * k;
@@ -56,7 +130,7 @@ void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, i
 }
 
 void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, const float *topw, const int32_t *topi,
-                          const float *stats, int L, float aux, int T, int E, int k, int norm)
+                          const float *stats, int L, float aux, int T, int E, int k, const mt_route *rt)
 {
     float cnt[1024]; /* each expert's routed rows over the L layers (E <= 1024, mt_config_import's bound) */
     for (int e = 0; e < E; e++) {
@@ -68,12 +142,19 @@ void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, c
         const float *p = probs + (size_t)t * E;
         float *g = dlogits + (size_t)t * E; /* first the gradient of the probabilities */
         for (int e = 0; e < E; e++) g[e] = aux * cnt[e];
-        /* topw = p / S over the k chosen (norm): d p_m = (d w_m - sum_j d w_j w_j) / S */
+        /* topw = a p / S over the k chosen (norm; a = scale): d p_m = (a d w_m - sum_j d w_j w_j) / S;
+         * without norm d p_m = a d w_m. S is the forward's denominator: the sum, + 1e-20 with sigmoid */
         const float *gw = dw + (size_t)t * k, *w = topw + (size_t)t * k;
         const int32_t *idx = topi + (size_t)t * k;
+        const float a = rt->scale;
         float S = 0.0f, dot = 0.0f;
         for (int j = 0; j < k; j++) S += p[idx[j]], dot += gw[j] * w[j];
-        for (int j = 0; j < k; j++) g[idx[j]] += norm ? (gw[j] - dot) / S : gw[j];
+        if (rt->sigmoid) S += 1e-20f;
+        for (int j = 0; j < k; j++) g[idx[j]] += rt->norm ? (a * gw[j] - dot) / S : a * gw[j];
+        if (rt->sigmoid) { /* p = sigmoid(z): dz = p (1 - p) g */
+            for (int e = 0; e < E; e++) g[e] = p[e] * (1.0f - p[e]) * g[e];
+            continue;
+        }
         /* softmax: dz = p * (g - sum p g) */
         double pg = 0.0;
         for (int e = 0; e < E; e++) pg += (double)p[e] * g[e];

@@ -12,10 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct mt_route; /* model/template.h */
+
+/* rt as the kernel table's moe_route: rt->bias, where not NULL, is E f32 (this backend's activations);
+ * rt->n_group (with rt->sigmoid, where above 1) divides E and 1 <= rt->topk_group <= rt->n_group. In the
+ * softmax mode the bias and the groups are not used. */
 void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
-                      float *stats, const float *logits, int T, int E, int k, int norm);
+                      float *stats, const float *logits, int T, int E, int k, const struct mt_route *rt);
 void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, const float *topw, const int32_t *topi,
-                          const float *stats, int L, float aux, int T, int E, int k, int norm);
+                          const float *stats, int L, float aux, int T, int E, int k, const struct mt_route *rt);
 void mt_cpu_moe_gather(float *dst, const float *src, const int32_t *rows, int R, int k, int C);
 void mt_cpu_moe_combine(float *out, const float *src, const float *w, const int32_t *slot_row, int T, int k, int C);
 void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const int32_t *rows, int R, int n);

@@ -321,7 +321,7 @@ typedef struct {
     float *x;
     const int32_t *pos;
     const float *inv_freq;
-    int T, nh, D, rd, inverse;
+    int T, nh, D, off, rd, il, inverse;
     float scale;
     size_t nt;
 } rope_args;
@@ -333,25 +333,33 @@ static void rope_task(void *ctx, size_t task, int thread)
     size_t lo, hi;
     mt_split_range((size_t)a->T, a->nt, task, 1, &lo, &hi);
     for (size_t t = lo; t < hi; t++) {
-        float *xt = a->x + t * a->nh * a->D; /* (nh, D) */
+        float *xt = a->x + t * a->nh * a->D + a->off; /* (nh, D), from each head's first rotary dimension */
         for (int i = 0; i < half; i++) {
             const float ang = (float)a->pos[t] * a->inv_freq[i];
             const float c = cosf(ang) * a->scale, s = (a->inverse ? -sinf(ang) : sinf(ang)) * a->scale;
+            const int i0 = a->il ? 2 * i : i, i1 = a->il ? 2 * i + 1 : i + half; /* pair i */
             for (int h = 0; h < a->nh; h++) {
                 float *xh = xt + (size_t)h * a->D;
-                const float x0 = xh[i], x1 = xh[i + half];
-                xh[i] = x0 * c - x1 * s;
-                xh[i + half] = x1 * c + x0 * s;
+                const float x0 = xh[i0], x1 = xh[i1];
+                xh[i0] = x0 * c - x1 * s;
+                xh[i1] = x1 * c + x0 * s;
             }
         }
     }
 }
 
+void mt_cpu_rope_at(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int off,
+                    int rd, int interleaved, float scale, int inverse)
+{
+    rope_args a = {x, pos, inv_freq, T, nh, D, off, rd, interleaved != 0, inverse, scale,
+                   n_tasks(p, (size_t)T * nh * rd, 1 << 14)};
+    mt_pool_run(p, a.nt, rope_task, &a);
+}
+
 void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int rd,
                  float scale, int inverse)
 {
-    rope_args a = {x, pos, inv_freq, T, nh, D, rd, inverse, scale, n_tasks(p, (size_t)T * nh * rd, 1 << 14)};
-    mt_pool_run(p, a.nt, rope_task, &a);
+    mt_cpu_rope_at(p, x, pos, inv_freq, T, nh, D, 0, rd, 0, scale, inverse);
 }
 
 /* ---- attention ----------------------------------------------------------------- */
@@ -815,6 +823,56 @@ void mt_cpu_add(mt_pool *p, float *y, const float *a, const float *b, size_t n)
 {
     add_args args = {y, a, b, n, n_tasks(p, n, 1 << 15)};
     mt_pool_run(p, args.nt, add_task, &args);
+}
+
+/* ---- columns (multi-head latent attention's pieces of keys and values) ---------------- */
+
+typedef struct {
+    float *dst;
+    const float *src;
+    int dld, doff, sld, soff, rows, w, k; /* k: copy_cols' rep, sum_cols' n */
+    size_t nt;
+} cols_args;
+
+static void copy_cols_task(void *ctx, size_t task, int thread)
+{
+    const cols_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range((size_t)a->rows, a->nt, task, 1, &lo, &hi);
+    for (size_t r = lo; r < hi; r++)
+        memcpy(a->dst + r * a->dld + a->doff, a->src + r / (size_t)a->k * a->sld + a->soff, (size_t)a->w * sizeof(float));
+}
+
+static void sum_cols_task(void *ctx, size_t task, int thread)
+{
+    const cols_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range((size_t)a->rows, a->nt, task, 1, &lo, &hi);
+    for (size_t r = lo; r < hi; r++) {
+        float *d = a->dst + r * a->dld + a->doff;
+        const float *s = a->src + r * (size_t)a->k * a->sld + a->soff; /* (n, sld): rows r n .. r n + n - 1 */
+        for (int j = 0; j < a->w; j++) {
+            float acc = 0.0f;
+            for (int i = 0; i < a->k; i++) acc += s[(size_t)i * a->sld + j];
+            d[j] = acc;
+        }
+    }
+}
+
+void mt_cpu_copy_cols(mt_pool *p, float *dst, int dld, int doff, const float *src, int sld, int soff, int rows, int w,
+                      int rep)
+{
+    if (rows <= 0 || w <= 0 || rep <= 0) return;
+    cols_args a = {dst, src, dld, doff, sld, soff, rows, w, rep, n_tasks(p, (size_t)rows * w, 1 << 15)};
+    mt_pool_run(p, a.nt, copy_cols_task, &a);
+}
+
+void mt_cpu_sum_cols(mt_pool *p, float *dst, int dld, int doff, const float *src, int sld, int soff, int rows, int w,
+                     int n)
+{
+    if (rows <= 0 || w <= 0) return;
+    cols_args a = {dst, src, dld, doff, sld, soff, rows, w, n, n_tasks(p, (size_t)rows * w * (n > 1 ? n : 1), 1 << 15)};
+    mt_pool_run(p, a.nt, sum_cols_task, &a);
 }
 
 /* ---- precision changes ------------------------------------------------------------- */

@@ -107,6 +107,13 @@ void mt_cpu_rmsnorm_bwd(mt_pool *p, float *dx, float *dw, const float *dy, const
  * backward. x (T, nh, D), pos (T), inv_freq (rd/2); rd even, <= D. */
 void mt_cpu_rope(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int rd,
                  float scale, int inverse);
+/* The same on dimensions off .. off + rd - 1 of each head (multi-head latent
+ * attention: the part of a head after its unrotated qk_nope_head_dim), in
+ * pairs (off + i, off + i + rd/2), or where interleaved (off + 2i, off + 2i + 1),
+ * pair i turning by inv_freq[i] in both; off + rd <= D. Off 0 and not
+ * interleaved is mt_cpu_rope, bit for bit. */
+void mt_cpu_rope_at(mt_pool *p, float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int off,
+                    int rd, int interleaved, float scale, int inverse);
 
 
 /* ---- attention -------------------------------------------------------------- */
@@ -183,6 +190,18 @@ double mt_cpu_cross_entropy(mt_pool *p, float *logits, const int32_t *targets, i
 
 /* y = a + b (y may alias a or b).  y, a, b (n) */
 void mt_cpu_add(mt_pool *p, float *y, const float *a, const float *b, size_t n);
+
+/* Columns between row-major matrices: dst[r, doff + j] = src[r / rep, soff + j]
+ * for r < rows, j < w (rep 1: row for row; rep n: each src row n times).
+ * Rows are dld and sld floats apart; dst must not overlap src. A plain copy
+ * (template.h's copy_cols). */
+void mt_cpu_copy_cols(mt_pool *p, float *dst, int dld, int doff, const float *src, int sld, int soff, int rows, int w,
+                      int rep);
+/* Its backward for rep n: dst[r, doff + j] = the sum over i < n of
+ * src[r * n + i, soff + j], added in fp32 in ascending i from 0 (template.h's
+ * sum_cols); dst must not overlap src. */
+void mt_cpu_sum_cols(mt_pool *p, float *dst, int dld, int doff, const float *src, int sld, int soff, int rows, int w,
+                     int n);
 
 /* y = x with a change of precision: each of y and x is bf16 (uint16_t) when
  * its flag is set, else fp32; fp32 to bf16 rounds to nearest even.  y, x (n) */

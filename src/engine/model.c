@@ -27,7 +27,8 @@ typedef struct init_job {
     size_t task_tensor[MT_MAX_UNIT_TENSORS + 1]; /* first task of each tensor */
 } init_job;
 
-/* Matrices ~ N(0, initializer_range), norms 1 (Gemma's 0), biases 0, and
+/* Matrices ~ N(0, initializer_range), norms 1 (Gemma's 0), biases and
+ * DeepSeek-V3's e_score_correction_bias 0, and
  * the embedding's padding row (pad_token_id) 0, as transformers'
  * _init_weights does. */
 static void init_task(void *ctx, size_t task, int thread)
@@ -40,7 +41,7 @@ static void init_task(void *ctx, size_t task, int thread)
     uint64_t lo = (uint64_t)(task - j->task_tensor[ti]) * INIT_CHUNK, hi = MT_MIN(lo + INIT_CHUNK, t->numel);
     float *master = mt_tile_master(j->tile, j->unit); /* NULL in lean mode */
     uint16_t *w = mt_tile_weights_bf16(j->tile, j->unit); /* NULL in fp32 and lean modes */
-    const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role);
+    const int is_norm = mt_role_is_norm(t->role), is_bias = mt_role_is_bias(t->role) || mt_role_is_frozen(t->role);
     const int pad = t->role == MT_T_EMBED ? j->cfg->pad_token_id : -1; /* -1: none */
     const uint64_t pad_lo = pad >= 0 ? (uint64_t)pad * j->cfg->hidden_size : 0;
     const uint64_t pad_hi = pad >= 0 ? pad_lo + j->cfg->hidden_size : 0;

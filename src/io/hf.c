@@ -316,6 +316,103 @@ static mt_status get_experts(mt_err err, const cJSON *j, uint32_t *out, const ch
     return MT_OK;
 }
 
+/* DeepseekV3Config's experts and multi-head latent attention, with its defaults where a key is absent.
+ * Its config.json's head_dim is qk_rope_head_dim (DeepseekV3Config sets it so); the library's head_dim is
+ * the q/k head, qk_nope_head_dim + qk_rope_head_dim. Keys of DeepSeek's own code that transformers ignores
+ * (scoring_func "sigmoid", topk_method "noaux_tc", num_nextn_predict_layers: the multi-token prediction
+ * layers, whose weights it does not load) are checked where they would say another model. */
+static mt_status deepseek_moe_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                                        const char *path)
+{
+    mt_status st;
+    const int v3 = f->arch == MT_ARCH_DEEPSEEK_V3; /* DeepseekV3Config's defaults, else DeepseekV2Config's */
+    uint32_t dense = v3 ? 3 : 0, shared = v3 ? 1 : 2, q_lora = 1536, interleave = 1, norm = v3;
+    const uint32_t unset = UINT32_MAX;
+    uint32_t n_routed = unset, n_local = unset;
+    c->moe_intermediate_size = f->expert_ffn;
+    c->kv_lora_rank = 512, c->qk_nope_head_dim = 128, c->qk_rope_head_dim = 64, c->v_head_dim = 128;
+    c->n_group = v3 ? 8 : 0, c->topk_group = v3 ? 4 : 0, c->routed_scaling_factor = v3 ? 2.5f : 1.0f;
+    c->num_experts_per_tok = v3 ? 8 : 0;
+    if (!v3) { /* DeepseekV2TopkRouter: "greedy" (no groups) or "group_limited_greedy" */
+        const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "topk_method");
+        const char *method = cJSON_IsString(tm) ? tm->valuestring : "greedy";
+        const int grouped = !strcmp(method, "group_limited_greedy");
+        if (!grouped && strcmp(method, "greedy") != 0)
+            return mt_fail(err, MT_ERR_UNSUPPORTED,
+                           "%s: topk_method %s: DeepseekV2ForCausalLM chooses its experts by \"greedy\" or "
+                           "\"group_limited_greedy\" (transformers has no other)",
+                           path, method);
+        if (grouped) {
+            const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, "n_group"), *tg = cJSON_GetObjectItemCaseSensitive(j, "topk_group");
+            if (!cJSON_IsNumber(g) || !cJSON_IsNumber(tg))
+                return mt_fail(err, MT_ERR_FORMAT, "%s: topk_method group_limited_greedy needs n_group and topk_group",
+                               path);
+            if ((st = get_u32(err, j, "n_group", &c->n_group, 1, path)) ||
+                (st = get_u32(err, j, "topk_group", &c->topk_group, 1, path)))
+                return st;
+        }
+    }
+    if ((st = get_u32(err, j, "n_routed_experts", &n_routed, 0, path)) ||
+        (st = get_u32(err, j, "num_local_experts", &n_local, 0, path)) ||
+        (st = get_u32(err, j, "num_experts", &n_local, 0, path)) ||
+        (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)) ||
+        (st = get_u32(err, j, "moe_intermediate_size", &c->moe_intermediate_size, 0, path)) ||
+        (st = get_u32(err, j, "n_shared_experts", &shared, 0, path)) ||
+        (st = get_u32(err, j, "first_k_dense_replace", &dense, 0, path)) ||
+        (v3 && (st = get_u32(err, j, "n_group", &c->n_group, 0, path))) ||
+        (v3 && (st = get_u32(err, j, "topk_group", &c->topk_group, 0, path))) ||
+        (st = get_float(err, j, "routed_scaling_factor", &c->routed_scaling_factor, 0, path)) ||
+        (st = get_bool(err, j, "norm_topk_prob", &norm, path)) ||
+        (st = get_u32(err, j, "kv_lora_rank", &c->kv_lora_rank, 0, path)) ||
+        (st = get_u32(err, j, "qk_nope_head_dim", &c->qk_nope_head_dim, 0, path)) ||
+        (st = get_u32(err, j, "qk_rope_head_dim", &c->qk_rope_head_dim, 0, path)) ||
+        (st = get_u32(err, j, "v_head_dim", &c->v_head_dim, 0, path)) ||
+        (st = get_bool(err, j, "rope_interleave", &interleave, path)))
+        return st;
+    if (n_routed != unset && n_local != unset && n_routed != n_local)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: n_routed_experts %u and num_local_experts %u disagree", path,
+                       n_routed, n_local);
+    if (n_routed != unset) c->num_experts = n_routed;
+    else if (n_local != unset) c->num_experts = n_local;
+    const cJSON *ql = cJSON_GetObjectItemCaseSensitive(j, "q_lora_rank");
+    if (ql && cJSON_IsNull(ql)) q_lora = 0; /* q_proj from the hidden state (DeepSeek-V2-Lite's shape) */
+    else if ((st = get_u32(err, j, "q_lora_rank", &q_lora, 0, path))) return st;
+    if (c->num_experts_per_tok == 0)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: num_experts_per_tok is missing (DeepseekV2Config has no default)",
+                       path);
+    /* DeepseekV2's router reads no norm_topk_prob (never renormalises) and turns RoPE's pairs always */
+    c->q_lora_rank = q_lora, c->rope_interleave = v3 ? interleave : 1, c->norm_topk_prob = v3 ? norm : 0;
+    c->moe_scoring = v3 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX;
+    if (c->n_group == 1 && c->topk_group <= 1) c->n_group = 0, c->topk_group = 0; /* one group: no limit */
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(j, "scoring_func");
+    if (cJSON_IsString(sf) && strcmp(sf->valuestring, v3 ? "sigmoid" : "softmax") != 0)
+        return mt_fail(err, MT_ERR_UNSUPPORTED,
+                       "%s: scoring_func %s: %s scores its experts by the %s (transformers reads no other)", path,
+                       sf->valuestring, f->architecture, v3 ? "sigmoid" : "softmax");
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
+    if (cJSON_IsNumber(hd) && hd->valuedouble != (double)c->qk_rope_head_dim &&
+        hd->valuedouble != (double)(c->qk_nope_head_dim + c->qk_rope_head_dim))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: head_dim %.0f is neither qk_rope_head_dim %u nor the q/k head %u", path,
+                       hd->valuedouble, c->qk_rope_head_dim, c->qk_nope_head_dim + c->qk_rope_head_dim);
+    c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    if (c->num_experts == 0)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: n_routed_experts 0 (a %s model without experts) is not supported",
+                       path, f->display_name);
+    if (shared > 64 || (uint64_t)shared * c->moe_intermediate_size > 0xFFFFFFFFu)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: n_shared_experts %u is out of range", path, shared);
+    c->shared_expert_intermediate_size = shared * c->moe_intermediate_size, c->shared_expert_gate = 0;
+    if (dense > c->num_hidden_layers)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: first_k_dense_replace %u is more than num_hidden_layers %u", path, dense,
+                       c->num_hidden_layers);
+    if (dense > 256)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: first_k_dense_replace %u: only layers below 256 can be dense",
+                       path, dense);
+    for (uint32_t l = 0; l < dense; l++) c->mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    c->decoder_sparse_step = 1;
+    c->router_aux_loss_coef = 0.0f, c->output_router_logits = 0; /* transformers computes none for it */
+    return MT_OK;
+}
+
 /* The mixture-of-experts keys, with transformers' defaults where a key is absent
  * (Qwen3MoeConfig, MixtralConfig). Qwen3-MoE: num_experts, num_experts_per_tok,
  * moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers;
@@ -332,6 +429,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
         (st = get_bool(err, j, "output_router_logits", &c->output_router_logits, path)))
         return st;
     c->num_experts = f->experts, c->num_experts_per_tok = f->experts_per_tok;
+    if (f->moe == MT_MOE_DEEPSEEK) return deepseek_moe_from_json(err, c, f, j, path);
     if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         if ((st = get_experts(err, j, &c->num_experts, path)) ||
             (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
@@ -677,7 +775,8 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
-    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    /* DeepseekV3Config's head_dim is qk_rope_head_dim (the library's, the q/k head, is the sum) */
+    cJSON_AddNumberToObject(j, "head_dim", c->kv_lora_rank ? c->qk_rope_head_dim : c->head_dim);
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddItemToObject(j, "rms_norm_eps", float_number(c->rms_norm_eps));
     cJSON_AddItemToObject(j, "rope_theta", float_number(c->rope_theta));
@@ -778,12 +877,35 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON *ml = cJSON_AddArrayToObject(j, "mlp_only_layers");
         for (int l = 0; l < (int)MT_MIN(c->num_hidden_layers, 256u); l++)
             if (c->mlp_only_layers[l / 64] >> (l % 64) & 1) cJSON_AddItemToArray(ml, cJSON_CreateNumber(l));
+    } else if (f->moe == MT_MOE_DEEPSEEK) {
+        uint32_t dense = 0;
+        while (dense < MT_MIN(c->num_hidden_layers, 256u) && (c->mlp_only_layers[dense / 64] >> (dense % 64) & 1)) dense++;
+        cJSON_AddNumberToObject(j, "n_routed_experts", c->num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
+        cJSON_AddNumberToObject(j, "n_shared_experts", c->shared_expert_intermediate_size / c->moe_intermediate_size);
+        cJSON_AddNumberToObject(j, "first_k_dense_replace", dense);
+        /* no group limit is one group of all the experts (DeepSeek-V2: the greedy top-k) */
+        cJSON_AddNumberToObject(j, "n_group", c->n_group > 1 ? c->n_group : 1);
+        cJSON_AddNumberToObject(j, "topk_group", c->n_group > 1 ? c->topk_group : 1);
+        if (f->arch == MT_ARCH_DEEPSEEK_V2)
+            cJSON_AddStringToObject(j, "topk_method", c->n_group > 1 ? "group_limited_greedy" : "greedy");
+        cJSON_AddItemToObject(j, "routed_scaling_factor",
+                              float_number(c->routed_scaling_factor != 0.0f ? c->routed_scaling_factor : 1.0f));
+        cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob != 0);
+        cJSON_AddNumberToObject(j, "kv_lora_rank", c->kv_lora_rank);
+        if (c->q_lora_rank) cJSON_AddNumberToObject(j, "q_lora_rank", c->q_lora_rank);
+        else cJSON_AddNullToObject(j, "q_lora_rank");
+        cJSON_AddNumberToObject(j, "qk_nope_head_dim", c->qk_nope_head_dim);
+        cJSON_AddNumberToObject(j, "qk_rope_head_dim", c->qk_rope_head_dim);
+        cJSON_AddNumberToObject(j, "v_head_dim", c->v_head_dim);
+        if (f->arch == MT_ARCH_DEEPSEEK_V3) cJSON_AddBoolToObject(j, "rope_interleave", c->rope_interleave != 0);
     } else if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
         if (f->moe == MT_MOE_MIXTRAL) cJSON_AddItemToObject(j, "router_jitter_noise", float_number(0.0f));
     }
-    if (f->moe != MT_MOE_NONE) {
+    if (f->moe != MT_MOE_NONE && f->moe != MT_MOE_DEEPSEEK) {
         cJSON_AddItemToObject(j, "router_aux_loss_coef", float_number(c->router_aux_loss_coef));
         cJSON_AddBoolToObject(j, "output_router_logits", c->output_router_logits != 0);
     }
@@ -797,7 +919,10 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
 
 int mt_tensor_ndim(const mt_tensor_desc *t)
 {
-    return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) || mt_role_is_drawn_vector(t->role) ? 1 : 2;
+    return mt_role_is_norm(t->role) || mt_role_is_bias(t->role) || mt_role_is_drawn_vector(t->role) ||
+                   mt_role_is_frozen(t->role)
+               ? 1
+               : 2;
 }
 
 /* The checkpoint's shape of a tensor of all the experts (ck_il): (E, cols, rows' * il), or (E, rows' *
@@ -860,7 +985,10 @@ mt_st_write_req *mt_tensor_write_list(const mt_model_files *m, int which, int dt
                 mt_tensor_name_of(name, sizeof name, t, e);
                 snprintf(names[k], sizeof names[k], "%s%s", name, suffix[which]);
                 const uint64_t off = t->offset + e * numel;
-                r[k] = (mt_st_write_req){names[k], dtype, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
+                /* a frozen buffer keeps its fp32 bits in a bf16 folder (transformers holds DeepSeek-V3's
+                 * e_score_correction_bias in fp32 whatever the model's dtype) */
+                const int tdt = which == 0 && mt_role_is_frozen(t->role) ? MT_ST_F32 : dtype;
+                r[k] = (mt_st_write_req){names[k], tdt, mt_tensor_ndim(t), {rows, t->cols}, numel, 1,
                                          {base + off * es}, {numel}, src, {NULL}, {0}, {0}};
                 if (sw) { /* an expert's block can start inside a block of codes */
                     r[k].part_scale[0] = sw + off / MT_Q16_BLOCK;
@@ -1051,6 +1179,12 @@ mt_status mt_load_tensors(mt_err err, const mt_model_files *m, mt_st_set *s, con
         size_t len = strlen(t->name);
         if (t->used || (len >= 19 && !strcmp(t->name + len - 19, "rotary_emb.inv_freq"))) continue;
         if (m->cfg->tie_word_embeddings && !strcmp(t->name, "lm_head.weight")) continue;
+        /* DeepSeek-V3's multi-token-prediction layers after the model's (num_nextn_predict_layers), which
+         * transformers does not load either (_keys_to_ignore_on_load_unexpected) */
+        unsigned layer;
+        if (mt_config_has(m->cfg, MT_FAMILY_MLA) && sscanf(t->name, "model.layers.%u.", &layer) == 1 &&
+            layer >= m->cfg->num_hidden_layers)
+            continue;
         st = mt_fail(err, MT_ERR_FORMAT, "%s holds tensor %s, which this model does not have", s->files[t->file].path,
                      t->name);
     }

@@ -40,6 +40,30 @@ int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(dxn, T * C, 1);
         BUF(dlogits, chunk, 0);
     }
+    if (d->mla) {
+        const uint64_t Rq = (uint64_t)d->Rq, Rkv = (uint64_t)d->Rkv, Dr = (uint64_t)d->Dr;
+        const uint64_t KVB = (uint64_t)d->H * (uint64_t)(d->Dn + d->Dv), Qo = (uint64_t)d->Qo;
+        const uint64_t R = MT_MAX(Rq, Rkv);
+        if (Rq) {
+            BUF(cq, T * Rq, 0);
+            BUF(cqn, T * Rq, 0);
+            BUF(rstdcq, T, 1);
+        }
+        BUF(kva, T * (Rkv + Dr), 0);
+        BUF(kvc, T * Rkv, 0);
+        BUF(kvn, T * Rkv, 0);
+        BUF(rstdkv, T, 1);
+        BUF(kvb, T * KVB, 0);
+        BUF(attp, T * Qo, 0);
+        if (want_grad) {
+            BUF(dkvb, T * KVB, 0);
+            BUF(dkva, T * (Rkv + Dr), 0);
+            BUF(dattp, T * Qo, 0);
+            BUF(dlat_act, T * R, 0);
+            BUF(dlat32, T * R, 1);
+            BUF(dlatn32, T * R, 1);
+        }
+    }
     if (d->qk_norm) {
         BUF(qr, T * Q, 0);
         BUF(kr, T * KV, 0);
@@ -65,6 +89,11 @@ int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
         out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->H, (uint64_t)d->D};
         out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->Hkv, (uint64_t)d->D};
     }
+    if (d->mla) { /* the latents' norms; the biases of q_a_proj and kv_a_proj_with_mqa */
+        if (d->Rq) out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T, (uint64_t)d->Rq};
+        out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T, (uint64_t)d->Rkv};
+        out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, T, (uint64_t)MT_MAX(d->Rq, d->Rkv + d->Dr)};
+    }
     out[k++] = (mt_reduction){MT_RED_EMBEDDING_BWD, T, (uint64_t)d->C};
     /* q's bias (k's and v's are narrower), o's (GPT-OSS) */
     out[k++] = (mt_reduction){MT_RED_BIAS_GRAD, T, (uint64_t)MT_MAX(d->Q, d->C)};
@@ -73,9 +102,9 @@ int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
 
 unsigned mt_block_keeps(const mt_dims *d)
 {
-    /* with q and k normed per head the backward needs them before their norms: kept q, k, v would not
-     * spare their recompute */
-    return MT_KEEP_ATT | MT_KEEP_H | (d->qk_norm ? 0u : (unsigned)MT_KEEP_QKV);
+    /* with q and k normed per head the backward needs them before their norms, and multi-head latent
+     * attention its latents: kept q, k, v would not spare their recompute */
+    return MT_KEEP_ATT | MT_KEEP_H | (d->qk_norm || d->mla ? 0u : (unsigned)MT_KEEP_QKV);
 }
 
 void mt_block_embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
@@ -88,6 +117,84 @@ void mt_block_embed_backward(const mt_exec *x, float *gwte, const int32_t *token
     x->k->embedding_bwd(x->kc, gwte, tokens, dy, x->d->T, x->d->C, x->d->V, x->d->embed_scale, x->d->pad);
 }
 
+/* DeepseekV3Attention's latent attention with RMSNorm's eps (DeepseekV3RMSNorm's default: q_a_layernorm and
+ * kv_a_layernorm are built without the config's rms_norm_eps) */
+#define MLA_NORM_EPS 1e-6f
+
+/* Multi-head latent attention's q, k and v (DeepseekV3Attention.forward up to the attention) into a->q, a->k,
+ * a->v, laid out as any attention's: heads of D = Dn + Dr, RoPE on the last Dr of each (the key's the one
+ * shared part, copied to every head), the values D wide with zeros past Dv. */
+static void mla_qkv(const mt_exec *x, void *const *w, const mt_layer_acts *a)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, H = d->H, D = d->D, Dn = d->Dn, Dr = d->Dr, Dv = d->Dv, Rq = d->Rq, Rkv = d->Rkv;
+    if (Rq) {
+        k->linear(kc, b->cq, 0, b->xn1, w[MT_T_Q_A], w[MT_T_Q_A_BIAS], T, C, Rq, 0);
+        k->rmsnorm(kc, b->cqn, b->rstdcq, b->cq, w[MT_T_Q_A_NORM], T, Rq, MLA_NORM_EPS, d->norm_offset);
+        k->linear(kc, a->q, 0, b->cqn, w[MT_T_Q_B], NULL, T, Rq, d->Q, 0);
+    } else {
+        k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], NULL, T, C, d->Q, 0);
+    }
+    k->linear(kc, b->kva, 0, b->xn1, w[MT_T_KV_A], w[MT_T_KV_A_BIAS], T, C, Rkv + Dr, 0);
+    k->copy_cols(kc, b->kvc, Rkv, 0, b->kva, Rkv + Dr, 0, T, Rkv, 1);
+    k->rmsnorm(kc, b->kvn, b->rstdkv, b->kvc, w[MT_T_KV_A_NORM], T, Rkv, MLA_NORM_EPS, d->norm_offset);
+    k->linear(kc, b->kvb, 0, b->kvn, w[MT_T_KV_B], NULL, T, Rkv, H * (Dn + Dv), 0);
+    k->copy_cols(kc, a->k, D, 0, b->kvb, Dn + Dv, 0, T * H, Dn, 1);         /* each head's part without RoPE */
+    k->copy_cols(kc, a->k, D, Dn, b->kva, Rkv + Dr, Rkv, T * H, Dr, H);     /* the shared part, to every head */
+    if (Dv < D) k->zero(kc, a->v, (size_t)T * d->KV * d->es);
+    k->copy_cols(kc, a->v, D, 0, b->kvb, Dn + Dv, Dn, T * H, Dv, 1);
+    k->rope(kc, a->q, T, H, D, 0, a->rope_local);
+    k->rope(kc, a->k, T, H, D, 0, a->rope_local);
+}
+
+/* Its backward from dq, dk, dv (after RoPE's): the weights' gradients, the input's into b->dxn (written) */
+static void mla_qkv_bwd(const mt_exec *x, void *const *w, float *const *gw)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, H = d->H, D = d->D, Dn = d->Dn, Dr = d->Dr, Dv = d->Dv, Rq = d->Rq, Rkv = d->Rkv;
+    const int KVB = H * (Dn + Dv);
+    if (Rq) { /* q = q_b(norm(q_a(xn1))) */
+        k->linear_dx(kc, b->dlat32, 1, b->dq, w[MT_T_Q_B], T, Rq, d->Q, 0);
+        k->linear_dw(kc, gw[MT_T_Q_B], NULL, b->dq, b->cqn, T, Rq, d->Q);
+        k->zero(kc, b->dlatn32, (size_t)T * Rq * sizeof(float));
+        k->rmsnorm_bwd(kc, b->dlatn32, gw[MT_T_Q_A_NORM], b->dlat32, b->cq, w[MT_T_Q_A_NORM], b->rstdcq, T, Rq,
+                       MLA_NORM_EPS, d->norm_offset);
+        const void *dcq = k->as_act(kc, b->dlat_act, b->dlatn32, (size_t)T * Rq);
+        k->linear_dx(kc, b->dxn, 1, dcq, w[MT_T_Q_A], T, C, Rq, 0);
+        k->linear_dw(kc, gw[MT_T_Q_A], gw[MT_T_Q_A_BIAS], dcq, b->xn1, T, C, Rq);
+    } else {
+        k->linear_dx(kc, b->dxn, 1, b->dq, w[MT_T_Q], T, C, d->Q, 0);
+        k->linear_dw(kc, gw[MT_T_Q], NULL, b->dq, b->xn1, T, C, d->Q);
+    }
+    /* the expanded keys' parts and values back into kv_b's rows; the shared key part summed over the heads */
+    k->copy_cols(kc, b->dkvb, Dn + Dv, 0, b->dk, D, 0, T * H, Dn, 1);
+    k->copy_cols(kc, b->dkvb, Dn + Dv, Dn, b->dv, D, 0, T * H, Dv, 1);
+    k->sum_cols(kc, b->dkva, Rkv + Dr, Rkv, b->dk, D, Dn, T, Dr, H);
+    k->linear_dx(kc, b->dlat32, 1, b->dkvb, w[MT_T_KV_B], T, Rkv, KVB, 0);
+    k->linear_dw(kc, gw[MT_T_KV_B], NULL, b->dkvb, b->kvn, T, Rkv, KVB);
+    k->zero(kc, b->dlatn32, (size_t)T * Rkv * sizeof(float));
+    k->rmsnorm_bwd(kc, b->dlatn32, gw[MT_T_KV_A_NORM], b->dlat32, b->kvc, w[MT_T_KV_A_NORM], b->rstdkv, T, Rkv,
+                   MLA_NORM_EPS, d->norm_offset);
+    k->copy_cols(kc, b->dkva, Rkv + Dr, 0, k->as_act(kc, b->dlat_act, b->dlatn32, (size_t)T * Rkv), Rkv, 0, T, Rkv,
+                 1);
+    k->linear_dx(kc, b->dxn, 1, b->dkva, w[MT_T_KV_A], T, C, Rkv + Dr, 1);
+    k->linear_dw(kc, gw[MT_T_KV_A], gw[MT_T_KV_A_BIAS], b->dkva, b->xn1, T, C, Rkv + Dr);
+}
+
+const void *mt_block_attention_out(const mt_exec *x, const mt_layer_acts *a)
+{
+    const mt_dims *d = x->d;
+    if (!d->mla) return a->att;
+    x->k->copy_cols(x->kc, x->w->attp, d->Dv, 0, a->att, d->D, 0, d->T * d->H, d->Dv, 1);
+    return x->w->attp;
+}
+
 void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int recompute, const mt_layer_acts *a)
 {
     const mt_kernels *k = x->k;
@@ -97,8 +204,10 @@ void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int re
     const int T = d->T, C = d->C;
     /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps, d->norm_offset);
-    /* with qk_norm the backward also reads q and k before their norms: never skipped */
-    if (!recompute || !a->qkv_kept || d->qk_norm) {
+    /* with qk_norm the backward also reads q and k before their norms, with MLA its latents: never skipped */
+    if (d->mla) {
+        mla_qkv(x, w, a);
+    } else if (!recompute || !a->qkv_kept || d->qk_norm) {
         if (d->qk_norm) {
             k->linear(kc, b->qr, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
             k->linear(kc, b->kr, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
@@ -143,14 +252,27 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
     const int T = d->T, C = d->C, Q = d->Q, KV = d->KV;
-    k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
-    k->linear_dw(kc, gw[MT_T_O], gw[MT_T_O_BIAS], dya, a->att, T, Q, C);
+    if (d->mla) { /* o_proj read the first Dv of each head: the gradient of the rest is zero */
+        k->linear_dx(kc, b->dattp, 0, dya, w[MT_T_O], T, d->Qo, C, 0);
+        k->linear_dw(kc, gw[MT_T_O], gw[MT_T_O_BIAS], dya, mt_block_attention_out(x, a), T, d->Qo, C);
+        k->zero(kc, b->datt, (size_t)T * Q * d->es);
+        k->copy_cols(kc, b->datt, d->D, 0, b->dattp, d->Dv, 0, T * d->H, d->Dv, 1);
+    } else {
+        k->linear_dx(kc, b->datt, 0, dya, w[MT_T_O], T, Q, C, 0);
+        k->linear_dw(kc, gw[MT_T_O], gw[MT_T_O_BIAS], dya, a->att, T, Q, C);
+    }
     if (w[MT_T_SINKS])
         k->attn_sink_bwd(kc, gw[MT_T_SINKS], b->datt, a->att, a->lse, w[MT_T_SINKS], d->n_seq, d->seq_len, d->H, d->D);
     k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
                      d->Hkv, d->D, d->attn_scale, a->window, d->attn_softcap);
     k->rope(kc, b->dq, T, d->H, d->D, 1, a->rope_local);
     k->rope(kc, b->dk, T, d->Hkv, d->D, 1, a->rope_local);
+    if (d->mla) {
+        mla_qkv_bwd(x, w, gw);
+        k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps,
+                       d->norm_offset);
+        return;
+    }
     const void *dq = b->dq, *dk = b->dk;
     if (d->qk_norm) {
         dq = head_norm_backward(x, b->dq, b->dqr, gw[MT_T_Q_NORM], b->qr, w[MT_T_Q_NORM], b->rstdq, T * d->H);

@@ -28,6 +28,9 @@ void mt_block_head_logits(const mt_exec *x, void *const *w, const void *lm, cons
  * the attention into a->att and a->lse, skipping in the recompute what the
  * backend says the forward kept (a->qkv_kept, a->att_kept). */
 void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int recompute, const mt_layer_acts *a);
+/* The attention output as o_proj reads it, (T, d->Qo) act: a->att, or with multi-head latent attention the
+ * first Dv of each of its heads, packed into the work buffer attp */
+const void *mt_block_attention_out(const mt_exec *x, const mt_layer_acts *a);
 
 /* The backward of the attention block from dya (T, C) act, the gradient of
  * att Wo^T: gradients of Wo, the attention, RoPE, q/k norms and q, k, v

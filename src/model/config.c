@@ -98,6 +98,89 @@ static mt_status moe_fields_check(mt_err err, const mt_model_config *c, const mt
     return MT_OK;
 }
 
+/* Multi-head latent attention (DeepSeek-V2/V3) and DeepSeek's routing; fields other families leave at 0 */
+static mt_status mla_fields_check(mt_err err, mt_model_config *c, const mt_family *f)
+{
+    const int mla = c->kv_lora_rank || c->q_lora_rank || c->qk_nope_head_dim || c->qk_rope_head_dim ||
+                    c->v_head_dim || c->rope_interleave;
+    if (!(f->flags & MT_FAMILY_MLA)) {
+        if (mla)
+            return BAD("kv_lora_rank and the other multi-head latent attention fields must be 0 for %s (DeepSeek-V2 "
+                       "and DeepSeek-V3 have it)",
+                       f->display_name);
+        if (c->n_group > 1 || c->topk_group || c->moe_scoring || (c->routed_scaling_factor != 0.0f &&
+                                                                   c->routed_scaling_factor != 1.0f))
+            return BAD("n_group, topk_group, routed_scaling_factor and moe_scoring are DeepSeek's routing: %s "
+                       "routes by the softmax's top-k",
+                       f->display_name);
+        return MT_OK;
+    }
+    if (c->kv_lora_rank == 0 || c->kv_lora_rank > MAX_HIDDEN || c->q_lora_rank > MAX_HIDDEN)
+        return BAD("kv_lora_rank %u must be in [1, %u] and q_lora_rank %u at most that (0: no q latent)",
+                   c->kv_lora_rank, MAX_HIDDEN, c->q_lora_rank);
+    const uint32_t Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim;
+    if (Dr < 2 || Dr % 2 || Dn > MAX_HEAD_DIM || Dr > MAX_HEAD_DIM)
+        return BAD("qk_rope_head_dim %u must be a positive even number and qk_nope_head_dim %u at most %u", Dr, Dn,
+                   MAX_HEAD_DIM);
+    if (c->head_dim != Dn + Dr)
+        return BAD("head_dim %u must be qk_nope_head_dim + qk_rope_head_dim = %u with multi-head latent attention",
+                   c->head_dim, Dn + Dr);
+    if (c->v_head_dim == 0 || c->v_head_dim > c->head_dim)
+        return BAD("v_head_dim %u must be in [1, qk_nope_head_dim + qk_rope_head_dim = %u]", c->v_head_dim,
+                   c->head_dim);
+    if (c->num_key_value_heads != c->num_attention_heads)
+        return BAD("num_key_value_heads %u must be num_attention_heads %u: multi-head latent attention expands "
+                   "every head's key and value",
+                   c->num_key_value_heads, c->num_attention_heads);
+    if (c->partial_rotary_factor != 0.0f && c->partial_rotary_factor != 1.0f)
+        return BAD("partial_rotary_factor %g: multi-head latent attention turns qk_rope_head_dim dimensions",
+                   (double)c->partial_rotary_factor);
+    if (c->moe_scoring > MT_MOE_SCORING_SIGMOID)
+        return BAD("moe_scoring %u is not an mt_moe_scoring value", c->moe_scoring);
+    if (!(c->routed_scaling_factor >= 0.0f) || !isfinite(c->routed_scaling_factor))
+        return BAD("routed_scaling_factor %g must be finite and >= 0 (0: 1)", (double)c->routed_scaling_factor);
+    if (c->n_group > 1 && (c->num_experts % c->n_group || c->topk_group == 0 || c->topk_group > c->n_group))
+        return BAD("n_group %u must divide num_experts %u and topk_group %u be in [1, n_group]", c->n_group,
+                   c->num_experts, c->topk_group);
+    if (c->n_group > 1 && c->moe_scoring == MT_MOE_SCORING_SIGMOID && c->num_experts / c->n_group < 2)
+        return BAD("n_group %u leaves fewer than 2 experts a group: DeepSeek-V3 scores a group by its best two",
+                   c->n_group);
+    if (c->n_group > 1 && c->num_experts_per_tok > c->topk_group * (c->num_experts / c->n_group))
+        return BAD("num_experts_per_tok %u is more than the %u experts of topk_group %u groups",
+                   c->num_experts_per_tok, c->topk_group * (c->num_experts / c->n_group), c->topk_group);
+    if (c->n_group <= 1 && c->topk_group > 1)
+        return BAD("topk_group %u needs n_group > 1", c->topk_group);
+    if (c->output_router_logits || c->router_aux_loss_coef != 0.0f)
+        return BAD("output_router_logits: transformers computes no load-balancing loss for %s", f->display_name);
+    const int v3 = f->arch == MT_ARCH_DEEPSEEK_V3;
+    if (c->moe_scoring != (v3 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX))
+        return BAD("moe_scoring %u: %s scores its experts by the %s", c->moe_scoring, f->display_name,
+                   v3 ? "sigmoid" : "softmax");
+    /* DeepseekV2TopkRouter: RoPE by complex rotation (pairs), the weights never renormalised */
+    if (!v3 && (!c->rope_interleave || c->norm_topk_prob))
+        return BAD("%s turns RoPE's pairs (2i, 2i + 1) and never renormalises its routing weights: rope_interleave "
+                   "must be 1 and norm_topk_prob 0 (got %u, %u)",
+                   f->display_name, c->rope_interleave, c->norm_topk_prob);
+    /* config.json says which layers are dense by first_k_dense_replace: the first ones */
+    int dense = 1;
+    for (uint32_t l = 0; l < c->num_hidden_layers && l < 256; l++) {
+        const int d = (int)(c->mlp_only_layers[l / 64] >> (l % 64) & 1);
+        if (d && !dense)
+            return BAD("mlp_only_layers names layer %u after a sparse one: %s's dense layers are the first "
+                       "first_k_dense_replace",
+                       l, f->display_name);
+        dense = d;
+    }
+    if (c->decoder_sparse_step > 1)
+        return BAD("decoder_sparse_step %u: %s has experts in every layer after its first dense ones",
+                   c->decoder_sparse_step, f->display_name);
+    if (c->shared_expert_intermediate_size % c->moe_intermediate_size)
+        return BAD("shared_expert_intermediate_size %u must be a multiple of moe_intermediate_size %u (n_shared_experts "
+                   "experts of that width)",
+                   c->shared_expert_intermediate_size, c->moe_intermediate_size);
+    return MT_OK;
+}
+
 /* Every float of the n that is finite and positive. */
 static int all_positive(const float *v, uint32_t n)
 {
@@ -216,6 +299,7 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     if (c->num_key_value_heads == 0 || c->num_attention_heads % c->num_key_value_heads)
         return BAD("num_key_value_heads %u must divide num_attention_heads %u", c->num_key_value_heads,
                    c->num_attention_heads);
+    if (c->head_dim == 0 && c->kv_lora_rank) c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim; /* MLA */
     if (c->head_dim == 0) {
         if (c->hidden_size % c->num_attention_heads)
             return BAD("hidden_size %u is not a multiple of num_attention_heads %u (set head_dim)", c->hidden_size,
@@ -239,7 +323,8 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     if (c->pad_token_id < -1 || c->pad_token_id >= (int64_t)c->vocab_size)
         return BAD("pad_token_id %d is outside the vocabulary [0, %u) (-1: no padding row)", c->pad_token_id,
                    c->vocab_size);
-    if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f))) return st;
+    if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f)) || (st = mla_fields_check(err, c, f)))
+        return st;
     if ((f->flags & MT_FAMILY_FUSED) && c->attention_bias)
         return BAD("attention_bias: %s's fused qkv_proj has no bias", f->display_name);
     return window_fields_check(err, c, f);
@@ -261,6 +346,7 @@ const char *mt_config_field_group(size_t byte)
         size_t from;
         const char *what;
     } groups[] = { /* the fields appended since 0.1, by the first of each group */
+        {offsetof(mt_model_config, kv_lora_rank), "multi-head latent attention and DeepSeek's routing"},
         {offsetof(mt_model_config, partial_rotary_factor), "partial rotary, YaRN and LongRoPE"},
         {offsetof(mt_model_config, shared_expert_intermediate_size), "the shared expert"},
         {offsetof(mt_model_config, pad_token_id), "the padding row"},

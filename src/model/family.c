@@ -105,6 +105,30 @@ static const mt_family FAMILIES[] = {
         .example = "gpt-oss-20b",
         .example_shape = {201088, 2880, 2880, 24, 64, 8, 64, 128, 0, 32, 4, 2880, 1, 0},
     },
+    {
+        .arch = MT_ARCH_DEEPSEEK_V3, .name = "deepseek_v3", .display_name = "DeepSeek-V3",
+        .architecture = "DeepseekV3ForCausalLM", .model_type = "deepseek_v3",
+        .particular = "latent attention, sigmoid routing", MOE_TEMPLATE, LLAMA_DEFAULTS, .flags = MT_FAMILY_MLA,
+        .moe = MT_MOE_DEEPSEEK, .experts = 256, .experts_per_tok = 8, .expert_ffn = 2048, .moe_block = "mlp",
+        .expert_names = {"gate_proj", "up_proj", "down_proj"}, .shared_block = "shared_experts",
+        .example = "DeepSeek-V3",
+        .example_shape = {.vocab = 129280, .hidden = 7168, .ffn = 18432, .layers = 61, .heads = 128, .kv_heads = 128,
+                          .head_dim = 192, .experts = 256, .experts_per_tok = 8, .expert_ffn = 2048, .norm_topk = 1,
+                          .shared_ffn = 2048, .kv_lora = 512, .q_lora = 1536, .qk_nope = 128, .qk_rope = 64,
+                          .v_dim = 128, .dense_layers = 3, .n_group = 8, .topk_group = 4, .routed_scale = 2.5f},
+    },
+    {
+        .arch = MT_ARCH_DEEPSEEK_V2, .name = "deepseek_v2", .display_name = "DeepSeek-V2",
+        .architecture = "DeepseekV2ForCausalLM", .model_type = "deepseek_v2",
+        .particular = "latent attention, softmax routing", MOE_TEMPLATE, LLAMA_DEFAULTS, .flags = MT_FAMILY_MLA,
+        .moe = MT_MOE_DEEPSEEK, .experts = 64, .experts_per_tok = 0, .expert_ffn = 1407, .moe_block = "mlp",
+        .expert_names = {"gate_proj", "up_proj", "down_proj"}, .shared_block = "shared_experts",
+        .example = "DeepSeek-V2-Lite",
+        .example_shape = {.vocab = 102400, .hidden = 2048, .ffn = 10944, .layers = 27, .heads = 16, .kv_heads = 16,
+                          .head_dim = 192, .experts = 64, .experts_per_tok = 6, .expert_ffn = 1408, .norm_topk = 0,
+                          .shared_ffn = 2816, .kv_lora = 512, .q_lora = 0, .qk_nope = 128, .qk_rope = 64,
+                          .v_dim = 128, .dense_layers = 1, .routed_scale = 1.0f},
+    },
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
@@ -186,6 +210,13 @@ mt_status mt_family_example(mt_model_config *cfg, uint32_t arch)
         c.num_experts = s->experts, c.num_experts_per_tok = s->experts_per_tok;
         c.moe_intermediate_size = s->expert_ffn, c.norm_topk_prob = s->norm_topk;
         c.shared_expert_intermediate_size = s->shared_ffn, c.shared_expert_gate = s->shared_ffn && f->shared_gate;
+    }
+    if (s->kv_lora) {
+        c.kv_lora_rank = s->kv_lora, c.q_lora_rank = s->q_lora, c.qk_nope_head_dim = s->qk_nope;
+        c.qk_rope_head_dim = s->qk_rope, c.v_head_dim = s->v_dim, c.rope_interleave = 1;
+        c.n_group = s->n_group, c.topk_group = s->topk_group, c.routed_scaling_factor = s->routed_scale;
+        c.moe_scoring = f->arch == MT_ARCH_DEEPSEEK_V3 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX;
+        for (uint32_t l = 0; l < s->dense_layers; l++) c.mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
     }
     uint32_t caller_size;
     memcpy(&caller_size, cfg, sizeof caller_size);

@@ -36,6 +36,8 @@ enum {
     MT_FAMILY_O_BIAS = 1u << 10,    /* attention_bias gives o_proj a bias too, beside q, k and v's (GPT-OSS) */
     MT_FAMILY_SINKS = 1u << 11,     /* a learnt logit per head in the attention's softmax (self_attn.sinks,
                                      * GPT-OSS) */
+    MT_FAMILY_MLA = 1u << 12,       /* multi-head latent attention (kv_lora_rank and the q/k/v head sizes,
+                                     * DeepSeek-V2/V3); first_k_dense_replace dense layers; n_shared_experts */
 };
 
 /* Which layers slide, and how config.json says so. */
@@ -63,6 +65,11 @@ typedef enum mt_moe_format {
      * softmax, renormalised); the experts' matrices stored stacked and transposed, gate and up interleaved
      * (mlp.experts.gate_up_proj (E, C, 2F), down_proj (E, F, C) and their biases) */
     MT_MOE_GPT_OSS = 3,
+    /* DeepseekV3Config: n_routed_experts (num_local_experts) of moe_intermediate_size each beside
+     * n_shared_experts shared ones (one MLP n_shared_experts times as wide: mlp.shared_experts), the first
+     * first_k_dense_replace layers dense (intermediate_size); sigmoid scores, e_score_correction_bias,
+     * n_group/topk_group, routed_scaling_factor; experts named as Qwen3-MoE's */
+    MT_MOE_DEEPSEEK = 4,
 } mt_moe_format;
 /* Qwen2MoeConfig's keys are Qwen3MoeConfig's and shared_expert_intermediate_size (mt_family.shared_block). */
 
@@ -71,6 +78,9 @@ typedef enum mt_moe_format {
 typedef struct mt_family_shape {
     uint32_t vocab, hidden, ffn, layers, heads, kv_heads, head_dim, window, tied;
     uint32_t experts, experts_per_tok, expert_ffn, norm_topk, shared_ffn;
+    /* multi-head latent attention and DeepSeek's routing */
+    uint32_t kv_lora, q_lora, qk_nope, qk_rope, v_dim, dense_layers, n_group, topk_group;
+    float routed_scale;
 } mt_family_shape;
 
 typedef struct mt_family {

@@ -79,6 +79,10 @@ static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, const mt_
     char n[96];
     snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, f->moe_block);
     add_tensor(u, MT_T_ROUTER, n, E, C, 1);
+    if (c->moe_scoring == MT_MOE_SCORING_SIGMOID) { /* DeepSeek-V3's buffer beside the router's weight */
+        snprintf(n, sizeof n, "model.layers.%d.%s.gate.e_score_correction_bias", l, f->moe_block);
+        add_tensor(u, MT_T_ROUTER_CORR, n, E, 1, 0);
+    }
     for (int i = 0; i < 3; i++) {
         snprintf(n, sizeof n, "model.layers.%d.%s.experts.*.%s.weight", l, f->moe_block, f->expert_names[i]);
         add_experts(u, roles[i], n, E, i < 2 ? F : C, i < 2 ? C : F);
@@ -94,6 +98,34 @@ static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, const mt_
         snprintf(n, sizeof n, "model.layers.%d.%s.%s.weight", l, f->moe_block, f->shared_gate);
         add_tensor(u, MT_T_SH_SCORE, n, 1, C, 1);
     }
+}
+
+/* Multi-head latent attention (DeepseekV3Attention): q from q_proj, or from the rank-Rq latent q_a_proj
+ * normed by q_a_layernorm and expanded by q_b_proj, each head Dn + Dr wide; the rank-Rkv latent and the
+ * shared key part from kv_a_proj_with_mqa (Rkv + Dr rows), the latent normed by kv_a_layernorm and
+ * expanded by kv_b_proj into each head's key part without RoPE (Dn) and value (Dv); o_proj reads H * Dv.
+ * attention_bias gives q_a_proj, kv_a_proj_with_mqa and o_proj biases (q_proj and kv_b_proj have none). */
+static void add_mla_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
+{
+    const uint32_t C = c->hidden_size, H = c->num_attention_heads, Rq = c->q_lora_rank, Rkv = c->kv_lora_rank;
+    const uint32_t Dqk = c->qk_nope_head_dim + c->qk_rope_head_dim, Dr = c->qk_rope_head_dim;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d.self_attn." s, l), n)
+    if (Rq) {
+        add_tensor(u, MT_T_Q_A, NAME("q_a_proj.weight"), Rq, C, 1);
+        if (c->attention_bias) add_tensor(u, MT_T_Q_A_BIAS, NAME("q_a_proj.bias"), Rq, 1, 0);
+        add_tensor(u, MT_T_Q_A_NORM, NAME("q_a_layernorm.weight"), Rq, 1, 0);
+        add_tensor(u, MT_T_Q_B, NAME("q_b_proj.weight"), H * Dqk, Rq, 1);
+    } else {
+        add_tensor(u, MT_T_Q, NAME("q_proj.weight"), H * Dqk, C, 1);
+    }
+    add_tensor(u, MT_T_KV_A, NAME("kv_a_proj_with_mqa.weight"), Rkv + Dr, C, 1);
+    if (c->attention_bias) add_tensor(u, MT_T_KV_A_BIAS, NAME("kv_a_proj_with_mqa.bias"), Rkv + Dr, 1, 0);
+    add_tensor(u, MT_T_KV_A_NORM, NAME("kv_a_layernorm.weight"), Rkv, 1, 0);
+    add_tensor(u, MT_T_KV_B, NAME("kv_b_proj.weight"), H * (c->qk_nope_head_dim + c->v_head_dim), Rkv, 1);
+    add_tensor(u, MT_T_O, NAME("o_proj.weight"), C, H * c->v_head_dim, 1);
+    if (c->attention_bias) add_tensor(u, MT_T_O_BIAS, NAME("o_proj.bias"), C, 1, 0);
+#undef NAME
 }
 
 void mt_tensor_name_of(char *buf, size_t len, const mt_tensor_desc *t, uint32_t e)
@@ -115,6 +147,9 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
     const mt_family *f = mt_config_family(c);
     const int fused = (f->flags & MT_FAMILY_FUSED) != 0; /* Phi-3's checkpoints fuse q, k, v and gate, up */
     add_tensor(u, MT_T_ATTN_NORM, NAME("input_layernorm.weight"), C, 1, 0);
+    if (c->kv_lora_rank) {
+        add_mla_tensors(u, c, l);
+    } else {
     add_tensor(u, MT_T_Q, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.q_proj.weight"), q, C, 1);
     add_tensor(u, MT_T_K, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.k_proj.weight"), kv, C, 1);
     add_tensor(u, MT_T_V, fused ? NAME("self_attn.qkv_proj.weight") : NAME("self_attn.v_proj.weight"), kv, C, 1);
@@ -129,6 +164,7 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
         add_tensor(u, MT_T_K_NORM, NAME("self_attn.k_norm.weight"), c->head_dim, 1, 0);
     }
     add_tensor(u, MT_T_O, NAME("self_attn.o_proj.weight"), C, q, 1);
+    }
     if (c->attention_bias && (f->flags & MT_FAMILY_O_BIAS)) add_tensor(u, MT_T_O_BIAS, NAME("self_attn.o_proj.bias"), C, 1, 0);
     if (f->flags & MT_FAMILY_SINKS) add_tensor(u, MT_T_SINKS, NAME("self_attn.sinks"), c->num_attention_heads, 1, 0);
     if (f->flags & MT_FAMILY_SANDWICH) { /* sandwich norms: post_attention_layernorm is the attention output's */
@@ -240,7 +276,13 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
 {
     const uint64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const uint64_t q = (uint64_t)c->num_attention_heads * c->head_dim, kv = (uint64_t)c->num_key_value_heads * c->head_dim;
-    const uint64_t attn = 2 * C + q * C + 2 * kv * C + C * q + (c->attention_bias ? q + 2 * kv : 0) +
+    /* multi-head latent attention: q (from its latent, or q_proj), the kv latent and shared key part, their
+     * norms, kv_b, o_proj from H * v_head_dim; biases on q_a, kv_a and o */
+    const uint64_t H = c->num_attention_heads, Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dr = c->qk_rope_head_dim;
+    const uint64_t mla = 2 * C + (Rq ? C * Rq + Rq + Rq * q : C * q) + C * (Rkv + Dr) + Rkv +
+                         Rkv * H * ((uint64_t)c->qk_nope_head_dim + c->v_head_dim) + H * c->v_head_dim * C +
+                         (c->attention_bias ? Rq + Rkv + Dr + C : 0);
+    const uint64_t attn = Rkv ? mla : 2 * C + q * C + 2 * kv * C + C * q + (c->attention_bias ? q + 2 * kv : 0) +
                           (mt_config_has(c, MT_FAMILY_QK_NORM) ? 2 * (uint64_t)c->head_dim : 0) +
                           (mt_config_has(c, MT_FAMILY_SANDWICH) ? 2 * C : 0) +
                           (c->attention_bias && mt_config_has(c, MT_FAMILY_O_BIAS) ? C : 0) +
@@ -250,7 +292,8 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
     const mt_family *f = mt_config_family(c);
     const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C +
                          3 * (uint64_t)c->shared_expert_intermediate_size * C + (c->shared_expert_gate ? C : 0) +
-                         (f && f->moe == MT_MOE_GPT_OSS ? E + E * (2 * (uint64_t)c->moe_intermediate_size + C) : 0);
+                         (f && f->moe == MT_MOE_GPT_OSS ? E + E * (2 * (uint64_t)c->moe_intermediate_size + C) : 0) +
+                         (c->moe_scoring == MT_MOE_SCORING_SIGMOID ? E : 0); /* e_score_correction_bias */
     return V * C + (uint64_t)c->num_hidden_layers * attn + ((uint64_t)c->num_hidden_layers - sparse) * 3 * F * C +
            sparse * moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }

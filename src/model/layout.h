@@ -39,6 +39,13 @@ typedef enum mt_tensor_role {
     /* GPT-OSS: o_proj's bias (C), the attention sinks (H), the router's bias (E) and the experts' biases,
      * stacked as their matrices are: gate and up (E*F), down (E*C) */
     MT_T_O_BIAS, MT_T_SINKS, MT_T_ROUTER_BIAS, MT_T_EXP_GATE_BIAS, MT_T_EXP_UP_BIAS, MT_T_EXP_DOWN_BIAS,
+    /* DeepSeek-V3: the router's e_score_correction_bias (E), a buffer transformers does not train: added to
+     * the sigmoid scores for the choice of experts only; held fixed (no gradient, no optimizer step) */
+    MT_T_ROUTER_CORR,
+    /* multi-head latent attention (DeepSeek-V2/V3): q_a_proj (Rq, C) and its norm (Rq), q_b_proj
+     * (H*(Dn+Dr), Rq); kv_a_proj_with_mqa (Rkv+Dr, C) and the norm of its first Rkv (Rkv); kv_b_proj
+     * (H*(Dn+Dv), Rkv); and the biases of q_a and kv_a where attention_bias */
+    MT_T_Q_A, MT_T_Q_A_NORM, MT_T_Q_B, MT_T_KV_A, MT_T_KV_A_NORM, MT_T_KV_B, MT_T_Q_A_BIAS, MT_T_KV_A_BIAS,
     MT_T_ROLE_COUNT
 } mt_tensor_role;
 
@@ -102,13 +109,16 @@ typedef struct mt_layout {
 static inline int mt_role_is_norm(mt_tensor_role r)
 {
     return r == MT_T_ATTN_NORM || r == MT_T_MLP_NORM || r == MT_T_FINAL_NORM || r == MT_T_Q_NORM || r == MT_T_K_NORM ||
-           r == MT_T_POST_ATTN_NORM || r == MT_T_POST_MLP_NORM;
+           r == MT_T_POST_ATTN_NORM || r == MT_T_POST_MLP_NORM || r == MT_T_Q_A_NORM || r == MT_T_KV_A_NORM;
 }
 static inline int mt_role_is_bias(mt_tensor_role r)
 {
     return r == MT_T_Q_BIAS || r == MT_T_K_BIAS || r == MT_T_V_BIAS || r == MT_T_O_BIAS || r == MT_T_EXP_GATE_BIAS ||
-           r == MT_T_EXP_UP_BIAS || r == MT_T_EXP_DOWN_BIAS;
+           r == MT_T_EXP_UP_BIAS || r == MT_T_EXP_DOWN_BIAS || r == MT_T_Q_A_BIAS || r == MT_T_KV_A_BIAS;
 }
+/* Tensors training leaves as they are: no gradient, no optimizer step (DeepSeek-V3's
+ * e_score_correction_bias, a buffer in transformers, loaded and saved as the checkpoint has it) */
+static inline int mt_role_is_frozen(mt_tensor_role r) { return r == MT_T_ROUTER_CORR; }
 /* Vectors that start as draws of N(0, initializer_range), as matrices do, but take no weight decay:
  * GPT-OSS's attention sinks and router bias (GptOssPreTrainedModel._init_weights) */
 static inline int mt_role_is_drawn_vector(mt_tensor_role r) { return r == MT_T_SINKS || r == MT_T_ROUTER_BIAS; }
@@ -149,8 +159,23 @@ static inline int mt_config_layer_local_rope(const mt_model_config *c, int l)
  * int(head_dim * partial_rotary_factor) (transformers' rotary dim). */
 static inline uint32_t mt_config_rotary_dims(const mt_model_config *c)
 {
+    if (c->kv_lora_rank) return c->qk_rope_head_dim; /* multi-head latent attention: the heads' last part */
     const float f = c->partial_rotary_factor;
     return f == 0.0f || f == 1.0f ? c->head_dim : (uint32_t)((double)c->head_dim * (double)f);
+}
+
+/* Where in each q and k head RoPE's dimensions start: 0, or after the qk_nope_head_dim that it leaves
+ * unrotated (multi-head latent attention) */
+static inline uint32_t mt_config_rotary_offset(const mt_model_config *c)
+{
+    return c->kv_lora_rank ? c->qk_nope_head_dim : 0;
+}
+/* Whether RoPE turns the pairs (2i, 2i + 1) of its dimensions (DeepSeek's rope_interleave; an order of the
+ * dimensions that q and k share, which leaves their dot products those of transformers' de-interleaved
+ * output) rather than (i, i + n/2) */
+static inline int mt_config_rope_interleaved(const mt_model_config *c)
+{
+    return c->kv_lora_rank && c->rope_interleave;
 }
 
 /* The checkpoint name of block e of t (its only name where t->experts is 0). */

@@ -32,7 +32,7 @@ void mt_llama_attn_forward(const mt_exec *x, void *const *w, const void *in, con
     /* the residual adds inside the GEMMs: h = x + att Wo^T */
     if (!recompute || !a->h_kept) {
         k->copy(kc, a->h, in, (size_t)T * C);
-        k->linear(kc, a->h, 0, a->att, w[MT_T_O], w[MT_T_O_BIAS], T, d->Q, C, 1);
+        k->linear(kc, a->h, 0, mt_block_attention_out(x, a), w[MT_T_O], w[MT_T_O_BIAS], T, d->Qo, C, 1);
     }
     k->rmsnorm(kc, b->xn2, b->rstd2, a->h, w[MT_T_MLP_NORM], T, C, d->eps, d->norm_offset);
 }

@@ -122,6 +122,13 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
 static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return W ? mt_at(d, W, (size_t)e * n) : NULL; }
 static float *expert_f32(float *G, int e, size_t n) { return G ? G + (size_t)e * n : NULL; }
 
+/* The layer's routing (moe_route, moe_route_bwd): the dims' mode, the weights' correction bias (NULL none) */
+static mt_route route_of(const mt_dims *d, void *const *w)
+{
+    return (mt_route){.norm = d->norm_topk, .sigmoid = d->route_sigmoid, .n_group = d->n_group,
+                      .topk_group = d->topk_group, .scale = d->route_scale, .bias = w[MT_T_ROUTER_CORR]};
+}
+
 /* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
  * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. */
 static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *stats)
@@ -132,8 +139,8 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
     k->linear(kc, b->rlog, 1, b->base.xn2, w[MT_T_ROUTER], w[MT_T_ROUTER_BIAS], T, C, E, 0); /* (T, E) f32 */
-    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K,
-                 d->norm_topk);
+    const mt_route rt = route_of(d, w);
+    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K, &rt);
     k->moe_gather(kc, b->xs, b->base.xn2, b->rrows, R, K, C); /* (R, C) */
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
@@ -304,8 +311,9 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     const int aux = x->state && d->aux_coef != 0.0f && d->n_sparse;
     const double N = (double)d->n_sparse * T; /* the rows of the loss: every sparse layer's tokens */
     const float aux_scale = aux ? (float)((double)d->aux_coef / d->n_micro * E / (N * N)) : 0.0f;
+    const mt_route rt = route_of(d, w);
     k->moe_route_bwd(kc, b->drlog, b->rdw, b->rprob, b->topw, b->topi, aux ? x->state : NULL, d->L, aux_scale, T, E, K,
-                     d->norm_topk);
+                     &rt);
     const void *dl = k->as_act(kc, b->drlog_act, b->drlog, (size_t)T * E);
     k->linear_dx(kc, b->base.dxn, 1, dl, w[MT_T_ROUTER], T, C, E, 1);
     k->linear_dw(kc, gw[MT_T_ROUTER], gw[MT_T_ROUTER_BIAS], dl, b->base.xn2, T, C, E);

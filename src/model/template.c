@@ -40,6 +40,20 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
         d->embed_scale = (float)sqrt((double)c->hidden_size);
         if (c->precision != MT_PRECISION_FP32) d->embed_scale = mt_bf16_to_f32(mt_f32_to_bf16(d->embed_scale));
     }
+    d->Qo = d->Q;
+    if (c->kv_lora_rank) {
+        d->mla = 1, d->Rq = (int)c->q_lora_rank, d->Rkv = (int)c->kv_lora_rank;
+        d->Dn = (int)c->qk_nope_head_dim, d->Dr = (int)c->qk_rope_head_dim, d->Dv = (int)c->v_head_dim;
+        d->Qo = d->H * d->Dv;
+        /* DeepseekV3Attention.scaling: qk_head_dim ** -0.5, times yarn's mscale(factor, mscale_all_dim)
+         * squared where RoPE is scaled (yarn_apply_mscale), in Python floats */
+        double s = 1.0 / sqrt((double)d->D);
+        if (c->rope_scaling != MT_ROPE_SCALING_NONE && c->rope_mscale_all_dim != 0.0f && c->rope_factor > 1.0f) {
+            const double m = 0.1 * (double)c->rope_mscale_all_dim * log((double)c->rope_factor) + 1.0;
+            s *= m * m;
+        }
+        d->attn_scale = (float)s;
+    }
     d->attn_softcap = c->attn_logit_softcapping;
     d->final_softcap = c->final_logit_softcapping;
     for (int l = 0; l < (int)c->num_hidden_layers && !d->window; l++) d->window = mt_config_layer_window(c, l, seq_len);
@@ -52,6 +66,11 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
         d->aux_coef = c->output_router_logits ? c->router_aux_loss_coef : 0.0f;
         d->FS = (int)c->shared_expert_intermediate_size, d->shared_gate = c->shared_expert_gate != 0;
         d->expert_bias = f->moe == MT_MOE_GPT_OSS;
+        /* the routing (mt_route): the softmax's top-k, or DeepSeek-V3's sigmoid scores, groups and
+         * routed_scaling_factor */
+        d->route_sigmoid = c->moe_scoring == MT_MOE_SCORING_SIGMOID;
+        d->n_group = c->n_group > 1 ? (int)c->n_group : 0, d->topk_group = c->n_group > 1 ? (int)c->topk_group : 0;
+        d->route_scale = c->routed_scaling_factor != 0.0f ? c->routed_scaling_factor : 1.0f;
     }
 }
 

@@ -44,6 +44,8 @@ typedef struct mt_reduction {
 
 #define MT_MAX_REDUCTIONS 16
 
+typedef struct mt_route mt_route; /* the routing's mode (moe_route): defined below, beside mt_dims */
+
 /* The kernel table. kc is the backend's own state (its stream, scratch,
  * pool). Kernels issue work and return: a backend that runs asynchronously
  * keeps the first failure and reports it when the step is synchronised, so
@@ -64,8 +66,19 @@ typedef struct mt_kernels {
     /* dW[N, K] += dy[M, N]^T x[M, K] and, if db, db[N] += the column sums of dy; dW, db f32 */
     void (*linear_dw)(void *kc, float *dW, float *db, const void *dy, const void *x, int M, int K, int N);
     /* RoPE in place on x (T, nh, D) act at the positions of the micro-batch; inverse: the backward.
-     * local: the sliding layers' frequencies (Gemma 3's rope_local_base_freq), else the model's */
+     * local: the sliding layers' frequencies (Gemma 3's rope_local_base_freq), else the model's. It turns
+     * mt_config_rotary_dims dimensions of each head from mt_config_rotary_offset, in pairs (i, i + n/2)
+     * or, where mt_config_rope_interleaved, (2i, 2i + 1) */
     void (*rope)(void *kc, void *x, int T, int nh, int D, int inverse, int local);
+    /* Columns between row-major matrices of act: dst[r, doff + j] = src[r / rep, soff + j] for r < rows,
+     * j < w (rep 1: row for row; rep n: each src row n times), rows dld and sld elements apart. The pieces
+     * of multi-head latent attention's keys and values, the shared key part broadcast to every head */
+    void (*copy_cols)(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                      int rep);
+    /* Its backward for rep n: dst[r, doff + j] = sum over i < n of src[r * n + i, soff + j], summed in fp32
+     * in ascending i, rounded once (act) */
+    void (*sum_cols)(void *kc, void *dst, int dld, int doff, const void *src, int sld, int soff, int rows, int w,
+                     int n);
     /* Causal grouped-query attention over n_seq sequences of seq_len: out (T, H*D) act and the
      * log-sum-exp lse f32 of each query row; q (T, H*D), k, v (T, Hkv*D) act. Each query sees
      * the keys of its document (the micro-batch's positions); window > 0 (d->window, on the
@@ -123,23 +136,34 @@ typedef struct mt_kernels {
 
     /* ---- mixture of experts (Qwen3-MoE, Mixtral: src/model/moe.c). A layer routes each of T tokens to
      * k of E experts: R = T*k routed rows, slot t*k+j being token t's j-th choice. */
-    /* From router logits (T, E) f32: probs (T, E) f32, the softmax of each row; topw, topi (T*k): each
-     * token's k most probable experts in descending order (ties: the lower index), with their
-     * probabilities, renormalised to sum to 1 when norm; rows (R): the routed rows sorted by expert
+    /* From router logits (T, E) f32, as rt says (mt_route): probs (T, E) f32, the softmax of each row;
+     * topw, topi (T*k): each token's k most probable experts in descending order (ties: the lower index),
+     * with their probabilities, renormalised to sum to 1 when rt->norm (times rt->scale where it is not 1).
+     * With rt->sigmoid (DeepSeek-V3): probs holds the scores sigmoid(logit); the k experts are those of
+     * highest choice score, score + rt->bias (act, NULL: zeros), among the experts of the rt->topk_group
+     * groups (of rt->n_group, n_group dividing E; 0 or 1: no groups) whose two best choice scores sum
+     * highest (in descending order of choice score; ties, of experts and of groups: the lower index);
+     * topw their scores (without the bias), divided by their sum + 1e-20 when rt->norm, times rt->scale.
+     * rows (R): the routed rows sorted by expert
      * (stably: by slot), as the slot each came from, and slot_row (R) the inverse. offs (E+1) is HOST
      * memory: expert e's routed rows are offs[e] .. offs[e+1]-1. It is the one device-to-host read of a
      * layer's routing, which a GPU backend waits for, so that the template can size one GEMM per expert
      * with no copy of data per expert; offs_buf (E+1) int32 is a working buffer of the template's where a
      * backend may make offs before it reads them back. stats (2E) f32 if not NULL: overwritten with each expert's routed
-     * rows (as floats), then the sum over the T tokens of its probability (the load-balancing loss). */
+     * rows (as floats), then the sum over the T tokens of its probability (the load-balancing loss; with
+     * rt->sigmoid, of its score). */
     void (*moe_route)(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                      int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k, int norm);
+                      int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
+                      const mt_route *rt);
     /* Its backward into dlogits (T, E) f32, overwritten: from dw (T*k) f32, the gradient of the routing
-     * weights topw, through the renormalisation (norm) and the softmax; with stats (L rows of 2E, those of
-     * every layer of the micro-batch) also the load-balancing loss's, aux * (the routed rows of each
-     * expert summed over the L rows) added to the gradient of its probability. */
+     * weights topw, through rt->scale, the renormalisation (rt->norm) and the softmax (rt->sigmoid: the
+     * sigmoid, d logit = s (1 - s) d s; the bias and the choice of groups and experts carry no gradient);
+     * with stats (L rows of 2E, those of every layer of the micro-batch) also the load-balancing loss's,
+     * aux * (the routed rows of each expert summed over the L rows) added to the gradient of its
+     * probability (score). */
     void (*moe_route_bwd)(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
-                          const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k, int norm);
+                          const int32_t *topi, const float *stats, int L, float aux, int T, int E, int k,
+                          const mt_route *rt);
     /* dst[r, :] = src[rows[r] / k, :], act, for the R routed rows: each token's row to its experts' */
     void (*moe_gather)(void *kc, void *dst, const void *src, const int32_t *rows, int R, int k, int C);
     /* out[t, :] += sum_j (w ? w[t*k+j] : 1) * src[slot_row[t*k+j], :] for t < T, summed in fp32 in slot
@@ -166,6 +190,20 @@ typedef struct mt_kernels {
 
 /* The sizes of one micro-batch's computation, fixed by the backend when it
  * reserves memory for a batch shape. */
+/* How a layer scores its experts and weighs a token's choices (moe_route, moe_route_bwd). Qwen3-MoE,
+ * Mixtral, GPT-OSS: the softmax of the router logits, the k most probable, renormalised where norm.
+ * DeepSeek-V3 (DeepseekV3TopkRouter): scores sigmoid(logit); the choice by score + bias (the
+ * e_score_correction_bias, E values of the weights' type, NULL none) among the experts of the topk_group
+ * of n_group groups whose two best choice scores sum highest (n_group 0: no groups); the weights are the
+ * chosen experts' scores (without the bias), renormalised where norm, times scale. */
+typedef struct mt_route {
+    int norm;
+    int sigmoid;
+    int n_group, topk_group;
+    float scale;      /* routed_scaling_factor: 1 for the softmax families */
+    const void *bias; /* act (E), or NULL */
+} mt_route;
+
 typedef struct mt_dims {
     int n_seq, seq_len, T;
     int C, H, Hkv, D, Q, KV, F, V;
@@ -181,6 +219,11 @@ typedef struct mt_dims {
     int glu_act;          /* mt_glu_act of the MLP */
     float attn_softcap;   /* Gemma 2's attention score cap, 0 none */
     float final_softcap;  /* Gemma 2's logit cap, 0 none */
+    /* multi-head latent attention (DeepSeek-V2/V3; mla 0 elsewhere): q from a rank-Rq latent (0: q_proj),
+     * keys and values from a rank-Rkv latent; D = Dn + Dr (Dr of them rotated, the key's shared by all
+     * heads), values Dv wide held D wide (zeros past Dv) so that the attention runs one head size; Hkv = H.
+     * Qo: the width o_proj reads, H * Dv (Q elsewhere) */
+    int mla, Rq, Rkv, Dn, Dr, Dv, Qo;
     /* mixture of experts (0 for dense models): E experts of width FE, k a token, the routing weights
      * renormalised (norm_topk); L layers, n_sparse of them with experts; aux_coef the load-balancing
      * loss's weight (0 without output_router_logits); n_micro the micro-batches of a step (set by the
@@ -190,6 +233,10 @@ typedef struct mt_dims {
     int FS;          /* the shared expert's width beside the routed ones, 0 none */
     int shared_gate; /* its output scaled by a sigmoid gate (Qwen2-MoE) */
     int expert_bias; /* the router and every expert matrix have biases (GPT-OSS) */
+    /* the routing (mt_route): sigmoid scores with a choice among n_group groups' topk_group best (0: no
+     * groups), the weights times route_scale (DeepSeek-V3); softmax, no groups and 1 for the others */
+    int route_sigmoid, n_group, topk_group;
+    float route_scale;
 } mt_dims;
 
 /* The activation of a gated MLP: out = act(gate) * up. */
@@ -224,6 +271,14 @@ typedef struct mt_work {
      * backward the f32 gradients of q and k before the norms, and an f32 scratch */
     void *qr, *kr;
     float *rstdq, *rstdk, *dqr, *dkr, *dqk32;
+    /* multi-head latent attention (d->mla): the q latent before and after its norm (T, Rq), the kv latent
+     * and shared key part (T, Rkv + Dr), the latent alone before and after its norm (T, Rkv), their 1/rms,
+     * the expanded keys' parts and values (T, H * (Dn + Dv)), the attention output o_proj reads (T, Qo);
+     * in the backward their gradients, f32 scratch for the latents' (T, max(Rq, Rkv)) and its act copy */
+    void *cq, *cqn, *kva, *kvc, *kvn, *kvb, *attp;
+    float *rstdcq, *rstdkv;
+    void *dkvb, *dkva, *dattp, *dlat_act;
+    float *dlat32, *dlatn32;
 } mt_work;
 
 /* One buffer of a template's work struct: where its pointer lives, its elements and type. */
@@ -233,7 +288,7 @@ typedef struct mt_work_buf {
     int f32;      /* 4-byte elements (fp32, or int32) whatever the activation type */
 } mt_work_buf;
 
-#define MT_WORK_MAX_BUFS 64
+#define MT_WORK_MAX_BUFS 96
 
 /* Appends buffer `name` of the work struct `type`, n elements, to out[k++] (inside a work()). */
 #define MT_WORK_BUF(type, name, n, is_f32) (out[k++] = (mt_work_buf){offsetof(type, name), (uint64_t)(n), is_f32})

@@ -78,6 +78,8 @@ c_enum!(mt_arch {
     MT_ARCH_MIXTRAL = 8,
     MT_ARCH_QWEN2_MOE = 9,
     MT_ARCH_GPT_OSS = 10,
+    MT_ARCH_DEEPSEEK_V3 = 11,
+    MT_ARCH_DEEPSEEK_V2 = 12,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -95,6 +97,12 @@ c_enum!(mt_rope_scaling {
     MT_ROPE_SCALING_YARN = 3,
     MT_ROPE_SCALING_LONGROPE = 4,
     MT_ROPE_SCALING_MAX_ENUM = 0x7FFF_FFFF,
+});
+
+c_enum!(mt_moe_scoring {
+    MT_MOE_SCORING_SOFTMAX = 0,
+    MT_MOE_SCORING_SIGMOID = 1,
+    MT_MOE_SCORING_MAX_ENUM = 0x7FFF_FFFF,
 });
 
 c_enum!(mt_backend {
@@ -258,6 +266,16 @@ pub struct mt_model_config {
     pub rope_n_factors: u32,
     pub rope_short_factor: [f32; 128],
     pub rope_long_factor: [f32; 128],
+    pub kv_lora_rank: u32,
+    pub q_lora_rank: u32,
+    pub qk_nope_head_dim: u32,
+    pub qk_rope_head_dim: u32,
+    pub v_head_dim: u32,
+    pub rope_interleave: u32,
+    pub n_group: u32,
+    pub topk_group: u32,
+    pub routed_scaling_factor: f32,
+    pub moe_scoring: u32,
 }
 
 #[repr(C)]

@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 1264, align 8,
+    mt_model_config, size 1304, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -91,6 +91,16 @@ layout! {
     rope_n_factors: 236,
     rope_short_factor: 240,
     rope_long_factor: 752,
+    kv_lora_rank: 1264,
+    q_lora_rank: 1268,
+    qk_nope_head_dim: 1272,
+    qk_rope_head_dim: 1276,
+    v_head_dim: 1280,
+    rope_interleave: 1284,
+    n_group: 1288,
+    topk_group: 1292,
+    routed_scaling_factor: 1296,
+    moe_scoring: 1300,
 }
 
 layout! {

@@ -143,6 +143,8 @@ c_enum!(Arch {
     MIXTRAL = sys::MT_ARCH_MIXTRAL,
     QWEN2_MOE = sys::MT_ARCH_QWEN2_MOE,
     GPT_OSS = sys::MT_ARCH_GPT_OSS,
+    DEEPSEEK_V3 = sys::MT_ARCH_DEEPSEEK_V3,
+    DEEPSEEK_V2 = sys::MT_ARCH_DEEPSEEK_V2,
 });
 
 c_enum!(Precision {
@@ -158,6 +160,17 @@ c_enum!(RopeScaling {
     YARN = sys::MT_ROPE_SCALING_YARN,
     LONGROPE = sys::MT_ROPE_SCALING_LONGROPE,
 });
+
+c_enum!(
+    /// How a router's logits become the scores that choose and weigh the experts.
+    MoeScoring {
+        /// The softmax of the logits; a group's score its best expert's (DeepSeek-V2).
+        SOFTMAX = sys::MT_MOE_SCORING_SOFTMAX,
+        /// sigmoid(logit); chosen by score + e_score_correction_bias, a group's score the sum
+        /// of its best two (DeepSeek-V3).
+        SIGMOID = sys::MT_MOE_SCORING_SIGMOID,
+    }
+);
 
 c_enum!(Backend {
     AUTO = sys::MT_BACKEND_AUTO,
@@ -398,6 +411,29 @@ pub struct ModelConfig {
     pub rope_short_factor: [f32; 128],
     /// longrope: ... and once a micro-batch has a position past it.
     pub rope_long_factor: [f32; 128],
+    /// 0: plain attention; R: multi-head latent attention, each token's keys and values
+    /// expanded from a rank-R latent (kv_a_proj_with_mqa, kv_b_proj).
+    pub kv_lora_rank: u32,
+    /// With kv_lora_rank: 0, q_proj from the hidden state; R, q from a rank-R latent
+    /// (q_a_proj, q_b_proj).
+    pub q_lora_rank: u32,
+    /// With kv_lora_rank: each q and k head's dimensions without RoPE (head_dim is this
+    /// plus qk_rope_head_dim).
+    pub qk_nope_head_dim: u32,
+    /// With kv_lora_rank: each q and k head's dimensions with RoPE (the key's shared by all heads).
+    pub qk_rope_head_dim: u32,
+    /// With kv_lora_rank: each value head's dimensions (at most head_dim).
+    pub v_head_dim: u32,
+    /// With kv_lora_rank: non-zero: RoPE turns the pairs (2i, 2i + 1), not (i, i + d/2).
+    pub rope_interleave: u32,
+    /// 0 or 1: no group limit; G: the experts form G groups of E/G ...
+    pub n_group: u32,
+    /// ... and a token's k are chosen from its topk_group best groups.
+    pub topk_group: u32,
+    /// 0 or 1: none; s: the routing weights are multiplied by s.
+    pub routed_scaling_factor: f32,
+    /// How the router scores the experts.
+    pub moe_scoring: MoeScoring,
 }
 
 impl Default for ModelConfig {
@@ -458,6 +494,16 @@ impl ModelConfig {
             rope_n_factors: r.rope_n_factors,
             rope_short_factor: r.rope_short_factor,
             rope_long_factor: r.rope_long_factor,
+            kv_lora_rank: r.kv_lora_rank,
+            q_lora_rank: r.q_lora_rank,
+            qk_nope_head_dim: r.qk_nope_head_dim,
+            qk_rope_head_dim: r.qk_rope_head_dim,
+            v_head_dim: r.v_head_dim,
+            rope_interleave: r.rope_interleave,
+            n_group: r.n_group,
+            topk_group: r.topk_group,
+            routed_scaling_factor: r.routed_scaling_factor,
+            moe_scoring: MoeScoring(r.moe_scoring),
         }
     }
 
@@ -512,6 +558,16 @@ impl ModelConfig {
         r.rope_n_factors = self.rope_n_factors;
         r.rope_short_factor = self.rope_short_factor;
         r.rope_long_factor = self.rope_long_factor;
+        r.kv_lora_rank = self.kv_lora_rank;
+        r.q_lora_rank = self.q_lora_rank;
+        r.qk_nope_head_dim = self.qk_nope_head_dim;
+        r.qk_rope_head_dim = self.qk_rope_head_dim;
+        r.v_head_dim = self.v_head_dim;
+        r.rope_interleave = self.rope_interleave;
+        r.n_group = self.n_group;
+        r.topk_group = self.topk_group;
+        r.routed_scaling_factor = self.routed_scaling_factor;
+        r.moe_scoring = self.moe_scoring.0;
         r
     }
 
