@@ -141,6 +141,8 @@ typedef enum mt_arch {
                                * with a shared one, the first layers dense (also Kimi-K2, Moonlight) */
     MT_ARCH_DEEPSEEK_V2 = 12, /* DeepseekV2ForCausalLM: DeepSeek-V3's layer with softmax-scored experts
                                * (greedy or group-limited), no correction bias (DeepSeek-V2, V2-Lite) */
+    MT_ARCH_LLAMA4 = 13,  /* Llama4ForCausalLM (text): chunked attention with RoPE, NoPE layers with a
+                              temperature, q/k L2 norms, experts weighted on their input beside a shared one */
     MT_ARCH_MAX_ENUM = 0x7FFFFFFF
 } mt_arch;
 
@@ -247,6 +249,19 @@ typedef struct mt_model_config {
     uint32_t topk_group;           /* ... and a token's k are chosen from its topk_group best groups */
     float routed_scaling_factor;   /* 0 or 1: none; s: the routing weights are multiplied by s */
     uint32_t moe_scoring;          /* mt_moe_scoring: how the router scores the experts */
+    /* appended in 0.2: Llama 4 */
+    uint32_t attention_chunk_size; /* 0: none; N: on the layers with RoPE, query i sees only the keys of its
+                                      chunk of N, from N * floor(i / N) (Llama 4's chunked attention) */
+    uint32_t qk_l2_norm;           /* non-zero: on the layers with RoPE, each head of q and k is divided by its
+                                      root mean square (+ rms_norm_eps), no weight, after RoPE (Llama 4) */
+    float attn_temperature_floor;  /* 0: none; F: on the NoPE layers, q of token i of its sequence is scaled
+                                      by 1 + attn_temperature_scale * log1p(floor((i + 1) / F)) (Llama 4) */
+    float attn_temperature_scale;
+    uint32_t moe_input_weighted;   /* non-zero: each routing weight scales its expert's input, not its output
+                                      (Llama 4) */
+    uint32_t reserved4;            /* zero */
+    uint64_t nope_layers[4];       /* bit l % 64 of word l / 64: layer l has no RoPE and attends to the whole
+                                      sequence (Llama 4's no_rope_layers, inverted; l < 256) */
 } mt_model_config;
 
 /* mt_model_config.moe_scoring: how a router's logits become the scores that choose and weigh the experts */

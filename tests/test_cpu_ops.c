@@ -512,6 +512,106 @@ Test(cpu_ops, moe_shared_gate)
     free(out), free(src), free(z), free(o0), free(x), free(y), free(x0), free(y0);
 }
 
+/* moe_dot_scale with dw NULL (no dot) and / or y NULL (x alone scaled): x and y as the full call
+ * leaves them, bit for bit, and dw not written where it is NULL or where y is. */
+Test(cpu_ops, moe_dot_scale_optional)
+{
+    seed(20);
+    enum { R = 6, n = 9 };
+    const int32_t rows[R] = {3, 0, 5, 1, 4, 2};
+    float *w = rand_vec(R, 2), *x0 = rand_vec(R * n, 1), *y0 = rand_vec(R * n, 1);
+    float *xa = copy_vec(x0, R * n), *ya = copy_vec(y0, R * n), dwa[R];
+    mt_cpu_moe_dot_scale(dwa, xa, ya, w, rows, R, n);
+    for (int r = 0; r < R; r++) {
+        cr_assert_eq(dwa[rows[r]], (float)dot_d(x0 + r * n, y0 + r * n, n), "the full call's dot of row %d", r);
+        for (int i = 0; i < n; i++)
+            cr_assert(xa[r * n + i] == x0[r * n + i] * w[rows[r]] && ya[r * n + i] == y0[r * n + i] * w[rows[r]]);
+    }
+    for (int mode = 0; mode < 3; mode++) { /* 0: dw NULL; 1: y NULL; 2: both NULL */
+        float *x = copy_vec(x0, R * n), *y = copy_vec(y0, R * n), dw[R];
+        for (int r = 0; r < R; r++) dw[r] = -7.0f; /* a sentinel */
+        mt_cpu_moe_dot_scale(mode == 1 ? dw : NULL, x, mode == 0 ? y : NULL, w, rows, R, n);
+        cr_assert(memcmp(x, xa, sizeof(float) * R * n) == 0, "mode %d: x scaled as by the full call", mode);
+        cr_assert(memcmp(y, mode == 0 ? ya : y0, sizeof(float) * R * n) == 0, "mode %d: y scaled, or untouched", mode);
+        for (int r = 0; r < R; r++) cr_assert_eq(dw[r], -7.0f, "mode %d: dw[%d] not written", mode, r);
+        free(x), free(y);
+    }
+    free(w), free(x0), free(y0), free(xa), free(ya);
+}
+
+/* Llama 4's attention temperature, the test's own reading of transformers' formula in fp32:
+ * (log1p(floor((i + 1) / floor_scale)) * scale + 1) with log1p rounded once to fp32. */
+static float temp_factor_ref(int i, float floor_scale, float scale)
+{
+    const float p = (float)i + 1.0f;
+    const float q = floorf(p / floor_scale);
+    const float l = (float)log1p((double)q);
+    return l * scale + 1.0f;
+}
+
+/* attn_temperature on T = 2 sequences of S = 13 positions (not a multiple of floor_scale 4: factors
+ * f(q) for q = 0, 1, 2, 3), rows of n: each element x * f(t % S), exactly, the first floor_scale - 1
+ * positions of each sequence unchanged (q = 0: f = 1), the second sequence's factors the first's; the
+ * factor within 1 ulp of glibc's log1pf form and 2u of the exact real one; twice is x f f (and within 2
+ * roundings of x f^2); linear, so its own adjoint (the backward is the same call): dot(R, A x) and
+ * dot(A R, x) agree to rounding; and a pool of 3 threads gives the serial bits. */
+Test(cpu_ops, attn_temperature)
+{
+    seed(21);
+    const int S = 13, T = 2 * S, n = 7;
+    const float fs = 4.0f, sc = 0.1f;
+    float *x0 = rand_vec((size_t)T * n, 2), *x = copy_vec(x0, (size_t)T * n);
+    mt_cpu_attn_temperature(NULL, x, T, S, n, fs, sc);
+    int distinct = 0;
+    float last = 0.0f;
+    for (int t = 0; t < T; t++) {
+        const int i = t < S ? t : t - S; /* the position in its sequence */
+        const float f = temp_factor_ref(i, fs, sc);
+        cr_assert_eq(mt_cpu_attn_temperature_factor(i, fs, sc), f, "factor of position %d", i);
+        if (t < S && f != last) distinct++, last = f;
+        const double exact = 1.0 + (double)sc * log1p(floor((i + 1.0) / fs));
+        cr_assert(fabs(f - exact) <= 2 * 5.9604644775390625e-08 * exact, "f(%d) = %.9g, exact %.12g", i, f, exact);
+        const float lib = log1pf(floorf(((float)i + 1.0f) / fs)) * sc + 1.0f;
+        cr_assert(fabsf(f - lib) <= 1.2e-7f, "f(%d) = %.9g within an ulp of the log1pf form %.9g", i, f, lib);
+        for (int c = 0; c < n; c++)
+            cr_assert_eq(x[t * n + c], x0[t * n + c] * f, "x[%d, %d] %.9g, want %.9g", t, c, x[t * n + c],
+                         x0[t * n + c] * f);
+        if (i < 3) cr_assert(memcmp(x + t * n, x0 + t * n, sizeof(float) * n) == 0, "row %d: f = 1", t);
+    }
+    cr_assert_eq(distinct, 4, "the factors of q = 0, 1, 2, 3");
+    cr_assert(memcmp(x + S * n, x0 + S * n, sizeof(float) * 3 * n) == 0, "the second sequence starts over");
+    cr_assert(x[(S - 1) * n] != x0[(S - 1) * n], "the last row of a sequence is scaled");
+    /* twice */
+    mt_cpu_attn_temperature(NULL, x, T, S, n, fs, sc);
+    for (int t = 0; t < T; t++) {
+        const float f = temp_factor_ref(t % S, fs, sc);
+        for (int c = 0; c < n; c++) {
+            const float v = x0[t * n + c];
+            cr_assert_eq(x[t * n + c], v * f * f, "twice: x[%d, %d]", t, c);
+            const double want = (double)v * f * f; /* x f^2 with f^2 exact */
+            cr_assert(fabs(x[t * n + c] - want) <= 2 * 5.9604644775390625e-08 * fabs(want), "twice vs f^2");
+        }
+    }
+    /* self-adjoint: dot(R, A x0) = dot(A R, x0), each side within n T u of the exact sum */
+    float *r = rand_vec((size_t)T * n, 1), *ar = copy_vec(r, (size_t)T * n), *ax = copy_vec(x0, (size_t)T * n);
+    mt_cpu_attn_temperature(NULL, ar, T, S, n, fs, sc);
+    mt_cpu_attn_temperature(NULL, ax, T, S, n, fs, sc);
+    double absum = 0;
+    for (int e = 0; e < T * n; e++) absum += fabs((double)r[e] * ax[e]);
+    cr_assert(fabs(dot_d(r, ax, (size_t)T * n) - dot_d(ar, x0, (size_t)T * n)) <= 4 * 5.9604644775390625e-08 * absum,
+              "the backward is the same call");
+    /* threads: rows split over 3 tasks */
+    const int S2 = 300, T2 = 2 * S2, n2 = 200;
+    float *y = rand_vec((size_t)T2 * n2, 2), *y1 = copy_vec(y, (size_t)T2 * n2);
+    mt_pool *p = mt_pool_create(3, NULL);
+    cr_assert(p);
+    mt_cpu_attn_temperature(p, y, T2, S2, n2, 8.0f, 0.1f);
+    mt_cpu_attn_temperature(NULL, y1, T2, S2, n2, 8.0f, 0.1f);
+    cr_assert(memcmp(y, y1, sizeof(float) * T2 * n2) == 0, "3 threads give the serial bits");
+    mt_pool_destroy(p);
+    free(x0), free(x), free(r), free(ar), free(ax), free(y), free(y1);
+}
+
 typedef struct {
     float *x, *y, *R, *inv_freq;
     int32_t *pos;

@@ -26,10 +26,12 @@
 #include <string.h>
 
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/moe.h"
 #include "model/template.h"
 #include "device/device.h"
 #include "optim/adamw.h"
 #include "core/bf16.h"
+#include "cpu/cpu_moe.h"
 #include "cpu/cpu_ops.h"
 #include "gpu.h"
 #include "rng.h"
@@ -1310,4 +1312,104 @@ Test(cuda_kernels, bad_arguments)
               "too many threads");
     mt_device_free(lg);
     cr_expect(mt_device_sync(why, sizeof why) == 0, "no error left behind: %s", why);
+}
+
+/* ---- attention temperature (Llama 4) ------------------------------------------------------------ */
+
+/* mt_cu_attn_temperature against mt_cpu_attn_temperature on the same (dt-rounded) values, with
+ * tolerance 0 in both dtypes. The factor is made by the same fp32 steps on both sides (no fused
+ * multiply-add; log1p in double rounded once to fp32, which for integer arguments below 2^24 is the
+ * correctly rounded log1pf given any double log1p within 5 ulp: cpu_ops.h), and each element is one
+ * fp32 product x * f on both sides; in bf16 mode the kernel rounds that fp32 product to bf16 on store,
+ * and the reference here rounds the CPU's fp32 product to bf16 the same way (as transformers' fp32
+ * product then .to(bf16)). So any difference is a bug. T = 2 sequences (3 at Llama 4's floor_scale),
+ * rows a multiple of 8 (8-wide path) or not, aligned or shifted by an element (scalar path), and one
+ * row for each q up to 2^20 for the GPU's log1p. */
+static void check_temperature(int S, int nseq, int n, float fs, float sc, mt_cu_dtype dt, size_t off)
+{
+    const int T = S * nseq;
+    const size_t ne = (size_t)T * n;
+    tensor x = t_rand(dt, ne, -4.0f, 4.0f, off);
+    mt_cpu_attn_temperature(NULL, x.ref, T, S, n, fs, sc);
+    if (dt == MT_CU_BF16)
+        for (size_t i = 0; i < ne; i++) x.ref[i] = mt_bf16_to_f32(mt_f32_to_bf16(x.ref[i]));
+    cr_assert(mt_cu_attn_temperature(NULL, dt, x.dev, T, S, n, fs, sc) == 0);
+    float *g = t_fetch(&x);
+    for (size_t i = 0; i < ne; i++)
+        cr_assert(memcmp(&g[i], &x.ref[i], sizeof(float)) == 0,
+                  "%s S %d n %d floor %g off %zu: x[%zu, %zu] = %.9g, ref %.9g", dtn(dt), S, n, fs, off, i / n, i % n,
+                  g[i], x.ref[i]);
+    free(g);
+    t_free(&x);
+}
+
+Test(cuda_kernels, attn_temperature)
+{
+    NEED_GPU();
+    seed(40);
+    for (int dti = 0; dti < 2; dti++) {
+        const mt_cu_dtype dt = dti ? MT_CU_BF16 : MT_CU_F32;
+        check_temperature(13, 2, 40, 4.0f, 0.1f, dt, 0);    /* q = 0..3; the 8-wide path */
+        check_temperature(13, 2, 40, 4.0f, 0.1f, dt, 1);    /* misaligned: the scalar path */
+        check_temperature(13, 2, 37, 4.0f, 0.1f, dt, 0);    /* n % 8 != 0 */
+        check_temperature(1000, 2, 64, 3.0f, 0.25f, dt, 0); /* a floor_scale that divides inexactly */
+        check_temperature(20000, 3, 8, 8192.0f, 0.1f, dt, 0); /* Llama 4's: q = 0, 1, 2 */
+    }
+    /* every factor up to q = 2^20 (one row per q, n 8): the GPU's log1p against the CPU's */
+    check_temperature(1 << 20, 1, 8, 1.0f, 0.1f, MT_CU_F32, 0);
+    cr_expect(mt_cu_attn_temperature(NULL, MT_CU_F32, NULL, 4, 0, 8, 4.0f, 0.1f) == -1, "seq_len 0");
+    cr_expect(mt_cu_attn_temperature(NULL, MT_CU_F32, NULL, 0, 4, 8, 4.0f, 0.1f) == 0, "no rows");
+}
+
+/* ---- moe_dot_scale with its optional operands ---------------------------------------------------- */
+
+/* mt_cu_moe_dot_scale with dw NULL, y NULL, both or neither against mt_cpu_moe_dot_scale on the same
+ * (dt-rounded) values: x and y exactly (one fp32 product each on both sides, the CPU's rounded here to
+ * dt as the kernel's store rounds it); dw, where written, within 2u plus the reordering of the double
+ * sums (the GPU's tree against the CPU's ascending sum: the products are exact in double, and each sum
+ * is within n 2^-53 of sum |x y|); where dw is NULL or y is, the sentinel in dw kept, and where y is
+ * NULL its buffer unchanged. n = 300 > the block's 256 threads. */
+static void check_dot_scale_opt(mt_cu_dtype dt, int with_dw, int with_y)
+{
+    enum { R = 7, n = 300 };
+    const int32_t rows[R] = {4, 0, 6, 2, 5, 1, 3};
+    tensor x = t_rand(dt, (size_t)R * n, -2.0f, 2.0f, 0), y = t_rand(dt, (size_t)R * n, -2.0f, 2.0f, 0);
+    tensor w = t_rand(MT_CU_F32, R, -1.5f, 1.5f, 0), dw = t_rand(MT_CU_F32, R, 0.0f, 0.0f, 0);
+    for (int r = 0; r < R; r++) dw.ref[r] = -7.0f; /* a sentinel */
+    t_upload(&dw);
+    float *y0 = xmalloc(sizeof(float) * R * n);
+    memcpy(y0, y.ref, sizeof(float) * R * n);
+    double absum[R] = {0};
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < n; i++) absum[r] += fabs((double)x.ref[r * n + i] * y.ref[r * n + i]);
+    int32_t *drows = dev_upload(rows, sizeof rows);
+    mt_cpu_moe_dot_scale(with_dw ? dw.ref : NULL, x.ref, with_y ? y.ref : NULL, w.ref, rows, R, n);
+    cr_assert(mt_cu_moe_dot_scale(NULL, dt, with_dw ? dw.dev : NULL, x.dev, with_y ? y.dev : NULL, w.dev, drows, R,
+                                  n) == 0);
+    if (dt == MT_CU_BF16)
+        for (int i = 0; i < R * n; i++)
+            x.ref[i] = mt_bf16_to_f32(mt_f32_to_bf16(x.ref[i])), y.ref[i] = mt_bf16_to_f32(mt_f32_to_bf16(y.ref[i]));
+    float *gx = t_fetch(&x), *gy = t_fetch(&y), *gd = t_fetch(&dw);
+    cr_assert(memcmp(gx, x.ref, sizeof(float) * R * n) == 0, "%s dw %d y %d: x", dtn(dt), with_dw, with_y);
+    cr_assert(memcmp(gy, with_y ? y.ref : y0, sizeof(float) * R * n) == 0, "%s dw %d y %d: y", dtn(dt), with_dw,
+              with_y);
+    for (int r = 0; r < R; r++) {
+        const int e = rows[r];
+        if (with_dw && with_y)
+            cr_assert(fabs(gd[e] - dw.ref[e]) <= 2 * U24 * fabs(dw.ref[e]) + 1e-13 * absum[r], "%s dw[%d] %.9g vs %.9g",
+                      dtn(dt), e, gd[e], dw.ref[e]);
+        else
+            cr_assert(gd[e] == -7.0f, "%s dw %d y %d: dw[%d] not written", dtn(dt), with_dw, with_y, e);
+    }
+    free(gx), free(gy), free(gd), free(y0);
+    mt_device_free(drows);
+    t_free(&x), t_free(&y), t_free(&w), t_free(&dw);
+}
+
+Test(cuda_kernels, moe_dot_scale_optional)
+{
+    NEED_GPU();
+    seed(41);
+    for (int dti = 0; dti < 2; dti++)
+        for (int m = 0; m < 4; m++) check_dot_scale_opt(dti ? MT_CU_BF16 : MT_CU_F32, m & 1, m >> 1);
 }

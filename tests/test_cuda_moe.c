@@ -583,6 +583,16 @@ static mt_model_config moe_cfg(mt_arch arch, int precision)
         c.output_router_logits = 0, c.router_aux_loss_coef = 0.0f, c.mlp_only_layers[0] = 1;
         c.shared_expert_intermediate_size = 2 * c.moe_intermediate_size;
     }
+    if (arch == MT_ARCH_LLAMA4) {
+        /* layer 0 with RoPE in chunks of 32 of the 77 positions, q/k L2-normed; layer 1 without RoPE, the
+         * temperature at a floor of 8 (ten factors over 77 positions); the weight on the experts' input, a
+         * shared expert; no window */
+        c.sliding_window = 0, c.norm_topk_prob = 0, c.output_router_logits = 0, c.router_aux_loss_coef = 0.0f;
+        c.moe_scoring = MT_MOE_SCORING_SIGMOID, c.moe_input_weighted = 1;
+        c.shared_expert_intermediate_size = c.moe_intermediate_size;
+        c.attention_chunk_size = 32, c.qk_l2_norm = 1, c.nope_layers[0] = 1u << 1;
+        c.attn_temperature_floor = 8.0f, c.attn_temperature_scale = 0.5f;
+    }
     return c;
 }
 
@@ -731,6 +741,10 @@ Test(cuda_backend, moe_gpt_oss_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH
 Test(cuda_backend, moe_deepseek_v3_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_DEEPSEEK_V3, MT_PRECISION_FP32); }
 Test(cuda_backend, moe_deepseek_v3_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_DEEPSEEK_V3, MT_PRECISION_BF16); }
 Test(cuda_backend, moe_deepseek_v2_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_DEEPSEEK_V2, MT_PRECISION_FP32); }
+/* Llama 4: chunked attention with the L2 norms after RoPE, a NoPE layer with the temperature, the routing
+ * weight on the experts' input, the shared expert */
+Test(cuda_backend, moe_llama4_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_LLAMA4, MT_PRECISION_FP32); }
+Test(cuda_backend, moe_llama4_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_LLAMA4, MT_PRECISION_BF16); }
 /* the same with the library's kernels on the full layer too */
 Test(cuda_backend, moe_gpt_oss_step_matches_cpu_bf16_kernels)
 {

@@ -174,6 +174,12 @@ static const struct {
      "post_attention_layernorm mlp.gate experts.*.gate_proj experts.*.up_proj experts.*.down_proj "
      "shared_experts.gate_proj shared_experts.up_proj shared_experts.down_proj",
      &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 10000.0f, 0, 0, 0, 0, 0, 0, 64, 2, 1407, 0, 0, 0, 192},
+    /* Llama4TextConfig: 16 experts of intermediate_size top-1 beside a shared one, every layer sparse, the
+     * experts fused as in its checkpoints; rope_theta 500000, head_dim 128 whatever the hidden size */
+    {MT_ARCH_LLAMA4,
+     ATTN " o_proj post_attention_layernorm feed_forward.router experts.gate_up_proj experts.gate_up_proj "
+          "experts.down_proj shared_expert.gate_proj shared_expert.up_proj shared_expert.down_proj",
+     &mt_template_moe, 0, MT_GLU_SILU, 0, 1.0f, 500000.0f, 0, 0, 0, 0, 0, 0, 16, 1, 48, 0, 0, 0, 128},
 };
 #define N_EXPECT (sizeof EXPECT / sizeof EXPECT[0])
 
@@ -250,6 +256,7 @@ Test(family, layer_tensors_template_and_dims_of_each_family)
             else if (!strncmp(n, "mlp.experts.", 12) || !strncmp(n, "block_sparse_moe.experts.", 25))
                 shown = strstr(n, "experts.");
             else if (!strncmp(n, "mlp.", 4) && strcmp(n, "mlp.gate") != 0) shown = n + 4;
+            else if (!strncmp(n, "feed_forward.", 13) && strcmp(n, "feed_forward.router") != 0) shown = n + 13;
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", t ? " " : "", shown);
         }
         cr_assert_str_eq(got, EXPECT[i].layer0, "%s's layer 0", f->display_name);
@@ -289,7 +296,13 @@ Test(family, config_json_written_and_read_back_for_each_family)
         }
         if (f->moe == MT_MOE_QWEN3) c.decoder_sparse_step = 2, c.mlp_only_layers[0] = 1;
         if (f->moe != MT_MOE_NONE) c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 48;
-        if (f->moe != MT_MOE_NONE && f->moe != MT_MOE_DEEPSEEK) c.output_router_logits = 1, c.router_aux_loss_coef = 0.01f;
+        if (f->moe != MT_MOE_NONE && f->moe != MT_MOE_DEEPSEEK && f->moe != MT_MOE_LLAMA4)
+            c.output_router_logits = 1, c.router_aux_loss_coef = 0.01f;
+        if (f->moe == MT_MOE_LLAMA4) { /* layer 1 dense, layer 3 without RoPE, chunks of 16, the temperature */
+            c.shared_expert_intermediate_size = 48, c.mlp_only_layers[0] = 2, c.nope_layers[0] = 8;
+            c.attention_chunk_size = 16, c.qk_l2_norm = i % 2, c.attn_temperature_floor = 4.0f;
+            c.attn_temperature_scale = 0.125f;
+        }
         if (f->moe == MT_MOE_DEEPSEEK) { /* two shared experts, groups, a dense first layer, small latents */
             c.shared_expert_intermediate_size = 96, c.n_group = 2, c.topk_group = 1, c.routed_scaling_factor = 1.5f;
             c.mlp_only_layers[0] = 1, c.kv_lora_rank = 8, c.q_lora_rank = i % 2 ? 0 : 12, c.qk_nope_head_dim = 6;
@@ -315,16 +328,20 @@ Test(family, config_json_written_and_read_back_for_each_family)
         if (f->bias_key) cr_assert(cJSON_IsBool(cJSON_GetObjectItem(j, f->bias_key)), "%s", f->display_name);
         const int use_key = f->window == MT_WINDOW_FROM_LAYER || f->window == MT_WINDOW_EVEN_BELOW;
         cr_assert_eq(cJSON_HasObjectItem(j, "use_sliding_window"), use_key, "%s", f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "layer_types"), use_key || f->window == MT_WINDOW_PATTERN, "%s",
+        cr_assert_eq(cJSON_HasObjectItem(j, "layer_types"),
+                     use_key || f->window == MT_WINDOW_PATTERN || (f->flags & MT_FAMILY_CHUNKED_NOPE), "%s",
                      f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "shared_expert_intermediate_size"),
-                     f->shared_block != NULL && f->moe != MT_MOE_DEEPSEEK, "%s", f->display_name);
+                     f->shared_block != NULL && f->moe != MT_MOE_DEEPSEEK && f->moe != MT_MOE_LLAMA4, "%s",
+                     f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "n_shared_experts"), f->moe == MT_MOE_DEEPSEEK, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "kv_lora_rank"), (f->flags & MT_FAMILY_MLA) != 0, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "partial_rotary_factor"), (f->flags & MT_FAMILY_PHI3_ROPE) != 0, "%s",
                      f->display_name);
-        cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"), f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS,
-                     "%s", f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "num_local_experts"),
+                     f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS || f->moe == MT_MOE_LLAMA4, "%s",
+                     f->display_name);
+        cr_assert_eq(cJSON_HasObjectItem(j, "no_rope_layers"), f->moe == MT_MOE_LLAMA4, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "mlp_only_layers"), f->moe == MT_MOE_QWEN3, "%s", f->display_name);
         cr_assert_eq(cJSON_HasObjectItem(j, "query_pre_attn_scalar"), (f->flags & MT_FAMILY_GEMMA_CONFIG) != 0,
                      "%s", f->display_name);

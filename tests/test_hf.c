@@ -72,7 +72,7 @@ static void write_file(const char *path, const void *data, size_t n)
 
 static void write_text(const char *dir, const char *name, const char *text)
 {
-    char p[1024];
+    char p[2048];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     write_file(p, text, strlen(text));
 }
@@ -841,7 +841,9 @@ Test(hf, config_refusals)
                           ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\"}}}",
                           MT_ERR_UNSUPPORTED, "Gemma 3's only");
     expect_config_refusal("{\"architectures\":[\"Qwen3NextForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
-                          "Qwen3NextForCausalLM is not supported (LlamaForCausalLM");
+                          "Qwen3NextForCausalLM is not supported: its linear-attention layers (Gated DeltaNet");
+    expect_config_refusal("{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," BASE_FIELDS "}", MT_ERR_UNSUPPORTED,
+                          "linear-attention layers");
     expect_config_refusal("{\"architectures\":[\"LlamaForCausalLM\"], \"vocab_size\":64,", MT_ERR_FORMAT,
                           "config.json");
     expect_config_refusal("[1, 2]", MT_ERR_FORMAT, "config.json");
@@ -2213,4 +2215,192 @@ Test(hf, config_load_real_world_moonlight)
     cr_assert(c.arch == MT_ARCH_DEEPSEEK_V3 && c.q_lora_rank == 0 && c.n_group <= 1 &&
               c.routed_scaling_factor == 2.446f && c.rope_scaling == MT_ROPE_SCALING_NONE && c.rope_theta == 50000.0f);
     cr_assert_eq(params_of(&c), 15960110208ull);
+}
+
+/* ---- Llama 4 --------------------------------------------------------------------------------- */
+
+/* A small Llama 4: layer 0 sparse and layer 1 dense (interleave_moe_layer_step 2 as Maverick's, but
+ * starting sparse: moe_layers [0, 2]), layer 2 sparse without RoPE; 4 experts of 16 beside a shared one;
+ * chunks of 8, the L2 norms, the temperature */
+static mt_model_config llama4(int precision)
+{
+    mt_model_config c = llama_gqa(precision);
+    c.arch = MT_ARCH_LLAMA4;
+    c.num_hidden_layers = 3;
+    c.num_experts = 4, c.num_experts_per_tok = 1, c.moe_intermediate_size = 16;
+    c.shared_expert_intermediate_size = 16, c.mlp_only_layers[0] = 1u << 1, c.decoder_sparse_step = 1;
+    c.moe_scoring = MT_MOE_SCORING_SIGMOID, c.moe_input_weighted = 1;
+    c.attention_chunk_size = 8, c.qk_l2_norm = 1, c.nope_layers[0] = 1u << 2;
+    c.attn_temperature_floor = 4.0f, c.attn_temperature_scale = 0.25f;
+    return c;
+}
+
+Test(hf, round_trip_llama4_bf16) { round_trip(llama4(MT_PRECISION_BF16)); }
+Test(hf, round_trip_llama4_fp32) { round_trip(llama4(MT_PRECISION_FP32)); }
+
+/* The folder holds Llama4ForCausalLM's names and shapes: the experts as one tensor each, stacked and
+ * transposed, gate and up concatenated (Llama4TextExperts: gate_up_proj (E, C, 2F), its chunk(2) the gate
+ * first; down_proj (E, F, C)), the router and the shared expert under feed_forward, the dense layer's MLP
+ * there too; config.json lists every layer (moe_layers, no_rope_layers with 1 for RoPE, layer_types) and
+ * reads back as the model's config */
+Test(hf, llama4_folder_holds_transformers_layout)
+{
+    mt_model_config c = llama4(MT_PRECISION_FP32);
+    mt_model *a = make(&c);
+    const uint32_t C = 32, F = 16, E = 4;
+    char dir[512];
+    tmp_path(dir, "l4");
+    cr_assert_eq(mt_model_save(a, dir), MT_OK, "%s", mt_model_errmsg(a));
+    char why[256] = "";
+    mt_st_set set = {0}, *f = &set;
+    cr_assert_eq(mt_st_open_dir((mt_err){why}, f, dir), MT_OK, "%s", why);
+    cr_assert_eq(mt_st_index((mt_err){why}, f), MT_OK, "%s", why);
+    static const struct {
+        const char *name;
+        int ndim;
+        uint64_t d0, d1, d2;
+    } want[] = {
+        {"model.layers.0.feed_forward.router.weight", 2, 4, 32, 0},
+        {"model.layers.0.feed_forward.experts.gate_up_proj", 3, 4, 32, 32},
+        {"model.layers.0.feed_forward.experts.down_proj", 3, 4, 16, 32},
+        {"model.layers.0.feed_forward.shared_expert.gate_proj.weight", 2, 16, 32, 0},
+        {"model.layers.0.feed_forward.shared_expert.down_proj.weight", 2, 32, 16, 0},
+        {"model.layers.1.feed_forward.gate_proj.weight", 2, 72, 32, 0},
+        {"model.layers.1.feed_forward.down_proj.weight", 2, 32, 72, 0},
+        {"model.layers.2.self_attn.q_proj.weight", 2, 32, 32, 0},
+        {"model.layers.2.post_attention_layernorm.weight", 1, 32, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const mt_st_tensor *t = mt_st_find(f, want[i].name);
+        cr_assert(t, "%s is in the folder", want[i].name);
+        cr_assert_eq(t->ndim, want[i].ndim, "%s's dimensions", want[i].name);
+        cr_assert(t->dims[0] == want[i].d0 && (want[i].ndim < 2 || t->dims[1] == want[i].d1) &&
+                      (want[i].ndim < 3 || t->dims[2] == want[i].d2),
+                  "%s's shape", want[i].name);
+    }
+    cr_assert_null(mt_st_find(f, "model.layers.0.feed_forward.experts.0.gate_proj.weight"), "experts fused");
+    cr_assert_null(mt_st_find(f, "model.layers.1.feed_forward.router.weight"), "layer 1 is dense");
+    /* element (e, c, j) of gate_up_proj is gate row j of expert e at column c for j < F, up row j - F after */
+    const mt_st_tensor *gu = mt_st_find(f, "model.layers.0.feed_forward.experts.gate_up_proj");
+    const mt_st_tensor *dn = mt_st_find(f, "model.layers.0.feed_forward.experts.down_proj");
+    const mt_unit_desc *u = &a->layout.units[1]; /* layer 0 */
+    const float *master = mt_tile_master(&a->tiles.tile[1], u);
+    const float *gate = NULL, *up = NULL, *down = NULL;
+    for (int t = 0; t < u->n_tensors; t++) {
+        if (u->tensors[t].role == MT_T_EXP_GATE) gate = master + u->tensors[t].offset;
+        if (u->tensors[t].role == MT_T_EXP_UP) up = master + u->tensors[t].offset;
+        if (u->tensors[t].role == MT_T_EXP_DOWN) down = master + u->tensors[t].offset;
+    }
+    cr_assert(gate && up && down && gu->dtype == MT_ST_F32 && dn->dtype == MT_ST_F32);
+    const float *g = (const float *)gu->data, *d = (const float *)dn->data;
+    for (uint32_t e = 0; e < E; e++)
+        for (uint32_t r = 0; r < F; r++)
+            for (uint32_t col = 0; col < C; col++) {
+                const float *at = g + ((uint64_t)e * C + col) * 2 * F;
+                cr_assert_eq(memcmp(&at[r], &gate[((uint64_t)e * F + r) * C + col], 4), 0, "gate %u %u %u", e, r, col);
+                cr_assert_eq(memcmp(&at[F + r], &up[((uint64_t)e * F + r) * C + col], 4), 0, "up %u %u %u", e, r, col);
+                cr_assert_eq(memcmp(&d[((uint64_t)e * F + r) * C + col], &down[((uint64_t)e * C + col) * F + r], 4), 0,
+                             "down %u %u %u", e, r, col);
+            }
+    mt_st_free(f);
+    /* config.json */
+    char p[1024], *txt = NULL;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *fp = fopen(p, "rb");
+    cr_assert(fp);
+    txt = calloc(1 << 16, 1);
+    cr_assert(fread(txt, 1, (1 << 16) - 1, fp) > 0);
+    fclose(fp);
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    cr_assert(j);
+    static const char *const want_json[] = {"\"moe_layers\":[0,2]", "\"no_rope_layers\":[1,1,0]",
+                                            "\"layer_types\":[\"chunked_attention\",\"chunked_attention\",\"full_attention\"]",
+                                            "\"intermediate_size\":16", "\"intermediate_size_mlp\":72",
+                                            "\"attention_chunk_size\":8", "\"use_qk_norm\":true",
+                                            "\"attn_temperature_tuning\":true", "\"floor_scale\":4",
+                                            "\"attn_scale\":0.25", "\"model_type\":\"llama4_text\""};
+    char *flat = cJSON_PrintUnformatted(j);
+    for (size_t i = 0; i < sizeof want_json / sizeof want_json[0]; i++)
+        cr_assert(strstr(flat, want_json[i]), "config.json has %s: %s", want_json[i], flat);
+    free(flat);
+    cJSON_Delete(j);
+    mt_model_config back;
+    mt_model_config_init(&back);
+    cr_assert_eq(mt_config_load(&back, dir), MT_OK, "%s", mt_last_errmsg());
+    back.precision = c.precision, back.seed = c.seed, back.initializer_range = c.initializer_range;
+    mt_model_config want_c;
+    cr_assert_eq(mt_config_import((mt_err){why}, &want_c, &c), MT_OK, "%s", why);
+    size_t off = 0;
+    while (off < sizeof back && ((unsigned char *)&back)[off] == ((unsigned char *)&want_c)[off]) off++;
+    cr_assert_eq(off, sizeof back, "config.json reads back as the model's config (byte %zu differs)", off);
+    mt_model_destroy(a);
+}
+
+/* meta-llama/Llama-4-Scout-17B-16E's text model, as Llama4ForCausalLM's config.json (its text_config):
+ * 48 layers, every one sparse (16 experts, one a token, and a shared one, each 8192 wide), every fourth
+ * without RoPE (no_rope_layers [] takes the default), chunks of 8192, llama3 RoPE with equal low and high
+ * frequency factors, attn_temperature_tuning given as 4. 107,769,861,120 parameters: embedding and head
+ * 2 x 202048 x 5120, each layer's attention 62,914,560, two norms, router 16 x 5120, 17 MLPs of
+ * 3 x 5120 x 8192; 17.2 B active a token (one routed expert and the shared one). */
+Test(hf, config_load_real_world_llama4_scout)
+{
+    char dir[512];
+    tmp_path(dir, "");
+    mt_model_config c = load_text(
+        dir, "{\"architectures\": [\"Llama4ForCausalLM\"], \"attention_bias\": false, \"attention_chunk_size\": 8192,\n"
+             " \"attention_dropout\": 0.0, \"attn_scale\": 0.1, \"attn_temperature_tuning\": 4, \"bos_token_id\": 200000,\n"
+             " \"eos_token_id\": [200001, 200007, 200008], \"floor_scale\": 8192, \"for_llm_compressor\": false,\n"
+             " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 5120, \"initializer_range\": 0.02,\n"
+             " \"interleave_moe_layer_step\": 1, \"intermediate_size\": 8192, \"intermediate_size_mlp\": 16384,\n"
+             " \"max_position_embeddings\": 10485760, \"model_type\": \"llama4_text\", \"no_rope_layers\": [],\n"
+             " \"num_attention_heads\": 40, \"num_experts_per_tok\": 1, \"num_hidden_layers\": 48,\n"
+             " \"num_key_value_heads\": 8, \"num_local_experts\": 16, \"output_router_logits\": false,\n"
+             " \"pad_token_id\": 200018, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 16.0,\n"
+             "  \"high_freq_factor\": 1.0, \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,\n"
+             "  \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0, \"router_aux_loss_coef\": 0.001,\n"
+             " \"router_jitter_noise\": 0.0, \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"use_qk_norm\": true,\n"
+             " \"vocab_size\": 202048}\n");
+    cr_assert_eq(c.arch, MT_ARCH_LLAMA4);
+    cr_assert(c.num_experts == 16 && c.num_experts_per_tok == 1 && c.moe_intermediate_size == 8192 &&
+              c.intermediate_size == 16384 && c.shared_expert_intermediate_size == 8192 && !c.shared_expert_gate);
+    cr_assert(c.moe_scoring == MT_MOE_SCORING_SIGMOID && c.moe_input_weighted && !c.norm_topk_prob &&
+              !c.output_router_logits && c.router_aux_loss_coef == 0.0f, "no load-balancing loss in Llama4ForCausalLM");
+    cr_assert_eq(mt_config_sparse_layers(&c), 48);
+    for (int l = 0; l < 48; l++) {
+        cr_assert_eq(mt_config_layer_nope(&c, l), (l + 1) % 4 == 0, "layer %d's RoPE", l);
+        cr_assert_eq(mt_config_layer_window(&c, l, 16384), (l + 1) % 4 == 0 ? 0 : -8192, "layer %d's chunks", l);
+        cr_assert_eq(mt_config_layer_window(&c, l, 8192), 0, "a chunk as long as the sequence masks nothing");
+    }
+    cr_assert(c.attention_chunk_size == 8192 && c.qk_l2_norm && c.attn_temperature_floor == 8192.0f &&
+              c.attn_temperature_scale == 0.1f);
+    cr_assert(c.rope_scaling == MT_ROPE_SCALING_LLAMA3 && c.rope_factor == 16.0f && c.rope_low_freq_factor == 1.0f &&
+              c.rope_high_freq_factor == 1.0f && c.pad_token_id == 200018);
+    cr_assert_eq(params_of(&c), 107769861120ull);
+    /* llama3 with equal factors: frequencies whose wavelength passes 8192 divided by 16, the others kept */
+    float inv[64], plain[64];
+    mt_model_config u = c;
+    u.rope_scaling = MT_ROPE_SCALING_NONE;
+    mt_rope_inv_freq_of(inv, &c, MT_ROPE_GLOBAL);
+    mt_rope_inv_freq_of(plain, &u, MT_ROPE_GLOBAL);
+    int divided = 0;
+    for (int i = 0; i < 64; i++) {
+        const int far = 2.0 * M_PI / plain[i] > 8192.0;
+        cr_assert_eq(inv[i], far ? plain[i] / 16.0f : plain[i], "inv_freq[%d]", i);
+        divided += far;
+    }
+    cr_assert(divided > 0 && divided < 64);
+    /* what Llama4ForCausalLM cannot be */
+    expect_config_refusal("{\"architectures\": [\"Llama4ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 32, "
+                          "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 64, "
+                          "\"vocab_size\": 100, \"no_rope_layers\": [1, 0], \"layer_types\": [\"chunked_attention\", "
+                          "\"chunked_attention\"]}",
+                          MT_ERR_UNSUPPORTED, "layer_types[1] is chunked_attention");
+    expect_config_refusal("{\"architectures\": [\"Llama4ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 32, "
+                          "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 64, "
+                          "\"vocab_size\": 100, \"no_rope_layers\": [1, 0, 1]}",
+                          MT_ERR_FORMAT, "no_rope_layers");
+    expect_config_refusal("{\"architectures\": [\"Llama4ForConditionalGeneration\"], \"text_config\": {}, "
+                          "\"vision_config\": {}}",
+                          MT_ERR_UNSUPPORTED, "vision encoder");
 }

@@ -627,6 +627,28 @@ Test(moe, gradient_check_deepseek_v2, .timeout = 240)
     gradient_check(c);
 }
 
+/* Llama 4: layers 0 and 1 with RoPE (interleaved pairs) attending in chunks of 4 of the 6 positions, their
+ * q and k L2-normed after it; layer 2 without RoPE, attending fully, q scaled by the attention temperature
+ * (floor 2 and scale 0.5, so that positions 0..5 get four different factors); layer 1 dense (Maverick's
+ * interleaving); each token's expert chosen by logit, its weight sigmoid(logit) scaling the expert's input,
+ * a shared expert as wide as each routed one (no biases, as Llama 4: on the NoPE layer k's would take no
+ * gradient, every score of a row moving by q . b_k, which the softmax ignores). */
+static mt_model_config llama4_cfg(int topk)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_QWEN3_MOE, 4, topk, 0, MT_PRECISION_FP32);
+    c.arch = MT_ARCH_LLAMA4, c.norm_topk_prob = 0;
+    c.mlp_only_layers[0] = 1u << 1;
+    c.moe_scoring = MT_MOE_SCORING_SIGMOID, c.moe_input_weighted = 1;
+    c.shared_expert_intermediate_size = c.moe_intermediate_size;
+    c.attention_chunk_size = 4, c.qk_l2_norm = 1, c.nope_layers[0] = 1u << 2;
+    c.attn_temperature_floor = 2.0f, c.attn_temperature_scale = 0.5f;
+    return c;
+}
+
+Test(moe, gradient_check_llama4, .timeout = 240) { gradient_check(llama4_cfg(1)); }
+/* two experts a token: the input-weighted rows of one token in two experts, added back */
+Test(moe, gradient_check_llama4_top2, .timeout = 240) { gradient_check(llama4_cfg(2)); }
+
 /* ---- experts without tokens ------------------------------------------------------------------ */
 
 /* The block of expert e of stacked tensor t in the fp32 block `base` of its unit. */

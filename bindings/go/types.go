@@ -56,6 +56,7 @@ const (
 	ArchGptOss     Arch = C.MT_ARCH_GPT_OSS
 	ArchDeepseekV3 Arch = C.MT_ARCH_DEEPSEEK_V3
 	ArchDeepseekV2 Arch = C.MT_ARCH_DEEPSEEK_V2
+	ArchLlama4     Arch = C.MT_ARCH_LLAMA4
 )
 
 // Precision is the numeric mode of a model (mt_precision).
@@ -337,6 +338,21 @@ type ModelConfig struct {
 	RoutedScalingFactor float32
 	// MoeScoring: how the router scores the experts.
 	MoeScoring MoeScoring
+	// AttentionChunkSize: 0 none; N: on the layers with RoPE, query i sees only the keys of its
+	// chunk of N, from N * floor(i / N) (Llama 4's chunked attention).
+	AttentionChunkSize uint32
+	// QKL2Norm: non-zero: on the layers with RoPE, each head of q and k is divided by its root
+	// mean square (+ rms_norm_eps), no weight, after RoPE (Llama 4).
+	QKL2Norm uint32
+	// AttnTemperatureFloor, AttnTemperatureScale: 0 none; F: on the NoPE layers, q of token i of
+	// its sequence is scaled by 1 + AttnTemperatureScale * log1p(floor((i + 1) / F)) (Llama 4).
+	AttnTemperatureFloor, AttnTemperatureScale float32
+	// MoeInputWeighted: non-zero: each routing weight scales its expert's input, not its output
+	// (Llama 4).
+	MoeInputWeighted uint32
+	// NopeLayers: bit l%64 of word l/64: layer l has no RoPE and attends to the whole sequence
+	// (Llama 4's no_rope_layers, inverted; l < 256).
+	NopeLayers [4]uint64
 }
 
 // NewModelConfig returns the library's default configuration.
@@ -408,6 +424,14 @@ func (g *ModelConfig) toC() C.mt_model_config {
 	c.n_group, c.topk_group = C.uint32_t(g.NGroup), C.uint32_t(g.TopkGroup)
 	c.routed_scaling_factor = C.float(g.RoutedScalingFactor)
 	c.moe_scoring = C.uint32_t(g.MoeScoring)
+	c.attention_chunk_size = C.uint32_t(g.AttentionChunkSize)
+	c.qk_l2_norm = C.uint32_t(g.QKL2Norm)
+	c.attn_temperature_floor = C.float(g.AttnTemperatureFloor)
+	c.attn_temperature_scale = C.float(g.AttnTemperatureScale)
+	c.moe_input_weighted = C.uint32_t(g.MoeInputWeighted)
+	for i := range g.NopeLayers {
+		c.nope_layers[i] = C.uint64_t(g.NopeLayers[i])
+	}
 	return c
 }
 
@@ -469,6 +493,11 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 		TopkGroup:                    uint32(c.topk_group),
 		RoutedScalingFactor:          float32(c.routed_scaling_factor),
 		MoeScoring:                   MoeScoring(c.moe_scoring),
+		AttentionChunkSize:           uint32(c.attention_chunk_size),
+		QKL2Norm:                     uint32(c.qk_l2_norm),
+		AttnTemperatureFloor:         float32(c.attn_temperature_floor),
+		AttnTemperatureScale:         float32(c.attn_temperature_scale),
+		MoeInputWeighted:             uint32(c.moe_input_weighted),
 	}
 	for i := range g.RopeShortFactor {
 		g.RopeShortFactor[i] = float32(c.rope_short_factor[i])
@@ -476,6 +505,9 @@ func modelConfigFromC(c *C.mt_model_config) ModelConfig {
 	}
 	for i := range g.MlpOnlyLayers {
 		g.MlpOnlyLayers[i] = uint64(c.mlp_only_layers[i])
+	}
+	for i := range g.NopeLayers {
+		g.NopeLayers[i] = uint64(c.nope_layers[i])
 	}
 	return g
 }

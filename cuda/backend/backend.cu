@@ -476,6 +476,12 @@ static void k_attn_sink_bwd(void *kc, float *dsink, const void *dout, const void
        "attention sinks backward");
 }
 
+static void k_attn_temperature(void *kc, void *x, int T, int seq_len, int n, float floor_scale, float scale)
+{
+    cu_be *b = B(kc);
+    OK(b, mt_cu_attn_temperature(b->comp, b->dt, x, T, seq_len, n, floor_scale, scale), "attention temperature");
+}
+
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     cu_be *b = B(kc);
@@ -674,6 +680,7 @@ static mt_kernels cuda_kernels(void)
     k.attention_bwd = k_attention_bwd;
     k.attn_sink = k_attn_sink;
     k.attn_sink_bwd = k_attn_sink_bwd;
+    k.attn_temperature = k_attn_temperature;
     k.glu = k_glu;
     k.glu_bwd = k_glu_bwd;
     k.copy = k_copy;

@@ -834,6 +834,34 @@ __global__ void __cluster_dims__(SINK_BWD_CLUSTER, 1, 1) __launch_bounds__(SINK_
     cluster.sync(); // no block leaves while rank 0 still reads its shared memory
 }
 
+// ---- attention temperature (Llama 4) -----------------------------------------------------------------
+// One thread per (row, VEC-wide slice of the row): the row's factor by mt_cpu_attn_temperature_factor's
+// steps, each rounding spelt out (log1p in double, rounded once: the correctly rounded log1pf, as the
+// CPU's), then VEC products rounded once to T.
+
+__device__ __forceinline__ float temperature_factor(int i, float floor_scale, float scale)
+{
+    const float p = __fadd_rn((float)i, 1.0f), q = floorf(__fdiv_rn(p, floor_scale));
+    const float l = __double2float_rn(log1p((double)q));
+    return __fadd_rn(__fmul_rn(l, scale), 1.0f);
+}
+
+template <typename T, int VEC>
+__global__ void attn_temperature_k(T *x, int Tn, int seq_len, int n, float floor_scale, float scale)
+{
+    const int nc = n / VEC;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)Tn * nc) return;
+    const size_t t = idx / nc, c = (size_t)(idx % nc) * VEC;
+    const float f = temperature_factor((int)(t % (size_t)seq_len), floor_scale, scale);
+    T *xr = x + t * (size_t)n + c;
+    float v[VEC];
+    load<VEC>(xr, v);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) v[k] = __fmul_rn(v[k], f);
+    store<VEC>(xr, v);
+}
+
 // ---- embedding -----------------------------------------------------------------------------------
 
 template <typename TO, typename TW, int VEC>
@@ -1509,6 +1537,27 @@ int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsink, const void
             attn_sink_bwd_k<TT, 1><<<blocks, SINK_BWD_THREADS, 0, s>>>(dsink, (const TT *)dout, (const TT *)out, lse,
                                                                       (const TT *)sinks, BS, S, H, D, P);
         return launched();
+    });
+}
+
+// ---- attention temperature ----
+
+int mt_cu_attn_temperature(mt_cu_stream s, mt_cu_dtype dt, void *x, int T, int seq_len, int n, float floor_scale,
+                           float scale)
+{
+    if (T < 0 || n < 0 || seq_len <= 0) return -1;
+    if (T == 0 || n == 0) return 0;
+    const bool vec = n % 8 == 0 && al16(x);
+    return with_dtype(dt, [&](auto tt) {
+        using TT = typename decltype(tt)::type;
+        auto go = [&](auto vtag) {
+            constexpr int VEC = decltype(vtag)::value;
+            const size_t items = (size_t)T * (n / VEC);
+            attn_temperature_k<TT, VEC><<<blocks_for(items, 256), 256, 0, s>>>((TT *)x, T, seq_len, n, floor_scale,
+                                                                              scale);
+            return launched();
+        };
+        return vec ? go(ic<8>{}) : go(ic<1>{});
     });
 }
 

@@ -202,6 +202,17 @@ int mt_cu_attn_sink(mt_cu_stream s, mt_cu_dtype dt, void *out, float *lse, const
 int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsink, const void *dout, const void *out,
                         const float *lse, const void *sinks, int B, int S, int H, int D);
 
+/* ---- attention temperature (Llama 4) ------------------------------------------------------- */
+
+/* Row t of x (T, n) in dt, in place, times f = 1 + scale * log1p(floor((i + 1) / floor_scale)) with
+ * i = t % seq_len, as mt_cpu_attn_temperature: the factor by the same fp32 steps (p = i + 1, q =
+ * floorf(p / floor_scale), log1p(q) in double rounded once to fp32, then * scale + 1 with no fused
+ * multiply-add), the product x * f in fp32 rounded once to dt: the same bits as the CPU op on the same
+ * (dt-rounded) values. Linear in x: the backward is the same call on the gradient. seq_len > 0.
+ * 8-wide accesses where n % 8 == 0 and x is 16-byte aligned. */
+int mt_cu_attn_temperature(mt_cu_stream s, mt_cu_dtype dt, void *x, int T, int seq_len, int n, float floor_scale,
+                           float scale);
+
 /* ---- embedding ---------------------------------------------------------------------- */
 
 /* out[t, :] = wte[tokens[t], :] * scale (in fp32, rounded once to dt); out
@@ -347,6 +358,9 @@ static inline int mt_cu_attn_sink_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dsi
     (void)D;
     return -1;
 }
+static inline int mt_cu_attn_temperature(mt_cu_stream s, mt_cu_dtype dt, void *x, int T, int seq_len, int n,
+                                         float floor_scale, float scale)
+{ (void)s, (void)dt, (void)x, (void)T, (void)seq_len, (void)n, (void)floor_scale, (void)scale; return -1; }
 static inline int mt_cu_embedding(mt_cu_stream s, mt_cu_dtype dt, void *out, const int32_t *tokens, mt_cu_dtype wdt,
                                   const void *wte, int T, int C, int V, float scale)
 { (void)s, (void)dt, (void)out, (void)tokens, (void)wdt, (void)wte, (void)T, (void)C, (void)V, (void)scale; return -1; }

@@ -308,18 +308,26 @@ __global__ void combine_k(TO *out, const TS *src, const float *w, const int32_t 
     }
 }
 
+// dw NULL: no dot; y NULL: x alone is scaled (and no dot). Both branches are uniform over the block, so
+// block_sum's barriers are reached by every thread or by none; without the dot, each thread reads and
+// writes only its own elements.
 template <typename TD>
 __global__ void dot_scale_k(float *dw, TD *x, TD *y, const float *w, const int32_t *rows, int n)
 {
     __shared__ double sh[BLOCK];
     const size_t r = blockIdx.x;
-    TD *xr = x + r * n, *yr = y + r * n;
-    double d = 0.0;
-    for (int i = threadIdx.x; i < n; i += BLOCK) d += (double)ld(xr + i) * ld(yr + i);
-    d = block_sum(d, sh); // every read of the row is done
-    if (threadIdx.x == 0) dw[rows[r]] = (float)d;
+    TD *xr = x + r * n, *yr = y ? y + r * n : nullptr;
+    if (dw && yr) {
+        double d = 0.0;
+        for (int i = threadIdx.x; i < n; i += BLOCK) d += (double)ld(xr + i) * ld(yr + i);
+        d = block_sum(d, sh); // every read of the row is done
+        if (threadIdx.x == 0) dw[rows[r]] = (float)d;
+    }
     const float s = w[rows[r]];
-    for (int i = threadIdx.x; i < n; i += BLOCK) st(xr + i, ld(xr + i) * s), st(yr + i, ld(yr + i) * s);
+    if (yr)
+        for (int i = threadIdx.x; i < n; i += BLOCK) st(xr + i, ld(xr + i) * s), st(yr + i, ld(yr + i) * s);
+    else
+        for (int i = threadIdx.x; i < n; i += BLOCK) st(xr + i, ld(xr + i) * s);
 }
 
 __device__ float sigmoid_f(float z) { return 1.0f / (1.0f + expf(-z)); }

@@ -44,7 +44,8 @@ int mt_cu_moe_gather(mt_cu_stream s, mt_cu_dtype dt, void *dst, const void *src,
 int mt_cu_moe_combine(mt_cu_stream s, mt_cu_dtype odt, void *out, mt_cu_dtype sdt, const void *src, const float *w,
                       const int32_t *slot_row, int T, int k, int C);
 /* dw[rows[r]] = dot(x[r, :], y[r, :]) (fp32, summed in double), then x[r, :] and y[r, :] times
- * w[rows[r]]; x, y (R, n) in dt */
+ * w[rows[r]] (fp32 products, rounded once to dt); x, y (R, n) in dt. dw NULL: no dot; y NULL: x alone
+ * is scaled and dw is not written, as mt_cpu_moe_dot_scale */
 int mt_cu_moe_dot_scale(mt_cu_stream s, mt_cu_dtype dt, float *dw, void *x, void *y, const float *w,
                         const int32_t *rows, int R, int n);
 /* out[t, :] += sigmoid(z[t]) * src[t, :] (fp32, rounded once) for t < T; out, src (T, C) in dt, z fp32 */

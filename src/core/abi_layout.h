@@ -9,8 +9,8 @@
 
 #if defined(__x86_64__) || defined(__aarch64__)
 
-_Static_assert(sizeof(mt_model_config) == 1304, "mt_model_config: size");
-_Static_assert(offsetof(mt_model_config, moe_scoring) + sizeof(((mt_model_config *)0)->moe_scoring) == 1304, "mt_model_config: no tail padding");
+_Static_assert(sizeof(mt_model_config) == 1360, "mt_model_config: size");
+_Static_assert(offsetof(mt_model_config, nope_layers) + sizeof(((mt_model_config *)0)->nope_layers) == 1360, "mt_model_config: no tail padding");
 _Static_assert(offsetof(mt_model_config, struct_size) == 0, "mt_model_config.struct_size: offset");
 _Static_assert(offsetof(mt_model_config, arch) == 4, "mt_model_config.arch: offset");
 _Static_assert(offsetof(mt_model_config, vocab_size) == 8, "mt_model_config.vocab_size: offset");
@@ -75,6 +75,13 @@ _Static_assert(offsetof(mt_model_config, n_group) == 1288, "mt_model_config.n_gr
 _Static_assert(offsetof(mt_model_config, topk_group) == 1292, "mt_model_config.topk_group: offset");
 _Static_assert(offsetof(mt_model_config, routed_scaling_factor) == 1296, "mt_model_config.routed_scaling_factor: offset");
 _Static_assert(offsetof(mt_model_config, moe_scoring) == 1300, "mt_model_config.moe_scoring: offset");
+_Static_assert(offsetof(mt_model_config, attention_chunk_size) == 1304, "mt_model_config.attention_chunk_size: offset");
+_Static_assert(offsetof(mt_model_config, qk_l2_norm) == 1308, "mt_model_config.qk_l2_norm: offset");
+_Static_assert(offsetof(mt_model_config, attn_temperature_floor) == 1312, "mt_model_config.attn_temperature_floor: offset");
+_Static_assert(offsetof(mt_model_config, attn_temperature_scale) == 1316, "mt_model_config.attn_temperature_scale: offset");
+_Static_assert(offsetof(mt_model_config, moe_input_weighted) == 1320, "mt_model_config.moe_input_weighted: offset");
+_Static_assert(offsetof(mt_model_config, reserved4) == 1324, "mt_model_config.reserved4: offset");
+_Static_assert(offsetof(mt_model_config, nope_layers) == 1328, "mt_model_config.nope_layers: offset");
 
 _Static_assert(sizeof(mt_family_info) == 64, "mt_family_info: size");
 _Static_assert(offsetof(mt_family_info, example) + sizeof(((mt_family_info *)0)->example) == 64, "mt_family_info: no tail padding");

@@ -131,6 +131,11 @@ static void k_attn_sink_bwd(void *kc, float *dsink, const void *dout, const void
     mt_cpu_attn_sink_bwd(dsink, dout, out, lse, sinks, n_seq, seq_len, H, D);
 }
 
+static void k_attn_temperature(void *kc, void *x, int T, int seq_len, int n, float floor_scale, float scale)
+{
+    mt_cpu_attn_temperature(P(kc), x, T, seq_len, n, floor_scale, scale);
+}
+
 static void k_glu(void *kc, void *out, const void *gate, const void *up, size_t n, int act)
 {
     mt_cpu_glu(P(kc), act, out, gate, up, n);
@@ -291,6 +296,7 @@ static const mt_kernels cpu_kernels = {
     .attention_bwd = k_attention_bwd,
     .attn_sink = k_attn_sink,
     .attn_sink_bwd = k_attn_sink_bwd,
+    .attn_temperature = k_attn_temperature,
     .glu = k_glu,
     .glu_bwd = k_glu_bwd,
     .copy = k_copy,

@@ -184,12 +184,17 @@ void mt_cpu_moe_combine(float *out, const float *src, const float *w, const int3
 void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const int32_t *rows, int R, int n)
 {
     for (int r = 0; r < R; r++) {
-        float *xr = x + (size_t)r * n, *yr = y + (size_t)r * n;
-        double dot = 0.0;
-        for (int i = 0; i < n; i++) dot += (double)xr[i] * yr[i];
-        dw[rows[r]] = (float)dot;
+        float *xr = x + (size_t)r * n, *yr = y ? y + (size_t)r * n : NULL;
+        if (dw && yr) {
+            double dot = 0.0;
+            for (int i = 0; i < n; i++) dot += (double)xr[i] * yr[i];
+            dw[rows[r]] = (float)dot;
+        }
         const float s = w[rows[r]];
-        for (int i = 0; i < n; i++) xr[i] *= s, yr[i] *= s;
+        if (yr)
+            for (int i = 0; i < n; i++) xr[i] *= s, yr[i] *= s;
+        else
+            for (int i = 0; i < n; i++) xr[i] *= s;
     }
 }
 

@@ -23,6 +23,9 @@ void mt_cpu_moe_route_bwd(float *dlogits, const float *dw, const float *probs, c
                           const float *stats, int L, float aux, int T, int E, int k, const struct mt_route *rt);
 void mt_cpu_moe_gather(float *dst, const float *src, const int32_t *rows, int R, int k, int C);
 void mt_cpu_moe_combine(float *out, const float *src, const float *w, const int32_t *slot_row, int T, int k, int C);
+/* For the R routed rows: dw[rows[r]] = dot(x[r, :], y[r, :]) (summed in double), then x[r, :] and y[r, :]
+ * times w[rows[r]] (one fp32 product each); rows of n. dw NULL: no dot; y NULL: x alone is scaled, and dw
+ * is not written (there is no dot without y). */
 void mt_cpu_moe_dot_scale(float *dw, float *x, float *y, const float *w, const int32_t *rows, int R, int n);
 /* out[t, :] += sigmoid(z[t]) * src[t, :] for t < T, rows of C */
 void mt_cpu_moe_shared_gate(float *out, const float *src, const float *z, int T, int C);

@@ -678,6 +678,42 @@ void mt_cpu_softcap(float *x, size_t n, float cap)
     for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
 }
 
+/* ---- attention temperature (Llama 4) --------------------------------------------------- */
+
+float mt_cpu_attn_temperature_factor(int i, float floor_scale, float scale)
+{
+    const float p = (float)i + 1.0f, q = floorf(p / floor_scale);
+    const float l = (float)log1p((double)q); /* the correctly rounded log1pf (cpu_ops.h) */
+    return l * scale + 1.0f;                 /* two fp32 roundings: no contraction under -std=c11 */
+}
+
+typedef struct {
+    float *x;
+    int T, seq_len, n;
+    float floor_scale, scale;
+    size_t nt;
+} temp_args;
+
+static void temperature_task(void *ctx, size_t task, int thread)
+{
+    const temp_args *a = ctx;
+    size_t lo, hi;
+    mt_split_range((size_t)a->T, a->nt, task, 1, &lo, &hi);
+    for (size_t t = lo; t < hi; t++) {
+        const float f = mt_cpu_attn_temperature_factor((int)(t % (size_t)a->seq_len), a->floor_scale, a->scale);
+        float *restrict xr = a->x + t * (size_t)a->n;
+        for (int c = 0; c < a->n; c++) xr[c] *= f;
+    }
+}
+
+void mt_cpu_attn_temperature(mt_pool *p, float *x, int T, int seq_len, int n, float floor_scale, float scale)
+{
+    if (T <= 0 || n <= 0 || seq_len <= 0) return;
+    temp_args a = {.x = x, .T = T, .seq_len = seq_len, .n = n, .floor_scale = floor_scale, .scale = scale,
+                   .nt = n_tasks(p, (size_t)T * n, 1 << 15)};
+    mt_pool_run(p, a.nt, temperature_task, &a);
+}
+
 /* ---- embedding ------------------------------------------------------------------ */
 
 typedef struct {

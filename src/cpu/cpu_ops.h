@@ -157,6 +157,16 @@ void mt_cpu_attn_sink(float *out, float *lse, const float *sinks, int B, int S, 
 void mt_cpu_attn_sink_bwd(float *dsink, const float *dout, const float *out, const float *lse, const float *sinks,
                           int B, int S, int H, int D);
 
+/* Llama 4's attention temperature (template.h's attn_temperature), in place: row t of x (T, n) times
+ * f(t % seq_len), f(i) = 1 + scale * log1p(floor((i + 1) / floor_scale)) in fp32 as transformers writes
+ * it: p = (float)i + 1, q = floorf(p / floor_scale), f = L(q) * scale + 1.0f with each step rounded to
+ * fp32, where L(q) is log1p(q) rounded once to fp32 (computed in double, then rounded: for every integer
+ * q < 2^24 the double is at least 5 double ulps from an fp32 rounding boundary, so this is the correctly
+ * rounded log1pf, within 1 ulp of any libm's log1pf, and the CUDA kernel gets the same bits). Then each
+ * element x * f, one fp32 product. Linear in x: the backward is the same call on the gradient. */
+float mt_cpu_attn_temperature_factor(int i, float floor_scale, float scale);
+void mt_cpu_attn_temperature(mt_pool *p, float *x, int T, int seq_len, int n, float floor_scale, float scale);
+
 /* ---- elementwise, embedding, loss ------------------------------------------- */
 
 /* out = act(gate) * up, act (template.h's mt_glu_act) MT_GLU_SILU, silu(g) = g / (1 + exp(-g)),

@@ -107,7 +107,7 @@ static mt_status sliding_window_from_json(mt_err err, mt_model_config *c, const 
         if (P > L) P = 0;      /* no full layer among these: every layer slides */
     }
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
-    if (lt && !cJSON_IsNull(lt)) {
+    if (lt && !cJSON_IsNull(lt) && !(f->flags & MT_FAMILY_CHUNKED_NOPE)) { /* Llama 4's: llama4_from_json */
         if (!cJSON_IsArray(lt)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list", path);
         if ((uint32_t)cJSON_GetArraySize(lt) != L)
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" has %d entries for %u layers", path,
@@ -413,6 +413,115 @@ static mt_status deepseek_moe_from_json(mt_err err, mt_model_config *c, const mt
     return MT_OK;
 }
 
+/* A list of num_hidden_layers 0/1 flags (Llama4TextConfig's no_rope_layers) into out; left as it is when
+ * absent, null or empty (Llama4TextConfig then takes its default) */
+static mt_status get_layer_flags(mt_err err, const cJSON *j, const char *key, uint32_t L, int *out, const char *path)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!a || cJSON_IsNull(a) || (cJSON_IsArray(a) && !a->child)) return MT_OK; /* [] too: Python's falsy list */
+    if (!cJSON_IsArray(a) || (uint32_t)cJSON_GetArraySize(a) != L)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be a list of one 0 or 1 a layer (%u layers)", path, key, L);
+    uint32_t l = 0;
+    for (const cJSON *e = a->child; e; e = e->next, l++) {
+        if (!(cJSON_IsNumber(e) || cJSON_IsBool(e)) || (cJSON_IsNumber(e) && e->valuedouble != 0 && e->valuedouble != 1))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\"[%u] must be 0 or 1", path, key, l);
+        out[l] = cJSON_IsNumber(e) ? e->valuedouble != 0 : cJSON_IsTrue(e);
+    }
+    return MT_OK;
+}
+
+/* Llama4TextConfig's experts and attention, with its defaults where a key is absent. Its intermediate_size
+ * is each expert's width (and the shared expert's), intermediate_size_mlp the dense layers'; the sparse
+ * layers are every interleave_moe_layer_step-th or those moe_layers names. no_rope_layers[l] is 1 where
+ * layer l HAS RoPE (transformers' name): by default every layer but each no_rope_layer_interval-th; the
+ * layers with RoPE attend in chunks of attention_chunk_size (layer_types "chunked_attention"), the others
+ * fully. Llama4ForCausalLM adds no load-balancing loss and its router no jitter, whatever the config says. */
+static mt_status llama4_from_json(mt_err err, mt_model_config *c, const mt_family *f, const cJSON *j,
+                                  const char *path)
+{
+    mt_status st;
+    const uint32_t L = c->num_hidden_layers;
+    uint32_t step = 1, interval = 4, chunk = 8192, qk_norm = 1, tuning = 1;
+    float floor_scale = 8192.0f, scale = 0.1f;
+    c->moe_intermediate_size = c->intermediate_size; /* read as the model's: the experts' */
+    c->intermediate_size = 16384;
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(j, "attention_chunk_size");
+    if (cs && cJSON_IsNull(cs)) chunk = 0;
+    else if ((st = get_u32(err, j, "attention_chunk_size", &chunk, 0, path))) return st;
+    if ((st = get_experts(err, j, &c->num_experts, path)) ||
+        (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)) ||
+        (st = get_u32(err, j, "intermediate_size_mlp", &c->intermediate_size, 0, path)) ||
+        (st = get_u32(err, j, "interleave_moe_layer_step", &step, 0, path)) ||
+        (st = get_u32(err, j, "no_rope_layer_interval", &interval, 0, path)) ||
+        (st = get_bool(err, j, "use_qk_norm", &qk_norm, path)) ||
+        (st = get_float(err, j, "floor_scale", &floor_scale, 0, path)) ||
+        (st = get_float(err, j, "attn_scale", &scale, 0, path)))
+        return st;
+    /* Llama4TextAttention tests it for truth: Llama 4 Scout's config.json says 4 */
+    const cJSON *tt = cJSON_GetObjectItemCaseSensitive(j, "attn_temperature_tuning");
+    if (tt && !cJSON_IsNull(tt)) {
+        if (!cJSON_IsBool(tt) && !cJSON_IsNumber(tt))
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"attn_temperature_tuning\" must be true, false or a number",
+                           path);
+        tuning = cJSON_IsBool(tt) ? cJSON_IsTrue(tt) : tt->valuedouble != 0;
+    }
+    if (c->num_experts == 0)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: num_local_experts 0 (a %s model without experts) is not supported",
+                       path, f->display_name);
+    if (L > 256)
+        return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: %u layers: %s's layer lists are supported up to 256 layers", path,
+                       L, f->display_name);
+    if (step == 0 || interval == 0)
+        return mt_fail(err, MT_ERR_FORMAT, "%s: interleave_moe_layer_step and no_rope_layer_interval must be at least 1",
+                       path);
+    /* the sparse layers: moe_layers, else every step-th (transformers' range(step - 1, L, step)) */
+    int sparse[256], rope[256];
+    for (uint32_t l = 0; l < L; l++) sparse[l] = (l + 1) % step == 0, rope[l] = (l + 1) % interval != 0;
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(j, "moe_layers");
+    if (ml && !cJSON_IsNull(ml)) {
+        if (!cJSON_IsArray(ml)) return mt_fail(err, MT_ERR_FORMAT, "%s: \"moe_layers\" must be a list", path);
+        for (uint32_t l = 0; l < L; l++) sparse[l] = 0;
+        for (const cJSON *e = ml->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0) || e->valuedouble >= L ||
+                e->valuedouble != floor(e->valuedouble))
+                return mt_fail(err, MT_ERR_FORMAT, "%s: \"moe_layers\" must be a list of layer indices below %u", path,
+                               L);
+            sparse[(int)e->valuedouble] = 1;
+        }
+    }
+    if ((st = get_layer_flags(err, j, "no_rope_layers", L, rope, path))) return st;
+    /* layer_types, where given, must be what the layers' RoPE makes them (transformers derives it so) */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (uint32_t)cJSON_GetArraySize(lt) != L)
+            return mt_fail(err, MT_ERR_FORMAT, "%s: \"layer_types\" must be a list of one name a layer", path);
+        uint32_t l = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, l++) {
+            const char *want = rope[l] ? "chunked_attention" : "full_attention";
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, want) != 0)
+                return mt_fail(err, MT_ERR_UNSUPPORTED,
+                               "%s: layer_types[%u] is %s, but layer %u %s RoPE: %s's layers with RoPE attend in "
+                               "chunks and the others fully (\"%s\")",
+                               path, l, cJSON_IsString(e) ? e->valuestring : "not a name", l,
+                               rope[l] ? "has" : "has no", f->display_name, want);
+        }
+    }
+    memset(c->mlp_only_layers, 0, sizeof c->mlp_only_layers);
+    memset(c->nope_layers, 0, sizeof c->nope_layers);
+    for (uint32_t l = 0; l < L; l++) {
+        if (!sparse[l]) c->mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
+        if (!rope[l]) c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    c->decoder_sparse_step = 1, c->norm_topk_prob = 0, c->moe_scoring = MT_MOE_SCORING_SIGMOID;
+    c->moe_input_weighted = 1, c->shared_expert_intermediate_size = c->moe_intermediate_size, c->shared_expert_gate = 0;
+    c->attention_chunk_size = chunk, c->qk_l2_norm = qk_norm;
+    c->attn_temperature_floor = tuning ? floor_scale : 0.0f, c->attn_temperature_scale = tuning ? scale : 0.0f;
+    if (tuning && !(floor_scale > 0.0f))
+        return mt_fail(err, MT_ERR_FORMAT, "%s: floor_scale %g must be positive", path, (double)floor_scale);
+    c->router_aux_loss_coef = 0.0f, c->output_router_logits = 0;
+    return MT_OK;
+}
+
 /* The mixture-of-experts keys, with transformers' defaults where a key is absent
  * (Qwen3MoeConfig, MixtralConfig). Qwen3-MoE: num_experts, num_experts_per_tok,
  * moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers;
@@ -430,6 +539,7 @@ static mt_status moe_from_json(mt_err err, mt_model_config *c, const mt_family *
         return st;
     c->num_experts = f->experts, c->num_experts_per_tok = f->experts_per_tok;
     if (f->moe == MT_MOE_DEEPSEEK) return deepseek_moe_from_json(err, c, f, j, path);
+    if (f->moe == MT_MOE_LLAMA4) return llama4_from_json(err, c, f, j, path);
     if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         if ((st = get_experts(err, j, &c->num_experts, path)) ||
             (st = get_u32(err, j, "num_experts_per_tok", &c->num_experts_per_tok, 0, path)))
@@ -542,9 +652,19 @@ static mt_status config_from_json(mt_err err, mt_model_config *c, const cJSON *j
         const cJSON *a0 = cJSON_GetArrayItem(archs, 0);
         if (!cJSON_IsString(a0))
             return mt_fail(err, MT_ERR_FORMAT, "%s: \"architectures\" must be a list of names", path);
-        if (!(f = mt_family_by_architecture(a0->valuestring)))
+        if (!(f = mt_family_by_architecture(a0->valuestring))) {
+            /* hybrids of linear attention (Gated DeltaNet) and full attention: say what is missing */
+            static const char *const hybrids[] = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
+            for (size_t i = 0; i < sizeof hybrids / sizeof hybrids[0]; i++)
+                if (!strcmp(a0->valuestring, hybrids[i]))
+                    return mt_fail(err, MT_ERR_UNSUPPORTED,
+                                   "%s: architecture %s is not supported: its linear-attention layers (Gated "
+                                   "DeltaNet, layer_types \"linear_attention\") have no template in this library; "
+                                   "only softmax-attention models are (%s)",
+                                   path, a0->valuestring, mt_family_list(known, sizeof known, 0));
             return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: architecture %s is not supported (%s are)", path,
                            a0->valuestring, mt_family_list(known, sizeof known, 0));
+        }
     } else if (cJSON_IsString(mtype)) {
         if (!(f = mt_family_by_model_type(mtype->valuestring)))
             return mt_fail(err, MT_ERR_UNSUPPORTED, "%s: model_type %s is not supported (%s are)", path,
@@ -769,9 +889,10 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
     /* Mixtral's and GPT-OSS's intermediate_size is each expert's width */
-    cJSON_AddNumberToObject(j, "intermediate_size", f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS
-                                                        ? c->moe_intermediate_size
-                                                        : c->intermediate_size);
+    cJSON_AddNumberToObject(j, "intermediate_size",
+                            f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS || f->moe == MT_MOE_LLAMA4
+                                ? c->moe_intermediate_size
+                                : c->intermediate_size);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
@@ -900,6 +1021,27 @@ char *mt_config_json_text(const mt_model_config *c, const char *source_dir)
         cJSON_AddNumberToObject(j, "qk_rope_head_dim", c->qk_rope_head_dim);
         cJSON_AddNumberToObject(j, "v_head_dim", c->v_head_dim);
         if (f->arch == MT_ARCH_DEEPSEEK_V3) cJSON_AddBoolToObject(j, "rope_interleave", c->rope_interleave != 0);
+    } else if (f->moe == MT_MOE_LLAMA4) {
+        /* every layer listed: moe_layers and no_rope_layers (1: RoPE), the layer types they make */
+        cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(j, "intermediate_size_mlp", c->intermediate_size);
+        cJSON *ml = cJSON_AddArrayToObject(j, "moe_layers"), *nr = cJSON_AddArrayToObject(j, "no_rope_layers");
+        cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+        for (int l = 0; l < (int)c->num_hidden_layers; l++) {
+            if (mt_config_layer_sparse(c, l)) cJSON_AddItemToArray(ml, cJSON_CreateNumber(l));
+            cJSON_AddItemToArray(nr, cJSON_CreateNumber(!mt_config_layer_nope(c, l)));
+            cJSON_AddItemToArray(lt, cJSON_CreateString(mt_config_layer_nope(c, l) ? "full_attention"
+                                                                                    : "chunked_attention"));
+        }
+        if (c->attention_chunk_size) cJSON_AddNumberToObject(j, "attention_chunk_size", c->attention_chunk_size);
+        else cJSON_AddNullToObject(j, "attention_chunk_size");
+        cJSON_AddBoolToObject(j, "use_qk_norm", c->qk_l2_norm != 0);
+        cJSON_AddBoolToObject(j, "attn_temperature_tuning", c->attn_temperature_floor != 0.0f);
+        if (c->attn_temperature_floor != 0.0f) {
+            cJSON_AddItemToObject(j, "floor_scale", int_or_float_number(c->attn_temperature_floor));
+            cJSON_AddItemToObject(j, "attn_scale", float_number(c->attn_temperature_scale));
+        }
     } else if (f->moe == MT_MOE_MIXTRAL || f->moe == MT_MOE_GPT_OSS) {
         cJSON_AddNumberToObject(j, "num_local_experts", c->num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
@@ -930,7 +1072,7 @@ int mt_tensor_ndim(const mt_tensor_desc *t)
 static int experts_tensor_shape(const mt_tensor_desc *t, uint64_t *dims, mt_st_map *map)
 {
     const uint64_t rows = t->rows / t->experts;
-    *map = (mt_st_map){rows, t->cols, t->ck_il, t->ck_phase};
+    *map = (mt_st_map){rows, t->cols, t->ck_il, t->ck_phase, t->ck_cat};
     dims[0] = t->experts;
     if (t->cols == 1) {
         dims[1] = rows * t->ck_il;

@@ -405,7 +405,7 @@ static float part_f32(const mt_st_write_req *t, int p, uint64_t j)
 }
 
 /* A mapped tensor (mt_st_map) in the checkpoint's order: element o is (e, c, r * il + p), element
- * (e, r, c) of part p. */
+ * (e, r, c) of part p ((e, c, p * rows + r) where the parts are concatenated, m->cat). */
 static int write_mapped(int fd, const mt_st_write_req *t, void *buf)
 {
     const mt_st_map *m = &t->map;
@@ -420,7 +420,8 @@ static int write_mapped(int fd, const mt_st_write_req *t, void *buf)
         const size_t c = (size_t)MT_MIN((uint64_t)per, t->numel - o0);
         for (size_t k = 0; k < c; k++) {
             const uint64_t o = o0 + k, e = o / block, col = o % block / row, x = o % row;
-            const float v = part_f32(t, (int)(x % m->il), (e * m->rows + x / m->il) * m->cols + col);
+            const uint64_t part = m->cat ? x / m->rows : x % m->il, r = m->cat ? x % m->rows : x / m->il;
+            const float v = part_f32(t, (int)part, (e * m->rows + r) * m->cols + col);
             if (t->dtype == MT_ST_F32) ((float *)buf)[k] = v;
             else ((uint16_t *)buf)[k] = mt_f32_to_bf16(v);
         }

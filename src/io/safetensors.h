@@ -68,11 +68,14 @@ void mt_st_shape_str(char *out, size_t size, const uint64_t *dims, int nd);
 typedef struct mt_st_map {
     uint64_t rows, cols;
     uint32_t il, phase;
+    uint32_t cat; /* the il matrices concatenated along the last dimension, not interleaved: element (e, r, c)
+                   * is (e, c, phase * rows + r) */
 } mt_st_map;
 
 static inline uint64_t mt_st_map_src(const mt_st_map *m, uint64_t j)
 {
     const uint64_t per = m->rows * m->cols, e = j / per, r = j % per / m->cols, c = j % m->cols;
+    if (m->cat) return ((e * m->cols + c) * m->il + m->phase) * m->rows + r;
     return ((e * m->cols + c) * m->rows + r) * m->il + m->phase;
 }
 

@@ -64,7 +64,8 @@ int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
             BUF(dlatn32, T * R, 1);
         }
     }
-    if (d->qk_norm) {
+    if (d->qk_l2) BUF(l2w, (uint64_t)d->D, 0);
+    if (d->qk_norm || d->qk_l2) {
         BUF(qr, T * Q, 0);
         BUF(kr, T * KV, 0);
         BUF(rstdq, T * (uint64_t)d->H, 1);
@@ -85,7 +86,7 @@ int mt_block_reductions(const mt_dims *d, int want_grad, mt_reduction *out)
     out[k++] = (mt_reduction){MT_RED_CROSS_ENTROPY, (uint64_t)d->chunk, (uint64_t)d->V};
     if (!want_grad) return k;
     out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T, (uint64_t)d->C};
-    if (d->qk_norm) { /* the norms of each head of q and k: T * H and T * Hkv rows of D */
+    if (d->qk_norm || d->qk_l2) { /* the norms of each head of q and k: T * H and T * Hkv rows of D */
         out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->H, (uint64_t)d->D};
         out[k++] = (mt_reduction){MT_RED_RMSNORM_BWD, T * (uint64_t)d->Hkv, (uint64_t)d->D};
     }
@@ -104,7 +105,7 @@ unsigned mt_block_keeps(const mt_dims *d)
 {
     /* with q and k normed per head the backward needs them before their norms, and multi-head latent
      * attention its latents: kept q, k, v would not spare their recompute */
-    return MT_KEEP_ATT | MT_KEEP_H | (d->qk_norm || d->mla ? 0u : (unsigned)MT_KEEP_QKV);
+    return MT_KEEP_ATT | MT_KEEP_H | (d->qk_norm || d->qk_l2 || d->mla ? 0u : (unsigned)MT_KEEP_QKV);
 }
 
 void mt_block_embed_forward(const mt_exec *x, void *const *w, const int32_t *tokens, void *out)
@@ -204,22 +205,35 @@ void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int re
     const int T = d->T, C = d->C;
     /* xn1 and rstd1 always: the backward of the q, k, v projections and of the norm reads them */
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_ATTN_NORM], T, C, d->eps, d->norm_offset);
-    /* with qk_norm the backward also reads q and k before their norms, with MLA its latents: never skipped */
+    /* with qk_norm or qk_l2 the backward also reads q and k before their norms, with MLA its latents:
+     * never skipped */
+    const int l2 = d->qk_l2 && !a->nope; /* Llama 4 norms q and k on its layers with RoPE, after it */
     if (d->mla) {
         mla_qkv(x, w, a);
-    } else if (!recompute || !a->qkv_kept || d->qk_norm) {
-        if (d->qk_norm) {
-            k->linear(kc, b->qr, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-            k->linear(kc, b->kr, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
-            k->rmsnorm(kc, a->q, b->rstdq, b->qr, w[MT_T_Q_NORM], T * d->H, d->D, d->eps, d->norm_offset);
-            k->rmsnorm(kc, a->k, b->rstdk, b->kr, w[MT_T_K_NORM], T * d->Hkv, d->D, d->eps, d->norm_offset);
-        } else {
-            k->linear(kc, a->q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
-            k->linear(kc, a->k, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
-        }
+    } else if (!recompute || !a->qkv_kept || d->qk_norm || d->qk_l2) {
+        void *q = d->qk_norm || l2 ? b->qr : a->q, *kk = d->qk_norm || l2 ? b->kr : a->k;
+        k->linear(kc, q, 0, b->xn1, w[MT_T_Q], w[MT_T_Q_BIAS], T, C, d->Q, 0);
+        k->linear(kc, kk, 0, b->xn1, w[MT_T_K], w[MT_T_K_BIAS], T, C, d->KV, 0);
         k->linear(kc, a->v, 0, b->xn1, w[MT_T_V], w[MT_T_V_BIAS], T, C, d->KV, 0);
-        k->rope(kc, a->q, T, d->H, d->D, 0, a->rope_local);
-        k->rope(kc, a->k, T, d->Hkv, d->D, 0, a->rope_local);
+        if (l2) { /* Llama4TextL2Norm: x / sqrt(mean(x^2) + eps), the norms' kernel at a scale of 1 + 0 */
+            k->rope(kc, b->qr, T, d->H, d->D, 0, a->rope_local);
+            k->rope(kc, b->kr, T, d->Hkv, d->D, 0, a->rope_local);
+            k->zero(kc, b->l2w, (size_t)d->D * d->es);
+            k->rmsnorm(kc, a->q, b->rstdq, b->qr, b->l2w, T * d->H, d->D, d->eps, 1.0f);
+            k->rmsnorm(kc, a->k, b->rstdk, b->kr, b->l2w, T * d->Hkv, d->D, d->eps, 1.0f);
+        } else {
+            if (d->qk_norm) { /* Qwen3, Gemma 3: before RoPE, with weights */
+                k->rmsnorm(kc, a->q, b->rstdq, b->qr, w[MT_T_Q_NORM], T * d->H, d->D, d->eps, d->norm_offset);
+                k->rmsnorm(kc, a->k, b->rstdk, b->kr, w[MT_T_K_NORM], T * d->Hkv, d->D, d->eps, d->norm_offset);
+            }
+            if (!a->nope) {
+                k->rope(kc, a->q, T, d->H, d->D, 0, a->rope_local);
+                k->rope(kc, a->k, T, d->Hkv, d->D, 0, a->rope_local);
+            }
+        }
+        /* Llama 4's NoPE layers: q times the attention temperature of its position in the sequence */
+        if (a->nope && d->temp_floor != 0.0f)
+            k->attn_temperature(kc, a->q, T, d->seq_len, d->Q, d->temp_floor, d->temp_scale);
     }
     if (!recompute || !a->att_kept) {
         k->attention(kc, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H, d->Hkv, d->D, d->attn_scale,
@@ -233,16 +247,19 @@ void mt_block_attention(const mt_exec *x, void *const *w, const void *in, int re
  * holds the gradient after the norm; returns it before the norm, as act (in
  * dact or dx, which gets it in f32). */
 static const void *head_norm_backward(const mt_exec *x, void *dact, float *dx, float *gw, const void *xr,
-                                      const void *w, const float *rstd, int rows)
+                                      const void *w, const float *rstd, int rows, float woff)
 {
     const mt_kernels *k = x->k;
     const mt_dims *d = x->d;
     const size_t n = (size_t)rows * d->D;
     const float *dy = k->as_f32(x->kc, x->w->dqk32, dact, n);
     k->zero(x->kc, dx, n * sizeof(float));
-    k->rmsnorm_bwd(x->kc, dx, gw, dy, xr, w, rstd, rows, d->D, d->eps, d->norm_offset);
+    k->rmsnorm_bwd(x->kc, dx, gw, dy, xr, w, rstd, rows, d->D, d->eps, woff);
     return k->as_act(x->kc, dact, dx, n);
 }
+
+static void qkv_proj_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                         const void *dq, const void *dk);
 
 void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *in, const void *dya,
                             float *dy, const mt_layer_acts *a)
@@ -251,7 +268,7 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const mt_work *b = x->w;
-    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV;
+    const int T = d->T, C = d->C, Q = d->Q;
     if (d->mla) { /* o_proj read the first Dv of each head: the gradient of the rest is zero */
         k->linear_dx(kc, b->dattp, 0, dya, w[MT_T_O], T, d->Qo, C, 0);
         k->linear_dw(kc, gw[MT_T_O], gw[MT_T_O_BIAS], dya, mt_block_attention_out(x, a), T, d->Qo, C);
@@ -265,8 +282,21 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
         k->attn_sink_bwd(kc, gw[MT_T_SINKS], b->datt, a->att, a->lse, w[MT_T_SINKS], d->n_seq, d->seq_len, d->H, d->D);
     k->attention_bwd(kc, b->dq, b->dk, b->dv, b->datt, a->att, a->lse, a->q, a->k, a->v, d->n_seq, d->seq_len, d->H,
                      d->Hkv, d->D, d->attn_scale, a->window, d->attn_softcap);
-    k->rope(kc, b->dq, T, d->H, d->D, 1, a->rope_local);
-    k->rope(kc, b->dk, T, d->Hkv, d->D, 1, a->rope_local);
+    if (d->qk_l2 && !a->nope) { /* the L2 norms' backward (no weight: no gradient of one), then RoPE's */
+        k->zero(kc, b->l2w, (size_t)d->D * d->es);
+        void *dq = (void *)head_norm_backward(x, b->dq, b->dqr, NULL, b->qr, b->l2w, b->rstdq, T * d->H, 1.0f);
+        void *dk = (void *)head_norm_backward(x, b->dk, b->dkr, NULL, b->kr, b->l2w, b->rstdk, T * d->Hkv, 1.0f);
+        k->rope(kc, dq, T, d->H, d->D, 1, a->rope_local);
+        k->rope(kc, dk, T, d->Hkv, d->D, 1, a->rope_local);
+        qkv_proj_bwd(x, w, gw, in, dy, dq, dk);
+        return;
+    }
+    if (a->nope && d->temp_floor != 0.0f) /* linear in q: the same factors on its gradient */
+        k->attn_temperature(kc, b->dq, T, d->seq_len, d->Q, d->temp_floor, d->temp_scale);
+    if (!a->nope) {
+        k->rope(kc, b->dq, T, d->H, d->D, 1, a->rope_local);
+        k->rope(kc, b->dk, T, d->Hkv, d->D, 1, a->rope_local);
+    }
     if (d->mla) {
         mla_qkv_bwd(x, w, gw);
         k->rmsnorm_bwd(kc, dy, gw[MT_T_ATTN_NORM], b->dxn, in, w[MT_T_ATTN_NORM], b->rstd1, T, C, d->eps,
@@ -275,9 +305,23 @@ void mt_block_attention_bwd(const mt_exec *x, void *const *w, float *const *gw, 
     }
     const void *dq = b->dq, *dk = b->dk;
     if (d->qk_norm) {
-        dq = head_norm_backward(x, b->dq, b->dqr, gw[MT_T_Q_NORM], b->qr, w[MT_T_Q_NORM], b->rstdq, T * d->H);
-        dk = head_norm_backward(x, b->dk, b->dkr, gw[MT_T_K_NORM], b->kr, w[MT_T_K_NORM], b->rstdk, T * d->Hkv);
+        dq = head_norm_backward(x, b->dq, b->dqr, gw[MT_T_Q_NORM], b->qr, w[MT_T_Q_NORM], b->rstdq, T * d->H,
+                                d->norm_offset);
+        dk = head_norm_backward(x, b->dk, b->dkr, gw[MT_T_K_NORM], b->kr, w[MT_T_K_NORM], b->rstdk, T * d->Hkv,
+                                d->norm_offset);
     }
+    qkv_proj_bwd(x, w, gw, in, dy, dq, dk);
+}
+
+/* The q, k, v projections' and the input norm's backward from dq, dk (act) and b->dv, into dy */
+static void qkv_proj_bwd(const mt_exec *x, void *const *w, float *const *gw, const void *in, float *dy,
+                         const void *dq, const void *dk)
+{
+    const mt_kernels *k = x->k;
+    void *kc = x->kc;
+    const mt_dims *d = x->d;
+    const mt_work *b = x->w;
+    const int T = d->T, C = d->C, Q = d->Q, KV = d->KV;
     k->linear_dx(kc, b->dxn, 1, dq, w[MT_T_Q], T, C, Q, 0);
     k->linear_dx(kc, b->dxn, 1, dk, w[MT_T_K], T, C, KV, 1);
     k->linear_dx(kc, b->dxn, 1, b->dv, w[MT_T_V], T, C, KV, 1);

@@ -108,11 +108,12 @@ static mt_status mla_fields_check(mt_err err, mt_model_config *c, const mt_famil
             return BAD("kv_lora_rank and the other multi-head latent attention fields must be 0 for %s (DeepSeek-V2 "
                        "and DeepSeek-V3 have it)",
                        f->display_name);
-        if (c->n_group > 1 || c->topk_group || c->moe_scoring || (c->routed_scaling_factor != 0.0f &&
-                                                                   c->routed_scaling_factor != 1.0f))
+        const uint32_t scoring = f->moe == MT_MOE_LLAMA4 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX;
+        if (c->n_group > 1 || c->topk_group || c->moe_scoring != scoring ||
+            (c->routed_scaling_factor != 0.0f && c->routed_scaling_factor != 1.0f))
             return BAD("n_group, topk_group, routed_scaling_factor and moe_scoring are DeepSeek's routing: %s "
-                       "routes by the softmax's top-k",
-                       f->display_name);
+                       "routes by the %s's top-k (moe_scoring %u)",
+                       f->display_name, scoring ? "sigmoid" : "softmax", scoring);
         return MT_OK;
     }
     if (c->kv_lora_rank == 0 || c->kv_lora_rank > MAX_HIDDEN || c->q_lora_rank > MAX_HIDDEN)
@@ -181,6 +182,49 @@ static mt_status mla_fields_check(mt_err err, mt_model_config *c, const mt_famil
     return MT_OK;
 }
 
+static int any_nope_layer(const mt_model_config *c)
+{
+    return (c->nope_layers[0] | c->nope_layers[1] | c->nope_layers[2] | c->nope_layers[3]) != 0;
+}
+
+/* Llama 4's attention and routing; fields other families leave at 0 */
+static mt_status llama4_fields_check(mt_err err, const mt_model_config *c, const mt_family *f)
+{
+    if (c->reserved4) return BAD("mt_model_config.reserved4 must be zero");
+    const int any = c->attention_chunk_size || c->qk_l2_norm || c->attn_temperature_floor != 0.0f ||
+                    c->attn_temperature_scale != 0.0f || c->moe_input_weighted || any_nope_layer(c);
+    if (!(f->flags & MT_FAMILY_CHUNKED_NOPE)) {
+        if (any)
+            return BAD("attention_chunk_size, qk_l2_norm, the attention temperature, moe_input_weighted and "
+                       "nope_layers are Llama 4's: they must be 0 for %s",
+                       f->display_name);
+        return MT_OK;
+    }
+    for (uint32_t l = c->num_hidden_layers; l < 256; l++)
+        if (c->nope_layers[l / 64] >> (l % 64) & 1)
+            return BAD("nope_layers names layer %u of a model of %u layers", l, c->num_hidden_layers);
+    if (c->num_hidden_layers > 256 && any_nope_layer(c))
+        return BAD("nope_layers covers layers below 256: a model of %u layers is past it", c->num_hidden_layers);
+    if (!unset_or_above(c->attn_temperature_floor, 0.0f) || !isfinite(c->attn_temperature_scale))
+        return BAD("attn_temperature_floor %g must be 0 or positive and attn_temperature_scale %g finite",
+                   (double)c->attn_temperature_floor, (double)c->attn_temperature_scale);
+    if (c->attn_temperature_floor == 0.0f && c->attn_temperature_scale != 0.0f)
+        return BAD("attn_temperature_scale %g needs attn_temperature_floor (0: no temperature)",
+                   (double)c->attn_temperature_scale);
+    if (c->sliding_window) return BAD("sliding_window: %s attends in chunks (attention_chunk_size)", f->display_name);
+    /* Llama4Router and Llama4TextMoe: sigmoid of the top-k logits, on the experts' input, never renormalised */
+    if (!c->moe_input_weighted || c->norm_topk_prob || c->output_router_logits || c->router_aux_loss_coef != 0.0f)
+        return BAD("%s weighs each expert's input by the sigmoid of its logit, never renormalised, and computes no "
+                   "load-balancing loss: moe_input_weighted must be 1, norm_topk_prob, output_router_logits and "
+                   "router_aux_loss_coef 0",
+                   f->display_name);
+    if (c->shared_expert_intermediate_size != c->moe_intermediate_size)
+        return BAD("shared_expert_intermediate_size %u must be moe_intermediate_size %u: %s's shared expert is as "
+                   "wide as each routed one",
+                   c->shared_expert_intermediate_size, c->moe_intermediate_size, f->display_name);
+    return MT_OK;
+}
+
 /* Every float of the n that is finite and positive. */
 static int all_positive(const float *v, uint32_t n)
 {
@@ -195,8 +239,8 @@ static mt_status rope_fields_check(mt_err err, const mt_model_config *c, const m
     if (s > MT_ROPE_SCALING_LONGROPE) return BAD("rope_scaling %u is not an mt_rope_scaling value", s);
     if (s == MT_ROPE_SCALING_LLAMA3 &&
         (!(c->rope_factor >= 1.0f) || !(c->rope_low_freq_factor > 0.0f) ||
-         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position == 0))
-        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+         !(c->rope_high_freq_factor >= c->rope_low_freq_factor) || c->rope_original_max_position == 0))
+        return BAD("llama3 rope scaling needs factor >= 1, 0 < low_freq_factor <= high_freq_factor and "
                    "original_max_position > 0 (got %g, %g, %g, %u)",
                    (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
                    c->rope_original_max_position);
@@ -323,7 +367,8 @@ mt_status mt_config_import(mt_err err, mt_model_config *c, const mt_model_config
     if (c->pad_token_id < -1 || c->pad_token_id >= (int64_t)c->vocab_size)
         return BAD("pad_token_id %d is outside the vocabulary [0, %u) (-1: no padding row)", c->pad_token_id,
                    c->vocab_size);
-    if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f)) || (st = mla_fields_check(err, c, f)))
+    if ((st = gemma_fields_check(err, c, f)) || (st = moe_fields_check(err, c, f)) || (st = mla_fields_check(err, c, f)) ||
+        (st = llama4_fields_check(err, c, f)))
         return st;
     if ((f->flags & MT_FAMILY_FUSED) && c->attention_bias)
         return BAD("attention_bias: %s's fused qkv_proj has no bias", f->display_name);
@@ -346,6 +391,7 @@ const char *mt_config_field_group(size_t byte)
         size_t from;
         const char *what;
     } groups[] = { /* the fields appended since 0.1, by the first of each group */
+        {offsetof(mt_model_config, attention_chunk_size), "Llama 4's attention and routing"},
         {offsetof(mt_model_config, kv_lora_rank), "multi-head latent attention and DeepSeek's routing"},
         {offsetof(mt_model_config, partial_rotary_factor), "partial rotary, YaRN and LongRoPE"},
         {offsetof(mt_model_config, shared_expert_intermediate_size), "the shared expert"},

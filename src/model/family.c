@@ -129,6 +129,18 @@ static const mt_family FAMILIES[] = {
                           .shared_ffn = 2816, .kv_lora = 512, .q_lora = 0, .qk_nope = 128, .qk_rope = 64,
                           .v_dim = 128, .dense_layers = 1, .routed_scale = 1.0f},
     },
+    {
+        .arch = MT_ARCH_LLAMA4, .name = "llama4", .display_name = "Llama 4", .architecture = "Llama4ForCausalLM",
+        .model_type = "llama4_text", .particular = "chunked and NoPE layers, shared expert", MOE_TEMPLATE,
+        .hidden_act = "silu", .rope_theta = 500000.0f, .flags = MT_FAMILY_CHUNKED_NOPE | MT_FAMILY_O_BIAS,
+        .head_dim_default = 128,
+        .moe = MT_MOE_LLAMA4, .experts = 16, .experts_per_tok = 1, .moe_block = "feed_forward",
+        .expert_names = {"gate_proj", "up_proj", "down_proj"}, .shared_block = "shared_expert",
+        .example = "Llama-4-Scout-17B-16E",
+        .example_shape = {.vocab = 202048, .hidden = 5120, .ffn = 16384, .layers = 48, .heads = 40, .kv_heads = 8,
+                          .head_dim = 128, .experts = 16, .experts_per_tok = 1, .expert_ffn = 8192,
+                          .shared_ffn = 8192, .chunk = 8192, .nope_every = 4},
+    },
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
@@ -217,6 +229,13 @@ mt_status mt_family_example(mt_model_config *cfg, uint32_t arch)
         c.n_group = s->n_group, c.topk_group = s->topk_group, c.routed_scaling_factor = s->routed_scale;
         c.moe_scoring = f->arch == MT_ARCH_DEEPSEEK_V3 ? MT_MOE_SCORING_SIGMOID : MT_MOE_SCORING_SOFTMAX;
         for (uint32_t l = 0; l < s->dense_layers; l++) c.mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    if (f->moe == MT_MOE_LLAMA4) { /* Llama4TextConfig's defaults beside the shape */
+        c.attention_chunk_size = s->chunk, c.qk_l2_norm = 1, c.moe_input_weighted = 1;
+        c.moe_scoring = MT_MOE_SCORING_SIGMOID;
+        c.attn_temperature_floor = 8192.0f, c.attn_temperature_scale = 0.1f;
+        for (uint32_t l = 0; l < s->layers; l++)
+            if ((l + 1) % s->nope_every == 0) c.nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
     }
     uint32_t caller_size;
     memcpy(&caller_size, cfg, sizeof caller_size);

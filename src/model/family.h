@@ -38,6 +38,9 @@ enum {
                                      * GPT-OSS) */
     MT_FAMILY_MLA = 1u << 12,       /* multi-head latent attention (kv_lora_rank and the q/k/v head sizes,
                                      * DeepSeek-V2/V3); first_k_dense_replace dense layers; n_shared_experts */
+    MT_FAMILY_CHUNKED_NOPE = 1u << 13, /* Llama 4's attention: layers with RoPE attend in chunks
+                                     * (attention_chunk_size) with L2-normed q and k (use_qk_norm), layers
+                                     * without (no_rope_layers) attend fully with a temperature on q */
 };
 
 /* Which layers slide, and how config.json says so. */
@@ -70,6 +73,12 @@ typedef enum mt_moe_format {
      * first_k_dense_replace layers dense (intermediate_size); sigmoid scores, e_score_correction_bias,
      * n_group/topk_group, routed_scaling_factor; experts named as Qwen3-MoE's */
     MT_MOE_DEEPSEEK = 4,
+    /* Llama4TextConfig: num_local_experts of intermediate_size each (the dense layers' width is
+     * intermediate_size_mlp) and a shared expert as wide, every interleave_moe_layer_step-th layer sparse
+     * (or those of moe_layers); top-k by logit, each weight sigmoid(logit) applied to its expert's input;
+     * the experts stored stacked and transposed, gate and up concatenated (feed_forward.experts.gate_up_proj
+     * (E, C, 2F), down_proj (E, F, C)), the router feed_forward.router */
+    MT_MOE_LLAMA4 = 5,
 } mt_moe_format;
 /* Qwen2MoeConfig's keys are Qwen3MoeConfig's and shared_expert_intermediate_size (mt_family.shared_block). */
 
@@ -81,6 +90,8 @@ typedef struct mt_family_shape {
     /* multi-head latent attention and DeepSeek's routing */
     uint32_t kv_lora, q_lora, qk_nope, qk_rope, v_dim, dense_layers, n_group, topk_group;
     float routed_scale;
+    /* Llama 4: the chunk of the layers with RoPE, and one layer in nope_every without it */
+    uint32_t chunk, nope_every;
 } mt_family_shape;
 
 typedef struct mt_family {

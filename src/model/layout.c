@@ -69,6 +69,35 @@ static void add_gpt_oss_moe(mt_unit_desc *u, const mt_model_config *c, int l)
 #undef NAME
 }
 
+/* Llama 4's sparse MLP (Llama4TextMoe): feed_forward.router, the experts stacked and transposed in one
+ * tensor each, gate and up concatenated (gate_up_proj (E, C, 2F): mt_tensor_desc.ck_cat), and the shared
+ * expert, an MLP as wide as each routed one */
+static void add_llama4_moe(mt_unit_desc *u, const mt_model_config *c, int l)
+{
+    const uint32_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d.feed_forward." s, l), n)
+    add_tensor(u, MT_T_ROUTER, NAME("router.weight"), E, C, 1);
+    static const struct {
+        mt_tensor_role role;
+        const char *name;
+        int down;
+        uint8_t parts, phase;
+    } ex[3] = {{MT_T_EXP_GATE, "experts.gate_up_proj", 0, 2, 0},
+               {MT_T_EXP_UP, "experts.gate_up_proj", 0, 2, 1},
+               {MT_T_EXP_DOWN, "experts.down_proj", 1, 1, 0}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.feed_forward.%s", l, ex[i].name);
+        add_tensor(u, ex[i].role, n, E * (ex[i].down ? C : F), ex[i].down ? F : C, 1);
+        mt_tensor_desc *t = &u->tensors[u->n_tensors - 1];
+        t->experts = E, t->ck_il = ex[i].parts, t->ck_phase = ex[i].phase, t->ck_cat = ex[i].parts > 1;
+    }
+    add_tensor(u, MT_T_SH_GATE, NAME("shared_expert.gate_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_SH_UP, NAME("shared_expert.up_proj.weight"), F, C, 1);
+    add_tensor(u, MT_T_SH_DOWN, NAME("shared_expert.down_proj.weight"), C, F, 1);
+#undef NAME
+}
+
 /* The MLP of a sparse layer: the router and the experts' gate, up and down matrices, named as the
  * family's checkpoints name them: Qwen3-MoE mlp.gate and mlp.experts.E.{gate,up,down}_proj, Mixtral
  * block_sparse_moe.gate and block_sparse_moe.experts.E.{w1,w3,w2} (mt_family.moe_block, expert_names). */
@@ -79,7 +108,7 @@ static void add_moe_tensors(mt_unit_desc *u, const mt_model_config *c, const mt_
     char n[96];
     snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, f->moe_block);
     add_tensor(u, MT_T_ROUTER, n, E, C, 1);
-    if (c->moe_scoring == MT_MOE_SCORING_SIGMOID) { /* DeepSeek-V3's buffer beside the router's weight */
+    if (f->moe == MT_MOE_DEEPSEEK && c->moe_scoring == MT_MOE_SCORING_SIGMOID) { /* DeepSeek-V3's buffer */
         snprintf(n, sizeof n, "model.layers.%d.%s.gate.e_score_correction_bias", l, f->moe_block);
         add_tensor(u, MT_T_ROUTER_CORR, n, E, 1, 0);
     }
@@ -176,7 +205,14 @@ static void add_layer_tensors(mt_unit_desc *u, const mt_model_config *c, int l)
     }
     if (mt_config_layer_sparse(c, l)) {
         if (f->moe == MT_MOE_GPT_OSS) add_gpt_oss_moe(u, c, l);
+        else if (f->moe == MT_MOE_LLAMA4) add_llama4_moe(u, c, l);
         else add_moe_tensors(u, c, f, l);
+        return;
+    }
+    if (f->moe == MT_MOE_LLAMA4) { /* Llama4TextMLP under feed_forward */
+        add_tensor(u, MT_T_GATE, NAME("feed_forward.gate_proj.weight"), F, C, 1);
+        add_tensor(u, MT_T_UP, NAME("feed_forward.up_proj.weight"), F, C, 1);
+        add_tensor(u, MT_T_DOWN, NAME("feed_forward.down_proj.weight"), C, F, 1);
         return;
     }
     add_tensor(u, MT_T_GATE, fused ? NAME("mlp.gate_up_proj.weight") : NAME("mlp.gate_proj.weight"), F, C, 1);
@@ -293,7 +329,9 @@ uint64_t mt_layout_count_params(const mt_model_config *c)
     const uint64_t moe = E * C + E * 3 * (uint64_t)c->moe_intermediate_size * C +
                          3 * (uint64_t)c->shared_expert_intermediate_size * C + (c->shared_expert_gate ? C : 0) +
                          (f && f->moe == MT_MOE_GPT_OSS ? E + E * (2 * (uint64_t)c->moe_intermediate_size + C) : 0) +
-                         (c->moe_scoring == MT_MOE_SCORING_SIGMOID ? E : 0); /* e_score_correction_bias */
+                         (f && f->moe == MT_MOE_DEEPSEEK && c->moe_scoring == MT_MOE_SCORING_SIGMOID
+                              ? E
+                              : 0); /* e_score_correction_bias */
     return V * C + (uint64_t)c->num_hidden_layers * attn + ((uint64_t)c->num_hidden_layers - sparse) * 3 * F * C +
            sparse * moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }

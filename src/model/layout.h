@@ -69,8 +69,9 @@ typedef struct mt_tensor_desc {
      * ck_phase: element (e, r, c) of this (experts * rows', cols) matrix is element
      * (e, c, r * ck_il + ck_phase) of the checkpoint's (experts, cols, rows' * ck_il), or (e, r * ck_il +
      * ck_phase) of its (experts, rows' * ck_il) where cols is 1 (GPT-OSS's mlp.experts.gate_up_proj,
-     * down_proj and their biases: mt_st_map) */
-    uint8_t ck_il, ck_phase;
+     * down_proj and their biases: mt_st_map). ck_cat: the ck_il matrices concatenated along that
+     * dimension instead, element (e, c, ck_phase * rows' + r) (Llama 4's feed_forward.experts.gate_up_proj) */
+    uint8_t ck_il, ck_phase, ck_cat;
 } mt_tensor_desc;
 
 #define MT_MAX_UNIT_TENSORS 24
@@ -132,6 +133,13 @@ static inline int mt_config_layer_sparse(const mt_model_config *c, int l)
     return c->num_experts && ((uint32_t)l + 1) % step == 0 && !(l < 256 && c->mlp_only_layers[l / 64] >> (l % 64) & 1);
 }
 
+/* Whether layer l of a validated config has no RoPE (Llama 4's NoPE layers, which attend to the whole
+ * sequence, their q scaled by the attention temperature). */
+static inline int mt_config_layer_nope(const mt_model_config *c, int l)
+{
+    return l < 256 && (c->nope_layers[l / 64] >> (l % 64) & 1);
+}
+
 /* Whether layer l of a validated config attends through a sliding window. */
 static inline int mt_config_layer_slides(const mt_model_config *c, int l)
 {
@@ -141,9 +149,12 @@ static inline int mt_config_layer_slides(const mt_model_config *c, int l)
 
 /* The window of layer l for sequences of seq_len: 0 where it attends to
  * every earlier token of its document (a window of seq_len or more masks
- * nothing). */
+ * nothing); -N where it attends in chunks of N (Llama 4's layers with RoPE,
+ * attention_chunk_size N < seq_len: mt_window_starts). */
 static inline int mt_config_layer_window(const mt_model_config *c, int l, int seq_len)
 {
+    if (c->attention_chunk_size && !mt_config_layer_nope(c, l))
+        return c->attention_chunk_size < (uint32_t)seq_len ? -(int)c->attention_chunk_size : 0;
     return mt_config_layer_slides(c, l) && c->sliding_window < (uint32_t)seq_len ? (int)c->sliding_window : 0;
 }
 
@@ -175,7 +186,7 @@ static inline uint32_t mt_config_rotary_offset(const mt_model_config *c)
  * output) rather than (i, i + n/2) */
 static inline int mt_config_rope_interleaved(const mt_model_config *c)
 {
-    return c->kv_lora_rank && c->rope_interleave;
+    return (c->kv_lora_rank && c->rope_interleave) || mt_config_has(c, MT_FAMILY_CHUNKED_NOPE); /* Llama 4 too */
 }
 
 /* The checkpoint name of block e of t (its only name where t->experts is 0). */

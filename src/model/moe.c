@@ -1,5 +1,5 @@
-/* The mixture-of-experts template: Qwen3-MoE, Mixtral and Qwen2-MoE. Llama's attention
- * (mt_llama_attn_forward / _backward, with Qwen3's q/k norms where the config
+/* The mixture-of-experts template: Qwen3-MoE, Mixtral, Qwen2-MoE, GPT-OSS, DeepSeek and
+ * Llama 4. Llama's attention (mt_llama_attn_forward / _backward, with Qwen3's q/k norms where the config
  * has them); on the sparse layers (mt_config_layer_sparse) a router and E
  * experts take the MLP's place, and the dense layers of a Qwen3-MoE model
  * (mlp_only_layers, decoder_sparse_step) are Llama's layer as it is.
@@ -10,6 +10,8 @@
  *                  out = h + sum_j w_j * down_i(silu(gate_i(xn2)) * up_i(xn2))
  *                        (+ sigmoid(xn2 Wsg^T) * down_s(silu(gate_s(xn2)) * up_s(xn2)): Qwen2-MoE's
  *                         shared expert and its gate, d->FS and d->shared_gate)
+ *   Llama 4 (d->input_weighted): w_j = sigmoid of the k best logits, out = h + sum_j down_i(act(w_j xn2))
+ *                  + the shared expert: the weight scales the expert's input rows, not its output
  *
  * The experts run on the T*k routed rows sorted by expert (moe_route): each
  * token's row is gathered to its experts' rows, one GEMM per expert over its
@@ -65,6 +67,8 @@ typedef struct moe_work {
      * routing weights as act, by slot and by routed row (R each) */
     float *rbd;
     void *topw_act, *wrow_act;
+    /* Llama 4 (d->input_weighted), in the backward: the routed rows' inputs before their weights (R, C) act */
+    void *xs0;
 } moe_work;
 _Static_assert(sizeof(moe_work) <= sizeof(mt_work_store), "moe_work fits mt_work_store");
 
@@ -107,6 +111,7 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(topw_act, R, 0);
         BUF(wrow_act, R, 0);
     }
+    if (d->input_weighted && want_grad) BUF(xs0, R * C, 0);
     if (d->shared_gate) {
         BUF(sz, T, 1);
         if (want_grad) {
@@ -130,8 +135,10 @@ static mt_route route_of(const mt_dims *d, void *const *w)
 }
 
 /* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
- * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. */
-static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *stats)
+ * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. With the
+ * weights on the experts' input (Llama 4) the routed rows are scaled by them first, their unscaled copy
+ * going to xs0 where the backward asks (keep). */
+static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *stats, int keep)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
@@ -142,6 +149,10 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     const mt_route rt = route_of(d, w);
     k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K, &rt);
     k->moe_gather(kc, b->xs, b->base.xn2, b->rrows, R, K, C); /* (R, C) */
+    if (d->input_weighted) { /* Llama4TextMoe: routed_in = hidden_states * router_scores */
+        if (keep) k->copy(kc, b->xs0, b->xs, (size_t)R * C);
+        k->moe_dot_scale(kc, NULL, b->xs, NULL, b->topw, b->rrows, R, C);
+    }
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (!n) continue;
@@ -250,7 +261,7 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     mt_llama_attn_forward(x, w, in, a, out == NULL);
     if (!out) return; /* layer_backward routes again */
     int offs[MT_MAX_EXPERTS + 1]; /* 4 KiB at most */
-    route_and_up(x, w, offs, x->state ? x->state + (size_t)a->layer * 2 * E : NULL);
+    route_and_up(x, w, offs, x->state ? x->state + (size_t)a->layer * 2 * E : NULL, 0);
     for (int e = 0; e < E; e++) {
         const int n = offs[e + 1] - offs[e];
         if (n)
@@ -259,7 +270,7 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
                       FE, C, 0);
     }
     k->copy(kc, out, a->h, (size_t)T * C);
-    k->moe_combine(kc, out, 0, b->ys, 0, b->topw, b->rslot, T, K, C);
+    k->moe_combine(kc, out, 0, b->ys, 0, d->input_weighted ? NULL : b->topw, b->rslot, T, K, C);
     if (d->FS) shared_forward(x, w, out);
 }
 
@@ -277,7 +288,7 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
     const size_t GU = (size_t)FE * C; /* elements of one expert's gate, up or down matrix */
     int offs[MT_MAX_EXPERTS + 1];
-    route_and_up(x, w, offs, NULL); /* the statistics are the forward's */
+    route_and_up(x, w, offs, NULL, 1); /* the statistics are the forward's */
     /* out = h + sum_j w_j y_j: each routed row's output gradient is its token's (unweighted here) */
     const void *dya = k->as_act(kc, b->base.dy_act, dy, (size_t)T * C);
     k->moe_gather(kc, b->ys, dya, b->rrows, R, K, C);
@@ -287,8 +298,9 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
             k->linear_dx(kc, mt_at(d, b->dea, (size_t)offs[e] * FE), 0, mt_at(d, b->ys, (size_t)offs[e] * C),
                          expert(d, w[MT_T_EXP_DOWN], e, GU), n, FE, C, 0);
     }
-    /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight */
-    k->moe_dot_scale(kc, b->rdw, b->dea, b->ea, b->topw, b->rrows, R, FE);
+    /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight (Llama 4's
+     * weights are on the input: below) */
+    if (!d->input_weighted) k->moe_dot_scale(kc, b->rdw, b->dea, b->ea, b->topw, b->rrows, R, FE);
     if (d->expert_bias) down_bias_backward(x, w, gw, offs);
     k->glu_bwd(kc, b->deg, b->deu, b->dea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
     for (int e = 0; e < E; e++) {
@@ -307,7 +319,15 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     }
     /* the gradient of xn2: the experts' rows added back per token, then the router's */
     k->zero(kc, b->base.dxn, (size_t)T * C * sizeof(float));
-    k->moe_combine(kc, b->base.dxn, 1, b->dxs, 1, NULL, b->rslot, T, K, C);
+    if (d->input_weighted) {
+        /* routed_in = x_t w: the weight's gradient is dot(d routed_in, x_t), x_t's gains w d routed_in. The
+         * rows' gradient in act (ys, free once the experts' backward is done), as the product's in bf16 */
+        void *dxs = (void *)k->as_act(kc, b->ys, b->dxs, (size_t)R * C);
+        k->moe_dot_scale(kc, b->rdw, dxs, b->xs0, b->topw, b->rrows, R, C);
+        k->moe_combine(kc, b->base.dxn, 1, dxs, 0, NULL, b->rslot, T, K, C);
+    } else {
+        k->moe_combine(kc, b->base.dxn, 1, b->dxs, 1, NULL, b->rslot, T, K, C);
+    }
     const int aux = x->state && d->aux_coef != 0.0f && d->n_sparse;
     const double N = (double)d->n_sparse * T; /* the rows of the loss: every sparse layer's tokens */
     const float aux_scale = aux ? (float)((double)d->aux_coef / d->n_micro * E / (N * N)) : 0.0f;

@@ -46,7 +46,9 @@ void mt_rope_inv_freq(float *inv_freq, int D, const mt_rope_params *rp)
         if (rp->llama3) {
             const float wavelen = (1.0f / f) * two_pi;
             const float scaled = wavelen > low_wavelen ? f / rp->factor : f;
-            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+            /* high_freq_factor = low_freq_factor (Llama 4 Scout's 1 and 1) leaves no band between: there
+             * transformers' smoothing divides by zero, on no frequency but one exactly at the edge */
+            if (span > 0.0f && !(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
                 const float smooth = ((1.0f / wavelen) * old_len - rp->low_freq_factor) / span;
                 f = (1.0f - smooth) * scaled / rp->factor + smooth * scaled;
             } else {

@@ -46,7 +46,8 @@ mt_layer_acts mt_runner_acts(const mt_runner *r, int unit)
     const mt_work *w = &r->work.base;
     const int l = unit - 1;
     return (mt_layer_acts){w->att, w->lse, w->h, 0, 0, w->q, w->k, w->v, 0,
-                           mt_config_layer_window(r->cfg, l, r->d.seq_len), mt_config_layer_local_rope(r->cfg, l), l};
+                           mt_config_layer_window(r->cfg, l, r->d.seq_len), mt_config_layer_local_rope(r->cfg, l), l,
+                           mt_config_layer_nope(r->cfg, l)};
 }
 
 /* What the template runs on for micro-batch mb. */

@@ -31,6 +31,8 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
     if (c->query_pre_attn_scalar > 0.0f) d->attn_scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
     const mt_family *f = mt_config_family(c);
     d->qk_norm = (f->flags & MT_FAMILY_QK_NORM) != 0;
+    d->qk_l2 = c->qk_l2_norm != 0;
+    d->temp_floor = c->attn_temperature_floor, d->temp_scale = c->attn_temperature_scale;
     d->norm_offset = f->norm_offset;
     d->glu_act = f->glu_act;
     /* transformers: torch.tensor(hidden_size ** 0.5, dtype=the activations' dtype) */
@@ -66,6 +68,7 @@ void mt_dims_init(mt_dims *d, const mt_model_config *c, int n_seq, int seq_len)
         d->aux_coef = c->output_router_logits ? c->router_aux_loss_coef : 0.0f;
         d->FS = (int)c->shared_expert_intermediate_size, d->shared_gate = c->shared_expert_gate != 0;
         d->expert_bias = f->moe == MT_MOE_GPT_OSS;
+        d->input_weighted = c->moe_input_weighted != 0;
         /* the routing (mt_route): the softmax's top-k, or DeepSeek-V3's sigmoid scores, groups and
          * routed_scaling_factor */
         d->route_sigmoid = c->moe_scoring == MT_MOE_SCORING_SIGMOID;
@@ -108,6 +111,6 @@ void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq
     for (int s = 0; s < n_seq; s++)
         for (int i = 0; i < seq_len; i++) {
             const size_t t = (size_t)s * seq_len + i;
-            win[t] = MT_MAX(doc_start[t], i - window + 1);
+            win[t] = MT_MAX(doc_start[t], window < 0 ? i - i % -window : i - window + 1);
         }
 }

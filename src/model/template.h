@@ -100,6 +100,11 @@ typedef struct mt_kernels {
     void (*attn_sink)(void *kc, void *out, float *lse, const void *sinks, int n_seq, int seq_len, int H, int D);
     void (*attn_sink_bwd)(void *kc, float *dsink, const void *dout, const void *out, const float *lse,
                           const void *sinks, int n_seq, int seq_len, int H, int D);
+    /* Llama 4's attention temperature on its NoPE layers: each row of x (T, n) act, token i of its
+     * sequence (i = t % seq_len, as transformers' arange, whatever the documents), multiplied by
+     * 1 + scale * log1p(floor((i + 1) / floor_scale)), the factor in fp32 and the product rounded once.
+     * Linear in x: its backward is the same call on the gradient */
+    void (*attn_temperature)(void *kc, void *x, int T, int seq_len, int n, float floor_scale, float scale);
     /* A gated MLP's middle: out = act(gate) * up, n elements act (mt_glu_act); and its backward */
     void (*glu)(void *kc, void *out, const void *gate, const void *up, size_t n, int act);
     void (*glu_bwd)(void *kc, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n,
@@ -171,7 +176,8 @@ typedef struct mt_kernels {
     void (*moe_combine)(void *kc, void *out, int out_f32, const void *src, int src_f32, const float *w,
                         const int32_t *slot_row, int T, int k, int C);
     /* For the R routed rows: dw[rows[r]] = dot(x[r, :], y[r, :]) (f32), then x[r, :] and y[r, :] (act, n
-     * each) multiplied by w[rows[r]] */
+     * each) multiplied by w[rows[r]]. dw NULL: no dot; y NULL: x alone is scaled (Llama 4's routing weight
+     * on the experts' input rows) */
     void (*moe_dot_scale)(void *kc, float *dw, void *x, void *y, const float *w, const int32_t *rows, int R, int n);
     /* The shared expert's gate (Qwen2-MoE): out[t, :] += sigmoid(z[t]) * src[t, :] for t < T, rows of C act,
      * z f32, added in fp32 and rounded once; and its backward on rows of n act: with s = sigmoid(z[t]),
@@ -212,7 +218,12 @@ typedef struct mt_dims {
     int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
     float eps, attn_scale;
     int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3, Gemma 3) */
-    int window;  /* the sliding layers' window, 0 where none is shorter than seq_len */
+    int qk_l2;   /* Llama 4: on the layers with RoPE, each head of q and k divided by its root mean square
+                  * (eps), no weight, after RoPE */
+    float temp_floor, temp_scale; /* Llama 4's attention temperature on the NoPE layers (attn_temperature):
+                                   * temp_floor 0 none */
+    int window;  /* the sliding layers' window, 0 where none is shorter than seq_len; -N: Llama 4's chunks
+                  * of N on its layers with RoPE (mt_window_starts) */
     float norm_offset;    /* every RMSNorm scales by norm_offset + w: 0, Gemma 1 */
     float embed_scale;    /* the embedding's output factor: 1, Gemma bf16(sqrt(C)) in bf16 mode */
     int pad;              /* the embedding's padding row (pad_token_id): no gradient from lookups; -1 none */
@@ -233,6 +244,7 @@ typedef struct mt_dims {
     int FS;          /* the shared expert's width beside the routed ones, 0 none */
     int shared_gate; /* its output scaled by a sigmoid gate (Qwen2-MoE) */
     int expert_bias; /* the router and every expert matrix have biases (GPT-OSS) */
+    int input_weighted; /* each routing weight scales its expert's input rows, not its output (Llama 4) */
     /* the routing (mt_route): sigmoid scores with a choice among n_group groups' topk_group best (0: no
      * groups), the weights times route_scale (DeepSeek-V3); softmax, no groups and 1 for the others */
     int route_sigmoid, n_group, topk_group;
@@ -267,10 +279,11 @@ typedef struct mt_work {
     float *lse, *rstd1, *rstd2, *logits;                               /* f32 */
     void *dy_act, *da, *dg, *du, *datt, *dq, *dk, *dv, *dlogits;        /* act, training only */
     float *dxn;                                                         /* f32, training only */
-    /* with qk_norm: q and k before their norms (act) and the norms' 1/rms (f32); in the
+    /* with qk_norm or qk_l2: q and k before their norms (act) and the norms' 1/rms (f32); in the
      * backward the f32 gradients of q and k before the norms, and an f32 scratch */
     void *qr, *kr;
     float *rstdq, *rstdk, *dqr, *dkr, *dqk32;
+    void *l2w; /* with qk_l2 (Llama 4): D zeros, the weight of the norms' kernel with woff 1 (a scale of 1) */
     /* multi-head latent attention (d->mla): the q latent before and after its norm (T, Rq), the kv latent
      * and shared key part (T, Rkv + Dr), the latent alone before and after its norm (T, Rkv), their 1/rms,
      * the expanded keys' parts and values (T, H * (Dn + Dv)), the attention output o_proj reads (T, Qo);
@@ -312,9 +325,10 @@ typedef struct mt_layer_acts {
     int h_kept;   /* h does */
     void *q, *k, *v; /* the attention's inputs after RoPE: (T, Q), (T, KV), (T, KV) act */
     int qkv_kept;    /* q, k and v do */
-    int window;      /* this layer's sliding window (mt_config_layer_window): 0 none */
+    int window;      /* this layer's sliding window (mt_config_layer_window): 0 none, -N chunks of N */
     int rope_local;  /* this layer rotates by the sliding layers' frequencies (mt_config_layer_local_rope) */
     int layer;       /* the decoder layer, 0 .. L-1 (the row of mt_exec.state it may use) */
+    int nope;        /* this layer has no RoPE (mt_config_layer_nope, Llama 4) */
 } mt_layer_acts;
 
 /* What the forward can keep for the backward's recompute to skip (mt_template.keeps). */
@@ -382,8 +396,10 @@ int mt_doc_layout(int32_t *pos, int32_t *doc_start, const int32_t *positions, in
 
 /* The first key of each token in a sliding window's layers: the later of
  * its document's first token and its window's, i - window + 1 (in its
- * sequence). Nondecreasing along each sequence like doc_start, so the
- * attentions take it where they take doc_start. */
+ * sequence); window -N (Llama 4's chunked attention): its chunk's first,
+ * N * floor(i / N), as transformers' chunked mask counts i in the sequence.
+ * Nondecreasing along each sequence like doc_start, so the attentions take
+ * it where they take doc_start. */
 void mt_window_starts(int32_t *win, const int32_t *doc_start, int n_seq, int seq_len, int window);
 
 /* The template of a validated config's family. */

@@ -80,6 +80,7 @@ c_enum!(mt_arch {
     MT_ARCH_GPT_OSS = 10,
     MT_ARCH_DEEPSEEK_V3 = 11,
     MT_ARCH_DEEPSEEK_V2 = 12,
+    MT_ARCH_LLAMA4 = 13,
     MT_ARCH_MAX_ENUM = 0x7FFF_FFFF,
 });
 
@@ -276,6 +277,13 @@ pub struct mt_model_config {
     pub topk_group: u32,
     pub routed_scaling_factor: f32,
     pub moe_scoring: u32,
+    pub attention_chunk_size: u32,
+    pub qk_l2_norm: u32,
+    pub attn_temperature_floor: f32,
+    pub attn_temperature_scale: f32,
+    pub moe_input_weighted: u32,
+    pub reserved4: u32,
+    pub nope_layers: [u64; 4],
 }
 
 #[repr(C)]

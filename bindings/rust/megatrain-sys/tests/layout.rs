@@ -36,7 +36,7 @@ macro_rules! layout {
 }
 
 layout! {
-    mt_model_config, size 1304, align 8,
+    mt_model_config, size 1360, align 8,
     struct_size: 0,
     arch: 4,
     vocab_size: 8,
@@ -101,6 +101,13 @@ layout! {
     topk_group: 1292,
     routed_scaling_factor: 1296,
     moe_scoring: 1300,
+    attention_chunk_size: 1304,
+    qk_l2_norm: 1308,
+    attn_temperature_floor: 1312,
+    attn_temperature_scale: 1316,
+    moe_input_weighted: 1320,
+    reserved4: 1324,
+    nope_layers: 1328,
 }
 
 layout! {

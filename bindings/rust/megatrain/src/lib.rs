@@ -145,6 +145,7 @@ c_enum!(Arch {
     GPT_OSS = sys::MT_ARCH_GPT_OSS,
     DEEPSEEK_V3 = sys::MT_ARCH_DEEPSEEK_V3,
     DEEPSEEK_V2 = sys::MT_ARCH_DEEPSEEK_V2,
+    LLAMA4 = sys::MT_ARCH_LLAMA4,
 });
 
 c_enum!(Precision {
@@ -434,6 +435,22 @@ pub struct ModelConfig {
     pub routed_scaling_factor: f32,
     /// How the router scores the experts.
     pub moe_scoring: MoeScoring,
+    /// 0: none; N: on the layers with RoPE, query i sees only the keys of its chunk of N,
+    /// from N * floor(i / N) (Llama 4's chunked attention).
+    pub attention_chunk_size: u32,
+    /// Non-zero: on the layers with RoPE, each head of q and k is divided by its root mean
+    /// square (+ rms_norm_eps), no weight, after RoPE (Llama 4).
+    pub qk_l2_norm: u32,
+    /// 0: none; F: on the NoPE layers, q of token i of its sequence is scaled by
+    /// 1 + attn_temperature_scale * log1p(floor((i + 1) / F)) (Llama 4).
+    pub attn_temperature_floor: f32,
+    /// With attn_temperature_floor: the scale of the NoPE layers' query temperature.
+    pub attn_temperature_scale: f32,
+    /// Non-zero: each routing weight scales its expert's input, not its output (Llama 4).
+    pub moe_input_weighted: u32,
+    /// Bit l % 64 of word l / 64: layer l has no RoPE and attends to the whole sequence
+    /// (Llama 4's no_rope_layers, inverted; l < 256).
+    pub nope_layers: [u64; 4],
 }
 
 impl Default for ModelConfig {
@@ -504,6 +521,12 @@ impl ModelConfig {
             topk_group: r.topk_group,
             routed_scaling_factor: r.routed_scaling_factor,
             moe_scoring: MoeScoring(r.moe_scoring),
+            attention_chunk_size: r.attention_chunk_size,
+            qk_l2_norm: r.qk_l2_norm,
+            attn_temperature_floor: r.attn_temperature_floor,
+            attn_temperature_scale: r.attn_temperature_scale,
+            moe_input_weighted: r.moe_input_weighted,
+            nope_layers: r.nope_layers,
         }
     }
 
@@ -568,6 +591,12 @@ impl ModelConfig {
         r.topk_group = self.topk_group;
         r.routed_scaling_factor = self.routed_scaling_factor;
         r.moe_scoring = self.moe_scoring.0;
+        r.attention_chunk_size = self.attention_chunk_size;
+        r.qk_l2_norm = self.qk_l2_norm;
+        r.attn_temperature_floor = self.attn_temperature_floor;
+        r.attn_temperature_scale = self.attn_temperature_scale;
+        r.moe_input_weighted = self.moe_input_weighted;
+        r.nope_layers = self.nope_layers;
         r
     }
 
