@@ -169,6 +169,21 @@ static mt_model_config load_config(const char *name, const char *model_dir, cons
         cr_assert_eq(memcmp(c.mlp_only_layers, want_dense, sizeof want_dense), 0, "%s: mlp_only_layers", name);
     }
 
+    /* Llama 4's attention, where the fixture has it: as transformers held it */
+    if (cJSON_GetObjectItemCaseSensitive(jc, "attention_chunk_size")) {
+        cr_assert_eq(c.attention_chunk_size, (uint32_t)parity_jnum(jc, "attention_chunk_size"),
+                     "%s: attention_chunk_size", name);
+        cr_assert_eq(c.qk_l2_norm != 0, parity_jbool(jc, "use_qk_norm"), "%s: use_qk_norm", name);
+        const int tuning = parity_jbool(jc, "attn_temperature_tuning");
+        cr_assert_eq(c.attn_temperature_floor, tuning ? (float)parity_jnum(jc, "floor_scale") : 0.0f,
+                     "%s: floor_scale", name);
+        cr_assert_eq(c.attn_temperature_scale, tuning ? (float)parity_jnum(jc, "attn_scale") : 0.0f,
+                     "%s: attn_scale", name);
+        const cJSON *nr = parity_jget(jc, "no_rope_layers");
+        for (uint32_t l = 0; l < c.num_hidden_layers; l++)
+            cr_assert_eq(mt_config_layer_nope(&c, (int)l), cJSON_GetArrayItem(nr, (int)l)->valueint == 0,
+                         "%s: layer %u's RoPE", name, l);
+    }
     const float theta = (float)parity_jnum(jc, "rope_theta");
     cr_expect_eq(c.rope_theta, theta,
                  "%s/config.json: mt_config_load read rope_theta %g, transformers used %g (transformers 5 writes "

@@ -962,3 +962,19 @@ Test(moe, too_many_routed_rows_are_refused)
     cr_assert_eq(mt_model_step_count(m), 0);
     mt_model_destroy(m);
 }
+
+/* Llama 4's chunks as the attention kernels take them (mt_window_starts with window -N): each query's first key
+ * is the later of its document's first token and its chunk's, N * floor(i / N) counted in the sequence, as
+ * transformers' chunked mask counts (kv_idx // N == q_idx // N); a sliding window's rule is unchanged */
+Test(moe, window_starts_chunks)
+{
+    enum { S = 11 };
+    const int32_t docs[2 * S] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* one document */
+                                 0, 0, 0, 3, 3, 3, 3, 3, 3, 9, 9}; /* documents from 0, 3 and 9 */
+    int32_t win[2 * S];
+    mt_window_starts(win, docs, 2, S, -4);
+    static const int32_t want[2 * S] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 0, 0, 0, 3, 4, 4, 4, 4, 8, 9, 9};
+    for (int t = 0; t < 2 * S; t++) cr_assert_eq(win[t], want[t], "token %d: first key %d, want %d", t, win[t], want[t]);
+    mt_window_starts(win, docs, 2, S, 4);
+    for (int t = 0; t < 2 * S; t++) cr_assert_eq(win[t], MT_MAX(docs[t], t % S - 3), "a sliding window of 4: token %d", t);
+}

@@ -357,8 +357,18 @@ static const char *family_of(uint32_t arch)
  * mt_family_example). */
 static int print_families(void)
 {
-    printf("%-9s %-20s %-22s %-16s %10s %9s %7s %9s %7s %9s %7s\n", "family", "architecture", "particular", "example",
-           "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param", "lean GiB", "B/param");
+    /* each text column as wide as its longest entry */
+    int w[4] = {(int)strlen("family"), (int)strlen("architecture"), (int)strlen("particular"), (int)strlen("example")};
+    for (uint32_t i = 0; i < mt_family_count(); i++) {
+        mt_family_info f;
+        mt_family_info_init(&f);
+        if (mt_family_get(&f, i) != MT_OK) cli_die("%s", mt_last_errmsg());
+        const char *col[4] = {f.display_name, f.architecture, f.particular, f.example};
+        for (int k = 0; k < 4; k++) w[k] = (int)strlen(col[k]) > w[k] ? (int)strlen(col[k]) : w[k];
+    }
+    printf("%-*s %-*s %-*s %-*s %10s %9s %7s %9s %7s %9s %7s\n", w[0], "family", w[1], "architecture", w[2],
+           "particular", w[3], "example", "parameters", "bf16 GiB", "B/param", "fp32 GiB", "B/param", "lean GiB",
+           "B/param");
     static const uint32_t precisions[3] = {MT_PRECISION_BF16, MT_PRECISION_FP32, MT_PRECISION_LEAN};
     for (uint32_t i = 0; i < mt_family_count(); i++) {
         mt_family_info f;
@@ -380,9 +390,9 @@ static int print_families(void)
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
             host[k] = gib(state), bpp[k] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-9s %-20s %-22s %-16s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", f.display_name,
-               f.architecture, f.particular, f.example, params / 1e9, host[0], bpp[0], host[1], bpp[1], host[2],
-               bpp[2]);
+        printf("%-*s %-*s %-*s %-*s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", w[0], f.display_name, w[1],
+               f.architecture, w[2], f.particular, w[3], f.example, params / 1e9, host[0], bpp[0], host[1], bpp[1],
+               host[2], bpp[2]);
     }
     puts("\nGiB, B/param: the model state the host keeps (weights, gradients, fp32 master weights, AdamW\n"
          "moments) in bf16, fp32 and lean training (--precision lean: 16-bit block-scaled weights and 8-bit\n"
