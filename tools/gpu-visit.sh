@@ -3,7 +3,7 @@
 # whole suite, the CLI demo on the GPU, compute-sanitizer on a short run, the
 # benchmarks; full logs under $OUT (default ./out), a summary last.
 # Build on the development machine first (make), copy build/, lib/, bin/ and
-# .devdeps/ along (see ../shared/scripts/device-deps.sh), run from the root.
+# .devdeps/ (the GPU machine's runtime libraries and their env.sh) along, run from the root.
 #   tools/gpu-visit.sh                 everything
 #   tools/gpu-visit.sh gpu_tests step_7b   only the parts named
 #   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
