@@ -18,11 +18,13 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/bf16.h"
 #include "cpu/cpu_moe.h"
+#include "cpu/cpu_ops.h"
 #include "cuda/kernels/moe.h"
 #include "device/device.h"
 #include "engine/engine.h"
@@ -82,7 +84,7 @@ static void route_check(int T, int E, int k, int norm)
     float *gp = malloc((size_t)T * E * 4), *gw = malloc((size_t)R * 4), st[2 * 1024], gst[2 * 1024];
     int32_t *ti = malloc((size_t)R * 4), *rows = malloc((size_t)R * 4), *sr = malloc((size_t)R * 4);
     int32_t *gti = malloc((size_t)R * 4), *grows = malloc((size_t)R * 4), *gsr = malloc((size_t)R * 4);
-    int offs[1025], goffs[1025];
+    int32_t offs[1025], goffs[1025];
     spread_logits(z, T, E, &s);
     const mt_route rt = {.norm = norm, .scale = 1};
     mt_cpu_moe_route(p, w, ti, rows, sr, offs, st, z, T, E, k, &rt);
@@ -198,7 +200,7 @@ static void sigmoid_route_check(int T, int E, int k, int n_group, int topk_group
     int32_t *ti = malloc((size_t)R * 4), *rows = malloc((size_t)R * 4), *sr = malloc((size_t)R * 4);
     int32_t *gti = malloc((size_t)R * 4), *grows = malloc((size_t)R * 4), *gsr = malloc((size_t)R * 4);
     int32_t *ti2 = malloc((size_t)R * 4);
-    int offs[1025], goffs[1025];
+    int32_t offs[1025], goffs[1025];
     uint16_t bias16[1024];
     for (int e = 0; e < E; e++) {
         bias[e] = 0.5f * uni(&s);
@@ -303,7 +305,7 @@ Test(cuda_kernels, moe_route_softmax_groups_deepseek_v2)
     enum { T = 200, E = 64, NG = 8, TG = 3, K = 6, R = T * K, G = E / NG };
     static float z[T * E], p[T * E], w[R], gp[T * E], gw[R], g[R], dl[T * E], gdl[T * E];
     static int32_t ti[R], rows[R], sr[R], gti[R], grows[R], gsr[R], ti2[R];
-    int offs[E + 1], goffs[E + 1];
+    int32_t offs[E + 1], goffs[E + 1];
     unsigned s = 4242;
     const mt_route rt = {.norm = 0, .sigmoid = 0, .n_group = NG, .topk_group = TG, .scale = 2.5f, .bias = NULL};
     for (int t = 0; t < T; t++)
@@ -396,7 +398,7 @@ static void rows_check(int dt_bf16)
     unsigned s = 5;
     float z[T * E], p[T * E], w[R], st[2 * E];
     int32_t ti[R], rows[R], sr[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     spread_logits(z, T, E, &s);
     mt_cpu_moe_route(p, w, ti, rows, sr, offs, st, z, T, E, K, &(mt_route){.norm = 1, .scale = 1});
     float *x = malloc((size_t)T * C * 4), *xs = malloc((size_t)R * C * 4), *out = malloc((size_t)T * C * 4);
@@ -540,6 +542,263 @@ static void shared_gate_check(int bf)
 
 Test(cuda_kernels, moe_shared_gate_fp32) { shared_gate_check(0); }
 Test(cuda_kernels, moe_shared_gate_bf16) { shared_gate_check(1); }
+
+/* ---- the experts' GEMMs of a few outputs a row (GPT-OSS's biases) and the routing's check ---- */
+
+/* SR rows among SE experts: experts 0, 3 and 6 without rows (the first, one between, the last), expert 4
+ * of one row, the last 4 rows of no expert (not written) */
+enum { SE = 7, SR = 53, SK = 300 };
+static const int32_t s_offs[SE + 1] = {0, 0, 17, 30, 30, 31, 49, 49};
+
+static int s_expert_of(int r)
+{
+    for (int e = 0; e < SE; e++)
+        if (r >= s_offs[e] && r < s_offs[e + 1]) return e;
+    return -1;
+}
+
+/* Higham's bound on a float sum of n terms (+ a bias and an accumulated value): gamma_{n+2} */
+static double s_gamma(int n) { return (n + 2) * U24 / (1 - (n + 2) * U24); }
+
+/* n floats as dt on the device (bf16: the values must be bf16 already, as the CPU's reference reads them) */
+static void *up_dt(const float *v, size_t n, int bf)
+{
+    if (!bf) return up(v, n * 4);
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(v[i]);
+    void *d = up(h, n * 2);
+    free(h);
+    return d;
+}
+
+static void down_dt(float *v, const void *d, size_t n, int bf)
+{
+    if (!bf) {
+        down(v, d, n * 4);
+        return;
+    }
+    uint16_t *h = malloc(n * 2);
+    down(h, d, n * 2);
+    for (size_t i = 0; i < n; i++) v[i] = mt_bf16_to_f32(h[i]);
+    free(h);
+}
+
+static float *rand_vals(size_t n, unsigned *s, int bf)
+{
+    float *v = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) v[i] = bf ? mt_bf16_to_f32(mt_f32_to_bf16(uni(s))) : uni(s);
+    return v;
+}
+
+/* mt_cu_moe_linear_small against mt_cpu_moe_linear on the same values (bf16: values that are bf16
+ * already). Both are fp32 sums of K products, a bias and the accumulated value, each within Higham's
+ * gamma_{K+2} * sum |terms| of the exact value, in different orders: so within twice that of each other;
+ * a bf16 output is compared with the CPU's value rounded to bf16, which the two roundings can put one
+ * bf16 ulp apart (2^-7 of the value at most) beyond that. Rows of no expert keep their values. */
+static void linear_small_check(int bf, int y_f32, int N, int with_bias, int accumulate)
+{
+    NEED_GPU();
+    const int ybf = bf && !y_f32;
+    unsigned s = 900u + (unsigned)(N * 16 + bf * 8 + y_f32 * 4 + with_bias * 2 + accumulate);
+    float *x = rand_vals((size_t)SR * SK, &s, bf), *W = rand_vals((size_t)SE * N * SK, &s, bf);
+    float *b = rand_vals((size_t)SE * N, &s, bf), *y0 = rand_vals((size_t)SR * N, &s, ybf);
+    float *ref = malloc((size_t)SR * N * 4), *got = malloc((size_t)SR * N * 4);
+    memcpy(ref, y0, (size_t)SR * N * 4);
+    void *ws = malloc(mt_cpu_ws_size(1, 0));
+    mt_cpu_moe_linear(NULL, ws, ref, x, W, with_bias ? b : NULL, s_offs, SE, SR, SK, N, accumulate);
+    void *dx = up_dt(x, (size_t)SR * SK, bf), *dW = up_dt(W, (size_t)SE * N * SK, bf);
+    void *db = up_dt(b, (size_t)SE * N, bf);
+    void *dy = up_dt(y0, (size_t)SR * N, ybf);
+    int32_t *doffs = up(s_offs, sizeof s_offs);
+    const mt_cu_dtype dt = bf ? MT_CU_BF16 : MT_CU_F32, ydt = ybf ? MT_CU_BF16 : MT_CU_F32;
+    cr_assert_eq(mt_cu_moe_linear_small(NULL, dt, ydt, dy, dx, dW, with_bias ? db : NULL, doffs, SE, SR, SK, N,
+                                        accumulate), 0);
+    down_dt(got, dy, (size_t)SR * N, ybf);
+    for (int r = 0; r < SR; r++) {
+        const int e = s_expert_of(r);
+        for (int n = 0; n < N; n++) {
+            const size_t i = (size_t)r * N + n;
+            if (e < 0) {
+                cr_assert_eq(got[i], y0[i], "row %d of no expert written", r);
+                continue;
+            }
+            double mag = (accumulate ? fabs(y0[i]) : 0.0) + (with_bias ? fabs(b[e * N + n]) : 0.0);
+            for (int k = 0; k < SK; k++) mag += fabs((double)x[(size_t)r * SK + k] * W[((size_t)e * N + n) * SK + k]);
+            const double want = ybf ? mt_bf16_to_f32(mt_f32_to_bf16(ref[i])) : ref[i];
+            const double tol = 2 * s_gamma(SK) * mag + (ybf ? 7.8125e-03 * fabs(want) : 0.0);
+            cr_assert(fabs(got[i] - want) <= tol, "bf16 %d y_f32 %d N %d bias %d acc %d: y[%d, %d] %.9g vs %.9g", bf,
+                      y_f32, N, with_bias, accumulate, r, n, got[i], want);
+        }
+    }
+    free(x), free(W), free(b), free(y0), free(ref), free(got), free(ws);
+    mt_device_free(dx), mt_device_free(dW), mt_device_free(db), mt_device_free(dy), mt_device_free(doffs);
+}
+
+/* N = 1 into fp32 (GPT-OSS's rbd), a few outputs, N = 8 (the largest), bias and accumulate */
+Test(cuda_kernels, moe_linear_small_fp32)
+{
+    linear_small_check(0, 1, 1, 0, 0);
+    linear_small_check(0, 0, 3, 1, 0);
+    linear_small_check(0, 0, 8, 1, 1);
+    linear_small_check(0, 1, 5, 0, 1);
+}
+
+Test(cuda_kernels, moe_linear_small_bf16)
+{
+    linear_small_check(1, 1, 1, 0, 0);
+    linear_small_check(1, 0, 1, 1, 0);
+    linear_small_check(1, 0, 8, 1, 1);
+    linear_small_check(1, 1, 4, 1, 1);
+}
+
+/* mt_cu_moe_linear_dw_small against mt_cpu_moe_linear_dw on the same values, into gradients that hold
+ * values already: each an fp32 sum of an expert's rows (at most 18) and the value before, within
+ * gamma_{rows+2} * sum |terms| of the exact value, so within twice that of each other; the experts
+ * without rows untouched, bit for bit. */
+static void linear_dw_small_check(int bf, int N, int with_db)
+{
+    NEED_GPU();
+    unsigned s = 1300u + (unsigned)(N * 4 + bf * 2 + with_db);
+    float *dy = rand_vals((size_t)SR * N, &s, bf), *x = rand_vals((size_t)SR * SK, &s, bf);
+    float *g0 = rand_vals((size_t)SE * N * SK, &s, 0), *b0 = rand_vals((size_t)SE * N, &s, 0);
+    float *g = malloc((size_t)SE * N * SK * 4), *b = malloc((size_t)SE * N * 4);
+    float *gref = malloc((size_t)SE * N * SK * 4), *bref = malloc((size_t)SE * N * 4);
+    memcpy(gref, g0, (size_t)SE * N * SK * 4), memcpy(bref, b0, (size_t)SE * N * 4);
+    void *ws = malloc(mt_cpu_ws_size(1, 0));
+    mt_cpu_moe_linear_dw(NULL, ws, gref, with_db ? bref : NULL, dy, x, s_offs, SE, SR, SK, N);
+    void *ddy = up_dt(dy, (size_t)SR * N, bf), *dx = up_dt(x, (size_t)SR * SK, bf);
+    float *dg = up(g0, (size_t)SE * N * SK * 4), *dbias = up(b0, (size_t)SE * N * 4);
+    int32_t *doffs = up(s_offs, sizeof s_offs);
+    cr_assert_eq(mt_cu_moe_linear_dw_small(NULL, bf ? MT_CU_BF16 : MT_CU_F32, dg, with_db ? dbias : NULL, ddy, dx,
+                                           doffs, SE, SR, SK, N), 0);
+    down(g, dg, (size_t)SE * N * SK * 4), down(b, dbias, (size_t)SE * N * 4);
+    for (int e = 0; e < SE; e++) {
+        const int r0 = s_offs[e], r1 = s_offs[e + 1];
+        for (int n = 0; n < N; n++) {
+            const size_t j = (size_t)e * N + n;
+            if (r0 == r1 || !with_db) {
+                cr_assert_eq(b[j], b0[j], "db[%d, %d] untouched", e, n);
+            } else {
+                double mag = fabs(b0[j]);
+                for (int r = r0; r < r1; r++) mag += fabs(dy[(size_t)r * N + n]);
+                cr_assert(fabs(b[j] - bref[j]) <= 2 * s_gamma(r1 - r0) * mag, "db[%d, %d] %.9g vs %.9g", e, n, b[j],
+                          bref[j]);
+            }
+            for (int k = 0; k < SK; k++) {
+                const size_t i = j * SK + k;
+                if (r0 == r1) {
+                    cr_assert_eq(g[i], g0[i], "expert %d without rows: dW untouched", e);
+                    continue;
+                }
+                double mag = fabs(g0[i]);
+                for (int r = r0; r < r1; r++) mag += fabs((double)dy[(size_t)r * N + n] * x[(size_t)r * SK + k]);
+                cr_assert(fabs(g[i] - gref[i]) <= 2 * s_gamma(r1 - r0) * mag,
+                          "bf16 %d N %d: dW[%d][%d, %d] %.9g vs %.9g", bf, N, e, n, k, g[i], gref[i]);
+            }
+        }
+    }
+    free(dy), free(x), free(g0), free(b0), free(g), free(b), free(gref), free(bref), free(ws);
+    mt_device_free(ddy), mt_device_free(dx), mt_device_free(dg), mt_device_free(dbias), mt_device_free(doffs);
+}
+
+Test(cuda_kernels, moe_linear_dw_small)
+{
+    linear_dw_small_check(0, 1, 0); /* GPT-OSS's down-projection biases: one output, no db */
+    linear_dw_small_check(0, 6, 1);
+    linear_dw_small_check(1, 1, 0);
+    linear_dw_small_check(1, 8, 1);
+}
+
+/* Offsets out of range (what a routing that failed its check could leave before the step's end reports
+ * it): the kernels clamp every expert's rows to [0, R], so nothing past R rows is written and nothing
+ * faults (the copy back would report it) */
+Test(cuda_kernels, moe_linear_small_clamps_rows)
+{
+    NEED_GPU();
+    enum { E = 3, R = 40, G = 8, K = 70, N = 2 };
+    const int32_t bad[E + 1] = {-4, 20, 10, 90};
+    unsigned s = 17;
+    float *x = rand_vals((size_t)R * K, &s, 0), *W = rand_vals((size_t)E * N * K, &s, 0);
+    float *y0 = rand_vals((size_t)(R + G) * N, &s, 0), *y = malloc((size_t)(R + G) * N * 4);
+    float *g0 = rand_vals((size_t)E * N * K, &s, 0), *g = malloc((size_t)E * N * K * 4);
+    float *dx = up(x, (size_t)R * K * 4), *dW = up(W, (size_t)E * N * K * 4), *dy = up(y0, (size_t)(R + G) * N * 4);
+    float *dg = up(g0, (size_t)E * N * K * 4);
+    int32_t *doffs = up(bad, sizeof bad);
+    cr_assert_eq(mt_cu_moe_linear_small(NULL, MT_CU_F32, MT_CU_F32, dy, dx, dW, NULL, doffs, E, R, K, N, 1), 0);
+    cr_assert_eq(mt_cu_moe_linear_dw_small(NULL, MT_CU_F32, dg, NULL, dy, dx, doffs, E, R, K, N), 0);
+    down(y, dy, (size_t)(R + G) * N * 4), down(g, dg, (size_t)E * N * K * 4);
+    cr_assert_eq(memcmp(y + (size_t)R * N, y0 + (size_t)R * N, (size_t)G * N * 4), 0, "rows past R written");
+    for (size_t i = 0; i < (size_t)E * N * K; i++) cr_assert(isfinite(g[i]), "dW[%zu] %g", i, g[i]);
+    free(x), free(W), free(y0), free(y), free(g0), free(g);
+    mt_device_free(dx), mt_device_free(dW), mt_device_free(dy), mt_device_free(dg), mt_device_free(doffs);
+}
+
+/* The contract of mt_cu_moe_check_offs, on the host: the flag after a check of offs (flag as before) */
+static void check_offs_ref(int32_t *flag, const int32_t *offs, int E, int expect)
+{
+    if (flag[0]) return;
+    int mono = offs[0] == 0;
+    for (int e = 0; e < E && mono; e++) mono = offs[e + 1] >= offs[e];
+    if (mono && offs[E] == expect) return;
+    flag[0] = 1, flag[1] = mono ? offs[E] : -1, flag[2] = expect;
+}
+
+/* The routing's check on the device against its definition on the host: a routing on the GPU with a
+ * non-finite logit (the token's probabilities are all NaN, so it takes no expert: R - k rows placed)
+ * is recorded, a good one is not, the first bad one stays through later checks, and hand-made offsets
+ * that decrease or start past 0 are recorded with -1 rows placed */
+Test(cuda_kernels, moe_check_offs)
+{
+    NEED_GPU();
+    enum { T = 37, E = 8, K = 2, R = T * K, NI = MT_CU_MOE_CHECK_INTS };
+    unsigned s = 23;
+    float z[T * E];
+    spread_logits(z, T, E, &s);
+    float *dz = up(z, sizeof z), *dp = up(NULL, sizeof z), *dw = up(NULL, R * 4);
+    int32_t *dti = up(NULL, R * 4), *drows = up(NULL, R * 4), *dsr = up(NULL, R * 4), *doffs = up(NULL, (E + 1) * 4);
+    const int32_t zero[NI] = {0};
+    int32_t *dflag = up(zero, sizeof zero), flag[NI], want[NI] = {0}, offs[E + 1];
+    const mt_route rt = {.norm = 1, .scale = 1};
+    /* a good routing: nothing recorded */
+    cr_assert_eq(mt_cu_moe_route(NULL, dp, dw, dti, drows, dsr, doffs, NULL, dz, T, E, K, &rt, MT_CU_F32), 0);
+    cr_assert_eq(mt_cu_moe_check_offs(NULL, doffs, E, R, dflag), 0);
+    down(flag, dflag, sizeof flag), down(offs, doffs, sizeof offs);
+    check_offs_ref(want, offs, E, R);
+    cr_assert_eq(memcmp(flag, want, sizeof flag), 0, "a good routing: flag %d %d %d", flag[0], flag[1], flag[2]);
+    cr_assert_eq(flag[0], 0);
+    /* token 5 with a NaN logit: all R - k other rows placed */
+    z[5 * E + 3] = NAN;
+    float *dz2 = up(z, sizeof z);
+    cr_assert_eq(mt_cu_moe_route(NULL, dp, dw, dti, drows, dsr, doffs, NULL, dz2, T, E, K, &rt, MT_CU_F32), 0);
+    cr_assert_eq(mt_cu_moe_check_offs(NULL, doffs, E, R, dflag), 0);
+    down(flag, dflag, sizeof flag), down(offs, doffs, sizeof offs);
+    check_offs_ref(want, offs, E, R);
+    cr_assert_eq(memcmp(flag, want, sizeof flag), 0, "NaN logit: flag %d %d %d", flag[0], flag[1], flag[2]);
+    cr_assert(flag[0] == 1 && flag[1] == R - K && flag[2] == R, "NaN logit: flag %d %d %d", flag[0], flag[1], flag[2]);
+    /* later checks, bad or good, keep the first */
+    const int32_t decreasing[E + 1] = {0, 5, 3, 9, 9, 20, 30, 40, R};
+    int32_t *dbad = up(decreasing, sizeof decreasing);
+    cr_assert_eq(mt_cu_moe_check_offs(NULL, dbad, E, R, dflag), 0);
+    cr_assert_eq(mt_cu_moe_check_offs(NULL, doffs, E, R - K, dflag), 0); /* good for that count */
+    down(flag, dflag, sizeof flag);
+    check_offs_ref(want, decreasing, E, R);
+    cr_assert_eq(memcmp(flag, want, sizeof flag), 0, "the first stays: flag %d %d %d", flag[0], flag[1], flag[2]);
+    /* zeroed again (as the backend's sync does): offsets that decrease, then ones that start past 0 */
+    const int32_t late[E + 1] = {2, 5, 6, 9, 9, 20, 30, 40, R};
+    int32_t *dlate = up(late, sizeof late);
+    for (int c = 0; c < 2; c++) {
+        int32_t *dflag2 = up(zero, sizeof zero), w2[NI] = {0};
+        cr_assert_eq(mt_cu_moe_check_offs(NULL, c ? dlate : dbad, E, R, dflag2), 0);
+        down(flag, dflag2, sizeof flag);
+        check_offs_ref(w2, c ? late : decreasing, E, R);
+        cr_assert_eq(memcmp(flag, w2, sizeof flag), 0, "case %d: flag %d %d %d", c, flag[0], flag[1], flag[2]);
+        cr_assert(flag[0] == 1 && flag[1] == -1 && flag[2] == R, "case %d", c);
+        mt_device_free(dflag2);
+    }
+    mt_device_free(dz), mt_device_free(dz2), mt_device_free(dp), mt_device_free(dw), mt_device_free(dti);
+    mt_device_free(drows), mt_device_free(dsr), mt_device_free(doffs), mt_device_free(dflag), mt_device_free(dbad);
+    mt_device_free(dlate);
+}
 
 /* ---- the backend -------------------------------------------------------------------------- */
 
@@ -778,6 +1037,43 @@ Test(cuda_backend, moe_steps_are_bit_identical)
         cr_assert_eq(memcmp(a->tiles.tile[u].base, b->tiles.tile[u].base, a->layout.units[u].tile_bytes), 0, "unit %d", u);
     mt_model_destroy(a);
     mt_model_destroy(b);
+}
+
+/* A router that gives NaN logits (a NaN weight in layer 1's: every token's probabilities are NaN, so no
+ * row of that layer is placed) fails the step with the routing's message, found by the device-side check
+ * and reported when the step synchronises (no wait inside the layer); the flag is zeroed there, so the
+ * next step, with the weight mended, succeeds. Layer 0 routes well first, so the rows the unplaced
+ * layer's gathers read are in range. */
+Test(cuda_backend, moe_bad_routing_is_reported)
+{
+    mt_model_config c = moe_cfg(MT_ARCH_MIXTRAL, MT_PRECISION_FP32);
+    mt_model *m = make(&c, MT_BACKEND_CUDA);
+    enum { B = 2, S = 64, M = 2, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 5);
+    mt_batch b;
+    mt_batch_init(&b);
+    b.micro_batch_size = B, b.seq_len = S, b.num_micro_batches = M, b.tokens = tok, b.targets = tg;
+    uint64_t nt = 0;
+    for (int i = 0; i < N; i++) nt += tg[i] != MT_IGNORE_INDEX;
+    const int unit = 2; /* decoder layer 1 */
+    const mt_unit_desc *u = &m->layout.units[unit];
+    const mt_tensor_desc *router = NULL;
+    for (int i = 0; i < u->n_tensors; i++)
+        if (u->tensors[i].role == MT_T_ROUTER) router = &u->tensors[i];
+    cr_assert(router, "layer 1 has a router");
+    const float keep = mt_tile_master(&m->tiles.tile[unit], u)[router->offset + 3];
+    set_weight(m, unit, router, 3, NAN);
+    double loss, norm;
+    cr_assert_neq(mt_engine_grads(m, &b, nt, &loss, &norm, NULL), MT_OK, "a step routed on NaN logits");
+    char want[128];
+    snprintf(want, sizeof want, "expert routing: 0 of %d routed rows placed (non-finite router logits?)",
+             B * S * (int)c.num_experts_per_tok);
+    cr_assert(strstr(mt_model_errmsg(m), want), "the message: %s", mt_model_errmsg(m));
+    set_weight(m, unit, router, 3, keep);
+    cr_assert_eq(mt_engine_grads(m, &b, nt, &loss, &norm, NULL), MT_OK, "after the mend: %s", mt_model_errmsg(m));
+    cr_assert(isfinite(loss) && isfinite(norm), "loss %g, norm %g", loss, norm);
+    mt_model_destroy(m);
 }
 
 /* The plan of an MoE model and shape on the CUDA backend is what a step reserves: device bytes

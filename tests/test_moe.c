@@ -1,5 +1,6 @@
 /* Mixture-of-experts models (Qwen3-MoE, Mixtral) on the CPU backend: the
- * routing ops against plain references, whole-model gradients against finite
+ * routing ops against plain references, the experts' grouped GEMMs against a
+ * loop over the experts, whole-model gradients against finite
  * differences with the load-balancing loss on and off, experts that get no
  * token (zero gradient, AdamW's moments still decaying as torch's do), the
  * layout against the parameter count, bit-identical resume, and the plan of
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu_moe.h"
+#include "cpu/cpu_ops.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/backend.h"
@@ -35,7 +37,7 @@ static void route_check(int norm)
     enum { T = 13, E = 6, K = 3, R = T * K };
     float logits[T * E], probs[T * E], topw[R], stats[2 * E];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     unsigned s = 5;
     for (int i = 0; i < T * E; i++) logits[i] = 3.0f * uni(&s);
     mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, K,
@@ -91,7 +93,7 @@ static void route_bwd_check(int norm, float aux)
     enum { T = 7, E = 5, K = 2, R = T * K, L = 3 };
     float z[T * E], probs[T * E], topw[R], dw[R], dz[T * E], stats[L * 2 * E];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     unsigned s = 9;
     for (int i = 0; i < T * E; i++) z[i] = 2.0f * uni(&s);
     for (int i = 0; i < R; i++) dw[i] = uni(&s);
@@ -192,7 +194,7 @@ static void sigmoid_route_check(int norm)
     const float scale = 2.5f;
     float z[T * E], bias[E], probs[T * E], topw[R], stats[2 * E];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     unsigned sd = 17;
     for (int i = 0; i < T * E; i++) z[i] = 4.0f * uni(&sd);
     for (int e = 0; e < E; e++) bias[e] = 0.3f * uni(&sd);
@@ -250,7 +252,8 @@ Test(moe_ops, route_softmax_groups_deepseek_v2)
     enum { T = 24, E = 16, NG = 4, TG = 2, K = 3, R = T * K, G = E / NG };
     float z[T * E], probs[T * E], topw[R];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1], groups_matter = 0;
+    int32_t offs[E + 1];
+    int groups_matter = 0;
     unsigned sd = 29;
     for (int i = 0; i < T * E; i++) z[i] = 3.0f * uni(&sd);
     const mt_route rt = {.norm = 0, .sigmoid = 0, .n_group = NG, .topk_group = TG, .scale = 2.5f, .bias = NULL};
@@ -299,7 +302,7 @@ Test(moe_ops, route_sigmoid_masks_and_ties)
     const double s1[E] = {0.95, 0.05, 0.92, 0.3, 0.5, 0.45, 0.2, 0.1};
     float z[2][E], bias[E], probs[E], topw[3], stats[2 * E];
     int32_t topi[3], rows[3], slot_row[3];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     for (int e = 0; e < E; e++) z[0][e] = (float)log(s1[e] / (1.0 - s1[e])), bias[e] = -0.9f;
     const float z2[E] = {1.0f, 1.0f, -1.0f, -2.0f, 1.0f, 1.0f, 0.5f, -0.5f};
     memcpy(z[1], z2, sizeof z2);
@@ -326,7 +329,7 @@ static void sigmoid_route_bwd_check(int norm, float aux)
     const float scale = 2.5f, h = 1e-3f;
     float z[T * E], bias[E], probs[T * E], topw[R], dw[R], dz[T * E], stats[L * 2 * E];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     unsigned sd = 23;
     for (int i = 0; i < T * E; i++) z[i] = 4.0f * uni(&sd);
     for (int e = 0; e < E; e++) bias[e] = 0.3f * uni(&sd);
@@ -374,7 +377,7 @@ Test(moe_ops, gather_combine_dot_scale)
     enum { T = 5, K = 2, R = T * K, C = 3, E = 4 };
     float z[T * E], probs[T * E], topw[R], x[T * C], xs[R * C], out[T * C], dw[R], a[R * C], b[R * C];
     int32_t topi[R], rows[R], slot_row[R];
-    int offs[E + 1];
+    int32_t offs[E + 1];
     unsigned s = 3;
     for (int i = 0; i < T * E; i++) z[i] = uni(&s);
     for (int i = 0; i < T * C; i++) x[i] = uni(&s);
@@ -403,6 +406,209 @@ Test(moe_ops, gather_combine_dot_scale)
             cr_assert_eq(b[r * C + c], b0[r * C + c] * topw[rows[r]]);
         }
     }
+}
+
+/* ---- the experts' grouped GEMMs (mt_cpu_moe_linear, _dx, _dw: the kernel table's moe_linear*) ---- */
+
+/* GR rows among GE experts: experts 0, 3 and 6 without rows (the first, one between, the last), expert 4
+ * of a single row, and the last 4 rows of no expert (offs[E] < R: not written). K and N are not
+ * multiples of the GEMM's tiles. */
+enum { GE = 7, GR = 53, GK = 37, GN = 45 };
+static const int32_t g_offs[GE + 1] = {0, 0, 17, 30, 30, 31, 49, 49};
+
+static float *g_vec(size_t n, unsigned *s)
+{
+    float *v = malloc(n * sizeof *v);
+    cr_assert(v);
+    for (size_t i = 0; i < n; i++) v[i] = uni(s);
+    return v;
+}
+
+static float *g_copy(const float *v, size_t n)
+{
+    float *c = malloc(n * sizeof *c);
+    cr_assert(c);
+    memcpy(c, v, n * sizeof *c);
+    return c;
+}
+
+/* Higham's bound on a float sum of n terms (+ the two of a bias and an accumulated value): gamma_{n+2} */
+static double g_gamma(int n) { return (n + 2) * ldexp(1.0, -24) / (1 - (n + 2) * ldexp(1.0, -24)); }
+
+static int g_expert_of(int r)
+{
+    for (int e = 0; e < GE; e++)
+        if (r >= g_offs[e] && r < g_offs[e + 1]) return e;
+    return -1;
+}
+
+/* On a pool of 2 (the GEMMs split their work; the bits do not depend on it). The grouped call against
+ * a loop over the experts calling mt_cpu_matmul as the kernel table's linear does: the same code on
+ * the same blocks, so bit for bit, and the rows of no expert untouched. Then against a float64
+ * reference of the definition, within Higham's bound gamma_{K+2} * sum |terms| (fp32 sums of K products,
+ * a bias and the accumulated value, in whatever order and fused or not): that checks the blocks the
+ * test's loop and the library's both take. */
+static void grouped_linear_check(int with_bias, int accumulate)
+{
+    unsigned s = 101u + 2u * (unsigned)with_bias + (unsigned)accumulate;
+    mt_pool *p = mt_pool_create(2, NULL);
+    void *ws = malloc(mt_cpu_ws_size(2, 0));
+    cr_assert(p && ws);
+    float *x = g_vec((size_t)GR * GK, &s), *W = g_vec((size_t)GE * GN * GK, &s), *b = g_vec((size_t)GE * GN, &s);
+    float *y0 = g_vec((size_t)GR * GN, &s), *y = g_copy(y0, (size_t)GR * GN), *ref = g_copy(y0, (size_t)GR * GN);
+    const float *bias = with_bias ? b : NULL;
+    mt_cpu_moe_linear(p, ws, y, x, W, bias, g_offs, GE, GR, GK, GN, accumulate);
+    for (int e = 0; e < GE; e++) {
+        const int n = g_offs[e + 1] - g_offs[e];
+        if (n)
+            mt_cpu_matmul(p, ws, ref + (size_t)g_offs[e] * GN, x + (size_t)g_offs[e] * GK, W + (size_t)e * GN * GK,
+                          bias ? bias + (size_t)e * GN : NULL, n, GK, GN, accumulate);
+    }
+    cr_assert_eq(memcmp(y, ref, sizeof(float) * GR * GN), 0, "bias %d acc %d: the loop's bits", with_bias, accumulate);
+    for (int r = 0; r < GR; r++) {
+        const int e = g_expert_of(r);
+        for (int n = 0; n < GN; n++) {
+            const float got = y[r * GN + n];
+            if (e < 0) {
+                cr_assert_eq(got, y0[r * GN + n], "row %d of no expert written", r);
+                continue;
+            }
+            double want = accumulate ? y0[r * GN + n] : 0.0, mag = fabs(want);
+            if (bias) want += bias[e * GN + n], mag += fabs(bias[e * GN + n]);
+            for (int k = 0; k < GK; k++) {
+                const double t = (double)x[r * GK + k] * W[((size_t)e * GN + n) * GK + k];
+                want += t, mag += fabs(t);
+            }
+            cr_assert(fabs(got - want) <= g_gamma(GK) * mag, "y[%d, %d] (expert %d) %.9g vs %.9g", r, n, e, got, want);
+        }
+    }
+    free(x), free(W), free(b), free(y0), free(y), free(ref), free(ws);
+    mt_pool_destroy(p);
+}
+
+Test(moe_ops, grouped_linear) { grouped_linear_check(0, 0); }
+Test(moe_ops, grouped_linear_bias) { grouped_linear_check(1, 0); }
+Test(moe_ops, grouped_linear_accumulate) { grouped_linear_check(0, 1); }
+Test(moe_ops, grouped_linear_bias_accumulate) { grouped_linear_check(1, 1); }
+
+/* dx = dy W_e (+ dx) as grouped_linear_check: bit for bit the loop of mt_cpu_matmul_bwd that the kernel
+ * table's linear_dx runs, rows of no expert untouched, and within gamma_{N+2} of the float64 definition */
+static void grouped_linear_dx_check(int accumulate)
+{
+    unsigned s = 211u + (unsigned)accumulate;
+    mt_pool *p = mt_pool_create(2, NULL);
+    void *ws = malloc(mt_cpu_ws_size(2, 0));
+    cr_assert(p && ws);
+    float *dy = g_vec((size_t)GR * GN, &s), *W = g_vec((size_t)GE * GN * GK, &s);
+    float *dx0 = g_vec((size_t)GR * GK, &s), *dx = g_copy(dx0, (size_t)GR * GK), *ref = g_copy(dx0, (size_t)GR * GK);
+    mt_cpu_moe_linear_dx(p, ws, dx, dy, W, g_offs, GE, GR, GK, GN, accumulate);
+    for (int e = 0; e < GE; e++) {
+        const int n = g_offs[e + 1] - g_offs[e];
+        if (n)
+            mt_cpu_matmul_bwd(p, ws, ref + (size_t)g_offs[e] * GK, NULL, NULL, dy + (size_t)g_offs[e] * GN, NULL,
+                              W + (size_t)e * GN * GK, n, GK, GN, accumulate);
+    }
+    cr_assert_eq(memcmp(dx, ref, sizeof(float) * GR * GK), 0, "acc %d: the loop's bits", accumulate);
+    for (int r = 0; r < GR; r++) {
+        const int e = g_expert_of(r);
+        for (int k = 0; k < GK; k++) {
+            const float got = dx[r * GK + k];
+            if (e < 0) {
+                cr_assert_eq(got, dx0[r * GK + k], "row %d of no expert written", r);
+                continue;
+            }
+            double want = accumulate ? dx0[r * GK + k] : 0.0, mag = fabs(want);
+            for (int n = 0; n < GN; n++) {
+                const double t = (double)dy[r * GN + n] * W[((size_t)e * GN + n) * GK + k];
+                want += t, mag += fabs(t);
+            }
+            cr_assert(fabs(got - want) <= g_gamma(GN) * mag, "dx[%d, %d] (expert %d) %.9g vs %.9g", r, k, e, got, want);
+        }
+    }
+    free(dy), free(W), free(dx0), free(dx), free(ref), free(ws);
+    mt_pool_destroy(p);
+}
+
+Test(moe_ops, grouped_linear_dx) { grouped_linear_dx_check(0); }
+Test(moe_ops, grouped_linear_dx_accumulate) { grouped_linear_dx_check(1); }
+
+/* dW_e += dy_e^T x_e and db_e += the column sums of dy_e, into gradients that hold values already (as
+ * across micro-batches): bit for bit the loop of mt_cpu_matmul_bwd that linear_dw runs, the blocks of
+ * the experts without rows (0, 3, 6) untouched, and within gamma_{rows+2} of the float64 definition
+ * (the expert's rows and the value before). */
+static void grouped_linear_dw_check(int with_db)
+{
+    unsigned s = 307u + (unsigned)with_db;
+    mt_pool *p = mt_pool_create(2, NULL);
+    void *ws = malloc(mt_cpu_ws_size(2, 0));
+    cr_assert(p && ws);
+    float *dy = g_vec((size_t)GR * GN, &s), *x = g_vec((size_t)GR * GK, &s);
+    float *dW0 = g_vec((size_t)GE * GN * GK, &s), *dW = g_copy(dW0, (size_t)GE * GN * GK);
+    float *ref = g_copy(dW0, (size_t)GE * GN * GK);
+    float *db0 = g_vec((size_t)GE * GN, &s), *db = g_copy(db0, (size_t)GE * GN), *dbref = g_copy(db0, (size_t)GE * GN);
+    mt_cpu_moe_linear_dw(p, ws, dW, with_db ? db : NULL, dy, x, g_offs, GE, GR, GK, GN);
+    for (int e = 0; e < GE; e++) {
+        const int n = g_offs[e + 1] - g_offs[e];
+        if (n)
+            mt_cpu_matmul_bwd(p, ws, NULL, ref + (size_t)e * GN * GK, with_db ? dbref + (size_t)e * GN : NULL,
+                              dy + (size_t)g_offs[e] * GN, x + (size_t)g_offs[e] * GK, NULL, n, GK, GN, 0);
+    }
+    cr_assert_eq(memcmp(dW, ref, sizeof(float) * GE * GN * GK), 0, "db %d: dW, the loop's bits", with_db);
+    cr_assert_eq(memcmp(db, with_db ? dbref : db0, sizeof(float) * GE * GN), 0, "db %d: db", with_db);
+    for (int e = 0; e < GE; e++) {
+        const int r0 = g_offs[e], r1 = g_offs[e + 1];
+        for (int n = 0; n < GN; n++) {
+            double bw = db0[e * GN + n], bmag = fabs(bw);
+            for (int r = r0; r < r1; r++) bw += dy[r * GN + n], bmag += fabs(dy[r * GN + n]);
+            if (with_db)
+                cr_assert(fabs(db[e * GN + n] - bw) <= g_gamma(r1 - r0) * bmag, "db[%d, %d] %.9g vs %.9g", e, n,
+                          db[e * GN + n], bw);
+            for (int k = 0; k < GK; k++) {
+                const size_t i = ((size_t)e * GN + n) * GK + k;
+                if (r0 == r1) {
+                    cr_assert_eq(dW[i], dW0[i], "expert %d without rows: dW untouched", e);
+                    continue;
+                }
+                double want = dW0[i], mag = fabs(want);
+                for (int r = r0; r < r1; r++) {
+                    const double t = (double)dy[r * GN + n] * x[r * GK + k];
+                    want += t, mag += fabs(t);
+                }
+                cr_assert(fabs(dW[i] - want) <= g_gamma(r1 - r0) * mag, "dW[%d][%d, %d] %.9g vs %.9g", e, n, k, dW[i],
+                          want);
+            }
+        }
+    }
+    free(dy), free(x), free(dW0), free(dW), free(ref), free(db0), free(db), free(dbref), free(ws);
+    mt_pool_destroy(p);
+}
+
+Test(moe_ops, grouped_linear_dw) { grouped_linear_dw_check(0); }
+Test(moe_ops, grouped_linear_dw_bias) { grouped_linear_dw_check(1); }
+
+/* GPT-OSS's bias cases, N = 1: rbd[r] = dot(ys[r], b_e) with the biases (E, C) read as (E, 1, C), and
+ * db_e += w^T ys as moe_linear_dw of one output, against the loop of mt_cpu_matmul / _bwd bit for bit */
+Test(moe_ops, grouped_linear_one_output)
+{
+    unsigned s = 401u;
+    float *ys = g_vec((size_t)GR * GK, &s), *bias = g_vec((size_t)GE * GK, &s), *wrow = g_vec((size_t)GR, &s);
+    float *rbd0 = g_vec((size_t)GR, &s), *rbd = g_copy(rbd0, GR), *ref = g_copy(rbd0, GR);
+    float *g0 = g_vec((size_t)GE * GK, &s), *g = g_copy(g0, (size_t)GE * GK), *gref = g_copy(g0, (size_t)GE * GK);
+    void *ws = malloc(mt_cpu_ws_size(1, 0));
+    cr_assert(ws);
+    mt_cpu_moe_linear(NULL, ws, rbd, ys, bias, NULL, g_offs, GE, GR, GK, 1, 0);
+    mt_cpu_moe_linear_dw(NULL, ws, g, NULL, wrow, ys, g_offs, GE, GR, GK, 1);
+    for (int e = 0; e < GE; e++) {
+        const int n = g_offs[e + 1] - g_offs[e];
+        if (!n) continue;
+        mt_cpu_matmul(NULL, ws, ref + g_offs[e], ys + (size_t)g_offs[e] * GK, bias + (size_t)e * GK, NULL, n, GK, 1, 0);
+        mt_cpu_matmul_bwd(NULL, ws, NULL, gref + (size_t)e * GK, NULL, wrow + g_offs[e], ys + (size_t)g_offs[e] * GK,
+                          NULL, n, GK, 1, 0);
+    }
+    cr_assert_eq(memcmp(rbd, ref, sizeof(float) * GR), 0, "rbd");
+    cr_assert_eq(memcmp(g, gref, sizeof(float) * GE * GK), 0, "bias gradient");
+    for (int r = g_offs[GE]; r < GR; r++) cr_assert_eq(rbd[r], rbd0[r], "row %d of no expert written", r);
+    free(ys), free(bias), free(wrow), free(rbd0), free(rbd), free(ref), free(g0), free(g), free(gref), free(ws);
 }
 
 /* ---- models ------------------------------------------------------------------------------- */

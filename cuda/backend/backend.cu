@@ -57,6 +57,7 @@
 #include "cuda/kernels/cudnn_attention.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/grouped_gemm.h"
 #include "cuda/kernels/moe.h"
 #include "cuda/runtime/nccl.h"
 
@@ -94,6 +95,7 @@ struct cu_be {
     mt_cu_dtype dt;
     size_t es; // bytes per activation element
     mt_gemm *gemm;
+    mt_cu_gg *gg; // the grouped expert GEMMs (Hopper, bf16, models with experts); NULL: the loop serves them
     cudaStream_t h2d, comp, d2h;
     cudaEvent_t slot_loaded[MAX_SLOTS], slot_free[MAX_SLOTS], grad_ready[2], grad_sent[2];
     int gbuf;       // the gradient buffer in use
@@ -138,6 +140,7 @@ struct cu_be {
     int bias32_n;
     size_t red_bytes;
     double *d_loss, *d_sumsq;
+    int32_t *d_check;   // the device-side checks' flag (the routing's, mt_cu_moe_check_offs), read and zeroed by sync()
     int32_t *h_tokens;  // pinned staging for set_tokens
     char why[256];
     int failed;         // the first error, reported by sync()
@@ -575,32 +578,18 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 
 // ---- mixture of experts (cuda/kernels/moe.cu) ----
 
-// The routing, and the experts' first rows read back to the host: the one wait of a sparse layer
-// (the template sizes each expert's GEMM by them). After a failure the offsets are all zero, so
-// that no GEMM runs on rows that were never written; the failure is reported by sync().
+// The routing, its offsets left on the device for the grouped GEMMs: no wait. A non-finite router
+// logit leaves a token without experts, so fewer than T*k rows placed; the check runs on the device
+// behind the routing, into d_check, which sync() reads with the loss and reports (the grouped GEMMs clamp
+// every expert's rows to [0, R] meanwhile).
 static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
-                        const mt_route *rt)
+                        int32_t *offs_buf, float *stats, const float *logits, int T, int E, int k, const mt_route *rt)
 {
     cu_be *b = B(kc);
-    memset(offs, 0, (size_t)(E + 1) * sizeof *offs);
-    if (b->failed) return;
     // the correction bias, a weight, is in the activations' type
     OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, rt, b->dt),
        "expert routing");
-    int32_t got[MT_MAX_EXPERTS + 1];
-    CU(b, cudaMemcpyAsync(got, offs_buf, (size_t)(E + 1) * sizeof *got, cudaMemcpyDeviceToHost, b->comp));
-    CU(b, cudaStreamSynchronize(b->comp));
-    if (b->failed) return;
-    for (int e = 0; e < E; e++)
-        if (got[e + 1] < got[e]) got[E] = -1;
-    if (got[0] != 0 || got[E] != T * k) { // a non-finite router logit leaves a token without experts
-        snprintf(b->why, sizeof b->why, "expert routing: %d of %d routed rows placed (non-finite router logits?)",
-                 got[E], T * k);
-        b->failed = 1;
-        return;
-    }
-    for (int e = 0; e <= E; e++) offs[e] = got[e];
+    OK(b, mt_cu_moe_check_offs(b->comp, offs_buf, E, T * k, b->d_check), "expert routing check");
 }
 
 static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
@@ -649,6 +638,89 @@ static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double sc
 {
     cu_be *b = B(kc);
     OK(b, mt_cu_moe_aux_loss(b->comp, b->d_loss, stats, L, E, scale), "load-balancing loss");
+}
+
+// The grouped GEMMs' fallback: the offsets read back to the host (a wait on the compute stream, the one
+// thing a device grouped GEMM spares), each expert's rows clamped to [0, R], then each expert with rows
+// through each(e, first row, rows), the per-expert path of k_linear, k_linear_dx or k_linear_dw. After a
+// failure nothing runs: the step is lost anyway, and a failed stream's offsets cannot be trusted.
+template <typename F> static void grouped_by_loop(cu_be *b, const int32_t *offs, int E, int R, F &&each)
+{
+    if (b->failed) return;
+    if (E <= 0 || E > MT_MAX_EXPERTS) {
+        fail_why(b, "expert GEMM: more experts than MT_MAX_EXPERTS");
+        return;
+    }
+    int32_t h[MT_MAX_EXPERTS + 1];
+    CU(b, cudaMemcpyAsync(h, offs, (size_t)(E + 1) * sizeof *h, cudaMemcpyDeviceToHost, b->comp));
+    CU(b, cudaStreamSynchronize(b->comp));
+    if (b->failed) return;
+    for (int e = 0; e < E; e++) {
+        const int lo = MT_MIN(MT_MAX(h[e], 0), R), hi = MT_MIN(MT_MAX(h[e + 1], lo), R);
+        if (hi > lo) each(e, lo, hi - lo);
+    }
+}
+
+// y[r, :N] = x[r, :K] W_e^T (+ bias_e) (+ y) over each expert's rows: a few outputs a row (a bias's
+// products, N = 1) on the kernel that reads offs on the device, the others by the loop.
+static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias,
+                         const int32_t *offs, int E, int R, int K, int N, int accumulate)
+{
+    cu_be *b = B(kc);
+    if (N <= MT_CU_MOE_SMALL_N) {
+        OK(b, mt_cu_moe_linear_small(b->comp, b->dt, out_f32 ? MT_CU_F32 : b->dt, y, x, W, bias, offs, E, R, K, N,
+                                     accumulate),
+           "expert GEMM");
+        return;
+    }
+    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+        OK(b, mt_cu_gg_linear(b->gg, b->comp, y, out_f32, x, W, bias, offs, E, R, K, N, accumulate), "expert GEMM");
+        return;
+    }
+    const size_t es = b->es, ys = out_f32 ? 4 : b->es;
+    grouped_by_loop(b, offs, E, R, [&](int e, int r0, int n) {
+        k_linear(kc, (char *)y + (size_t)r0 * N * ys, out_f32, (const char *)x + (size_t)r0 * K * es,
+                 (const char *)W + (size_t)e * N * K * es, bias ? (const char *)bias + (size_t)e * N * es : NULL, n,
+                 K, N, accumulate);
+    });
+}
+
+// dx[r, :K] = dy[r, :N] W_e (+ dx) over each expert's rows
+static void k_moe_linear_dx(void *kc, void *dx, int out_f32, const void *dy, const void *W, const int32_t *offs,
+                            int E, int R, int K, int N, int accumulate)
+{
+    cu_be *b = B(kc);
+    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+        OK(b, mt_cu_gg_linear_dx(b->gg, b->comp, dx, out_f32, dy, W, offs, E, R, K, N, accumulate),
+           "expert input-gradient GEMM");
+        return;
+    }
+    const size_t es = b->es, xs = out_f32 ? 4 : b->es;
+    grouped_by_loop(b, offs, E, R, [&](int e, int r0, int n) {
+        k_linear_dx(kc, (char *)dx + (size_t)r0 * K * xs, out_f32, (const char *)dy + (size_t)r0 * N * es,
+                    (const char *)W + (size_t)e * N * K * es, n, K, N, accumulate);
+    });
+}
+
+// dW_e += dy_e^T x_e, db_e += the column sums of dy_e; a few outputs a row on the kernel
+static void k_moe_linear_dw(void *kc, float *dW, float *db, const void *dy, const void *x, const int32_t *offs, int E,
+                            int R, int K, int N)
+{
+    cu_be *b = B(kc);
+    if (N <= MT_CU_MOE_SMALL_N) {
+        OK(b, mt_cu_moe_linear_dw_small(b->comp, b->dt, dW, db, dy, x, offs, E, R, K, N),
+           "expert weight-gradient GEMM");
+        return;
+    }
+    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+        OK(b, mt_cu_gg_linear_dw(b->gg, b->comp, dW, db, dy, x, offs, E, R, K, N), "expert weight-gradient GEMM");
+        return;
+    }
+    const size_t es = b->es;
+    grouped_by_loop(b, offs, E, R, [&](int e, int r0, int n) {
+        k_linear_dw(kc, dW + (size_t)e * N * K, db ? db + (size_t)e * N : NULL, (const char *)dy + (size_t)r0 * N * es,
+                    (const char *)x + (size_t)r0 * K * es, n, K, N);
+    });
 }
 
 // The scratch of a reduction the template declares, as the kernels above ask it.
@@ -702,6 +774,9 @@ static mt_kernels cuda_kernels(void)
     k.moe_shared_gate = k_moe_shared_gate;
     k.moe_shared_gate_bwd = k_moe_shared_gate_bwd;
     k.moe_aux_loss = k_moe_aux_loss;
+    k.moe_linear = k_moe_linear;
+    k.moe_linear_dx = k_moe_linear_dx;
+    k.moe_linear_dw = k_moe_linear_dw;
     k.scratch_bytes = cu_scratch_bytes;
     return k;
 }
@@ -843,6 +918,7 @@ static void layout_buffers(cu_be *b, carver *c)
     b->bias32 = b->bias32_n ? (float *)carve(c, (size_t)b->bias32_n * 4) : NULL;
     b->d_loss = (double *)carve(c, 8);
     b->d_sumsq = (double *)carve(c, 8);
+    b->d_check = (int32_t *)carve(c, MT_CU_MOE_CHECK_INTS * 4);
     // the reductions' scratch: send_grads' sum of squares, and what the template declares
     b->red_bytes = MT_MAX(mt_cu_sumsq_scratch_bytes(), mt_runner_scratch_bytes(&b->run, s->want_grad));
     if (s->want_grad) {
@@ -1120,6 +1196,7 @@ static void cu_destroy(mt_be *be)
     if (b->comp) cudaStreamDestroy(b->comp);
     if (b->d2h) cudaStreamDestroy(b->d2h);
     mt_gemm_destroy(b->gemm);
+    mt_cu_gg_destroy(b->gg);
     mt_cudnn_attn_destroy(b->cudnn);
     mt_nccl_comm_destroy(b->nccl, b->comm);
     mt_nccl_close(b->nccl);
@@ -1227,10 +1304,11 @@ static mt_status cu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
         if (!e1) e1 = cudaMemcpy(b->inv_freq[t], inv, (size_t)b->run.d.D / 2 * 4, cudaMemcpyHostToDevice);
     }
     cudaError_t e2 = cudaMemset(b->d_loss, 0, 8), e3 = cudaMemset(b->d_sumsq, 0, 8);
-    // the template's state starts zero (the legacy stream's memset done before the compute stream,
-    // which does not wait for it, can read it)
+    if (!e3) e3 = cudaMemset(b->d_check, 0, MT_CU_MOE_CHECK_INTS * 4);
+    // the template's state and the checks' flag start zero (the legacy stream's memsets done before the
+    // compute stream, which does not wait for them, can read them)
     if (!e2 && b->run.state) e2 = cudaMemset(b->run.state, 0, mt_runner_state_bytes(&b->run));
-    if (!e2 && b->run.state) e2 = cudaDeviceSynchronize();
+    if (!e2) e2 = cudaDeviceSynchronize();
     free(inv);
     if (e1 || e2 || e3 || e4) {
         cudaGetLastError();
@@ -1589,16 +1667,25 @@ static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err
 {
     cu_be *b = (cu_be *)be;
     double v[2] = {0, 0};
+    int32_t bad[MT_CU_MOE_CHECK_INTS] = {0};
     CU(b, cudaMemcpyAsync(&v[0], b->d_loss, 8, cudaMemcpyDeviceToHost, b->comp));
     CU(b, cudaMemcpyAsync(&v[1], b->d_sumsq, 8, cudaMemcpyDeviceToHost, b->comp));
     CU(b, cudaMemsetAsync(b->d_loss, 0, 8, b->comp));
     CU(b, cudaMemsetAsync(b->d_sumsq, 0, 8, b->comp));
+    // the routings' check (k_moe_route), read where the step waits anyway
+    CU(b, cudaMemcpyAsync(bad, b->d_check, sizeof bad, cudaMemcpyDeviceToHost, b->comp));
+    CU(b, cudaMemsetAsync(b->d_check, 0, sizeof bad, b->comp));
     CU(b, cudaStreamSynchronize(b->comp));
     CU(b, cudaStreamSynchronize(b->d2h));
     CU(b, cudaStreamSynchronize(b->h2d));
     b->armed = 0;
     *loss_sum = v[0];
     *grad_sumsq = v[1];
+    if (bad[0] && !b->failed) {
+        snprintf(b->why, sizeof b->why, "expert routing: %d of %d routed rows placed (non-finite router logits?)",
+                 bad[1], bad[2]);
+        b->failed = 1;
+    }
     if (b->failed) {
         b->failed = 0;
         return mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", b->why);
@@ -1662,6 +1749,13 @@ static mt_status cu_create(const mt_be_request *r, int device, mt_be **out, mt_e
     if (!ok) {
         cu_destroy(&b->base);
         return mt_fail(err, MT_ERR_DEVICE, "CUDA backend: %s", why);
+    }
+    // the grouped GEMMs of the kernel table's moe_linear entries, in bf16 on a Hopper GPU (fp32 and other
+    // GPUs run the loop); a handle of a few bytes, nothing on the device until a model with experts calls it
+    if (r->cfg->precision != MT_PRECISION_FP32) {
+        char gwhy[160] = "";
+        if (!(b->gg = mt_cu_gg_create(gwhy, sizeof gwhy)))
+            mt_log(r->log, MT_LOG_DEBUG, "%s; grouped GEMMs run one GEMM a group", gwhy);
     }
     // cuDNN's attention, where the policy and the precision would use it
     if (r->pol->attention != MT_ATTENTION_KERNELS && r->cfg->precision != MT_PRECISION_FP32) {

@@ -1,6 +1,6 @@
-// Mixture-of-experts kernels (moe.h): routing, its backward, the row gathers
-// and sums between tokens and the experts' sorted rows, and the
-// load-balancing loss. Sums run in an order fixed by the shapes (tree
+// Mixture-of-experts kernels (moe.h): routing, its backward and its check, the
+// row gathers and sums between tokens and the experts' sorted rows, the
+// load-balancing loss, and the experts' GEMMs of a few outputs a row. Sums run in an order fixed by the shapes (tree
 // reductions in shared memory, warp sums broadcast from lane 0), never with
 // floating-point atomics, so every result is the same from run to run.
 #include "cuda/kernels/moe.h"
@@ -368,6 +368,80 @@ __global__ void aux_loss_k(double *loss, const float *stats, int L, int E, doubl
     if (threadIdx.x == 0) *loss += scale * (double)E * sum;
 }
 
+// The offsets' check (mt_cu_moe_check_offs): one thread, E <= 1024. The first bad routing stays.
+__global__ void check_offs_k(const int32_t *offs, int E, int expect, int32_t *flag)
+{
+    if (flag[0]) return;
+    bool mono = offs[0] == 0;
+    for (int e = 0; e < E && mono; e++) mono = offs[e + 1] >= offs[e];
+    if (mono && offs[E] == expect) return;
+    flag[1] = mono ? offs[E] : -1;
+    flag[2] = expect;
+    flag[0] = 1;
+}
+
+// Expert e's first row, clamped to [0, R]: a routing that failed its check (reported at the step's end)
+// must not send a kernel out of its buffers meanwhile.
+__device__ __forceinline__ int first_row(const int32_t *offs, int e, int R) { return min(max(offs[e], 0), R); }
+
+// The expert whose rows hold r, or -1: the last e whose (clamped) first row is at most r, if r is before
+// the next expert's first row. Experts without rows share their first row with the next, so the last
+// such e is the one with rows. A binary search over E + 1 offsets.
+__device__ int expert_of(const int32_t *offs, int E, int R, int r)
+{
+    if (first_row(offs, 0, R) > r) return -1;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first_row(offs, mid, R) <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return r < first_row(offs, lo + 1, R) ? lo : -1;
+}
+
+// One warp per output y[r, n] (N <= MT_CU_MOE_SMALL_N): each lane's products over its stride of K in
+// fp32, the lanes summed by a fixed tree into lane 0, which adds the bias and y and writes.
+template <typename TD, typename TO>
+__global__ void linear_small_k(TO *y, const TD *x, const TD *W, const TD *bias, const int32_t *offs, int E, int R,
+                               int K, int N, int accumulate)
+{
+    const size_t o = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; // the same in every lane
+    const int lane = threadIdx.x & 31;
+    if (o >= (size_t)R * N) return; // the whole warp
+    const int r = (int)(o / N), n = (int)(o % N);
+    const int e = expert_of(offs, E, R, r);
+    if (e < 0) return; // the whole warp: a row of no expert
+    const TD *xr = x + (size_t)r * K, *wr = W + ((size_t)e * N + n) * K;
+    float acc = 0.0f;
+    for (int i = lane; i < K; i += 32) acc = fmaf(ld(xr + i), ld(wr + i), acc);
+    for (int h = 16; h; h >>= 1) acc += __shfl_down_sync(FULL, acc, h);
+    if (lane) return;
+    if (bias) acc += ld(bias + (size_t)e * N + n);
+    TO *out = y + (size_t)r * N + n;
+    if (accumulate) acc += ld(out);
+    st(out, acc);
+}
+
+// One thread per (expert, output n, column i of K; i == K: the bias): its sum over the expert's rows in
+// ascending order, added once. Blocks of one (expert, n) along y, of columns along x.
+template <typename TD>
+__global__ void linear_dw_small_k(float *dW, float *db, const TD *dy, const TD *x, const int32_t *offs, int R, int K,
+                                  int N)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, e = blockIdx.y / N, n = blockIdx.y % N;
+    if (i > K || (i == K && !db)) return;
+    const int lo = first_row(offs, e, R), hi = max(first_row(offs, e + 1, R), lo);
+    if (hi == lo) return; // no rows: untouched
+    float acc = 0.0f;
+    if (i < K) {
+        for (int r = lo; r < hi; r++) acc = fmaf(ld(dy + (size_t)r * N + n), ld(x + (size_t)r * K + i), acc);
+        dW[((size_t)e * N + n) * K + i] += acc;
+    } else {
+        for (int r = lo; r < hi; r++) acc += ld(dy + (size_t)r * N + n);
+        db[(size_t)e * N + n] += acc;
+    }
+}
+
 int launched(void) { return cudaGetLastError() == cudaSuccess ? 0 : -1; }
 
 template <typename F> int with_dt(mt_cu_dtype dt, F &&f)
@@ -489,4 +563,44 @@ extern "C" int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *sta
     if (L < 0 || E <= 0) return -1;
     aux_loss_k<<<1, BLOCK, 0, (cudaStream_t)s>>>(loss, stats, L, E, scale);
     return launched();
+}
+
+extern "C" int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, int expect, int32_t *flag)
+{
+    if (!offs || !flag || E <= 0 || E > MT_MAX_EXPERTS) return -1;
+    check_offs_k<<<1, 1, 0, (cudaStream_t)s>>>(offs, E, expect, flag);
+    return launched();
+}
+
+extern "C" int mt_cu_moe_linear_small(mt_cu_stream s, mt_cu_dtype dt, mt_cu_dtype ydt, void *y, const void *x,
+                                      const void *W, const void *bias, const int32_t *offs, int E, int R, int K, int N,
+                                      int accumulate)
+{
+    if (E <= 0 || E > MT_MAX_EXPERTS || R < 0 || K <= 0 || N <= 0 || N > MT_CU_MOE_SMALL_N) return -1;
+    if (!R) return 0;
+    const size_t warps = (size_t)R * N, blocks = (warps + BLOCK / 32 - 1) / (BLOCK / 32);
+    if (blocks > 0x7fffffffu) return -1;
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        return with_dt(ydt, [&](auto to) {
+            using TO = typename std::remove_pointer<decltype(to)>::type;
+            linear_small_k<TD, TO><<<(unsigned)blocks, BLOCK, 0, (cudaStream_t)s>>>(
+                (TO *)y, (const TD *)x, (const TD *)W, (const TD *)bias, offs, E, R, K, N, accumulate);
+            return launched();
+        });
+    });
+}
+
+extern "C" int mt_cu_moe_linear_dw_small(mt_cu_stream s, mt_cu_dtype dt, float *dW, float *db, const void *dy,
+                                         const void *x, const int32_t *offs, int E, int R, int K, int N)
+{
+    if (E <= 0 || E > MT_MAX_EXPERTS || R < 0 || K <= 0 || N <= 0 || N > MT_CU_MOE_SMALL_N) return -1;
+    if (!R) return 0;
+    const dim3 grid((unsigned)((K + 1 + BLOCK - 1) / BLOCK), (unsigned)(E * N)); // E * N <= 8192
+    return with_dt(dt, [&](auto tag) {
+        using TD = typename std::remove_pointer<decltype(tag)>::type;
+        linear_dw_small_k<TD><<<grid, BLOCK, 0, (cudaStream_t)s>>>(dW, db, (const TD *)dy, (const TD *)x, offs, R, K,
+                                                                   N);
+        return launched();
+    });
 }

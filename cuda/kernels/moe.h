@@ -6,9 +6,10 @@
  * pointers, an explicit stream, 0 or -1 (bad arguments, launch error), no
  * floating-point atomics (every sum in an order fixed by the shapes, so
  * results are the same every run). The experts' GEMMs are the cuBLASLt
- * wrapper's; nothing here copies to the host or waits: the backend reads
- * offs back itself. Built without CUDA this header supplies stand-ins that
- * fail every call. */
+ * wrapper's, but for those of a few outputs a row (GPT-OSS's down-projection
+ * biases), which are here; nothing here copies to the host or waits: the
+ * routing's offsets stay on the device, checked there (mt_cu_moe_check_offs).
+ * Built without CUDA this header supplies stand-ins that fail every call. */
 #ifndef MT_CUDA_MOE_H
 #define MT_CUDA_MOE_H
 
@@ -19,6 +20,11 @@ extern "C" {
 #endif
 
 struct mt_route; /* model/template.h */
+
+/* The int32 of the routing check's flag (mt_cu_moe_check_offs) */
+#define MT_CU_MOE_CHECK_INTS 3
+/* The most outputs a row that mt_cu_moe_linear_small and mt_cu_moe_linear_dw_small take */
+#define MT_CU_MOE_SMALL_N 8
 
 #if defined(MT_HAVE_CUDA) || defined(__CUDACC__)
 
@@ -57,6 +63,27 @@ int mt_cu_moe_shared_gate_bwd(mt_cu_stream s, mt_cu_dtype dt, float *dz, void *x
 /* *loss += scale * E * sum_e c_e p_e, c and p summed over the L rows of stats (L, 2E); loss a
  * device double */
 int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, int E, double scale);
+/* The routing's check without a wait: offs (E+1) int32 as mt_cu_moe_route made them must start at 0, not
+ * decrease and end at expect (T*k: every routed row placed; a non-finite router logit leaves a token
+ * without experts). flag (MT_CU_MOE_CHECK_INTS int32, device memory, zeroed by its owner) records the
+ * first bad routing it sees and keeps it through later calls, good or bad: flag[0] = 1, flag[1] the
+ * rows placed (offs[E]; -1 where the offsets are not nondecreasing from 0), flag[2] expect. The owner
+ * reads it where it waits anyway (the CUDA backend: at the step's end) and zeroes it again. One thread. */
+int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, int expect, int32_t *flag);
+/* The grouped GEMM of the kernel table's moe_linear for N <= MT_CU_MOE_SMALL_N outputs a row, reading
+ * offs on the device (no copy to the host): y[r, n] = dot(x[r, :K], W_e[n, :K]) (+ bias_e[n]) (+ y[r, n]
+ * if accumulate) for every row r of expert e (offs[e] .. offs[e+1]-1, clamped to [0, R]; a row's expert
+ * found by binary search in offs). x (R, K), W (E, N, K), bias (E, N) or NULL in dt; y (R, N) in ydt.
+ * One warp per output: the products summed in fp32 (each lane's stride of K, then the lanes in a fixed
+ * tree), then the bias and y added. Rows of no expert are not written. */
+int mt_cu_moe_linear_small(mt_cu_stream s, mt_cu_dtype dt, mt_cu_dtype ydt, void *y, const void *x, const void *W,
+                           const void *bias, const int32_t *offs, int E, int R, int K, int N, int accumulate);
+/* moe_linear_dw's for N <= MT_CU_MOE_SMALL_N: dW_e[n, k] (fp32, (E, N, K)) += sum over the rows r of expert e
+ * (clamped as above) of dy[r, n] * x[r, k], and if db, db_e[n] (fp32, (E, N)) += sum of dy[r, n]; each sum
+ * in fp32 in ascending r by one thread, then added once: deterministic, no atomics. dy (R, N), x (R, K) in
+ * dt. Experts without rows are left untouched. */
+int mt_cu_moe_linear_dw_small(mt_cu_stream s, mt_cu_dtype dt, float *dW, float *db, const void *dy, const void *x,
+                              const int32_t *offs, int E, int R, int K, int N);
 
 #else
 
@@ -109,6 +136,25 @@ static inline int mt_cu_moe_shared_gate_bwd(mt_cu_stream s, mt_cu_dtype dt, floa
 static inline int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, int E, double scale)
 {
     (void)s, (void)loss, (void)stats, (void)L, (void)E, (void)scale;
+    return -1;
+}
+static inline int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, int expect, int32_t *flag)
+{
+    (void)s, (void)offs, (void)E, (void)expect, (void)flag;
+    return -1;
+}
+static inline int mt_cu_moe_linear_small(mt_cu_stream s, mt_cu_dtype dt, mt_cu_dtype ydt, void *y, const void *x,
+                                         const void *W, const void *bias, const int32_t *offs, int E, int R, int K,
+                                         int N, int accumulate)
+{
+    (void)s, (void)dt, (void)ydt, (void)y, (void)x, (void)W, (void)bias, (void)offs, (void)E, (void)R, (void)K;
+    (void)N, (void)accumulate;
+    return -1;
+}
+static inline int mt_cu_moe_linear_dw_small(mt_cu_stream s, mt_cu_dtype dt, float *dW, float *db, const void *dy,
+                                            const void *x, const int32_t *offs, int E, int R, int K, int N)
+{
+    (void)s, (void)dt, (void)dW, (void)db, (void)dy, (void)x, (void)offs, (void)E, (void)R, (void)K, (void)N;
     return -1;
 }
 

@@ -232,11 +232,10 @@ static void k_to_host(void *kc, float *dst, const float *src, size_t n)
 /* ---- mixture of experts (cpu_moe.c) ---- */
 
 static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                        int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
-                        const mt_route *rt)
+                        int32_t *offs_buf, float *stats, const float *logits, int T, int E, int k, const mt_route *rt)
 {
-    (void)kc, (void)offs_buf; /* offs are made in host memory directly; rt->bias is fp32, as every weight slot */
-    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs, stats, logits, T, E, k, rt);
+    (void)kc; /* offs_buf is host memory here; rt->bias is fp32, as every weight slot */
+    mt_cpu_moe_route(probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, rt);
 }
 
 static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
@@ -283,6 +282,28 @@ static void k_moe_aux_loss(void *kc, const float *stats, int L, int E, double sc
     ((cpu_be *)kc)->loss_sum += scale * mt_cpu_moe_aux_sum(stats, L, E);
 }
 
+/* The experts' GEMMs: each expert's block through the calls k_linear, k_linear_dx and k_linear_dw make
+ * (mt_cpu_matmul, mt_cpu_matmul_bwd), so the bits are those of a loop over the experts calling them */
+static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias,
+                         const int32_t *offs, int E, int R, int K, int N, int accumulate)
+{
+    (void)out_f32; /* every buffer is fp32 here */
+    mt_cpu_moe_linear(P(kc), WS(kc), y, x, W, bias, offs, E, R, K, N, accumulate);
+}
+
+static void k_moe_linear_dx(void *kc, void *dx, int out_f32, const void *dy, const void *W, const int32_t *offs,
+                            int E, int R, int K, int N, int accumulate)
+{
+    (void)out_f32;
+    mt_cpu_moe_linear_dx(P(kc), WS(kc), dx, dy, W, offs, E, R, K, N, accumulate);
+}
+
+static void k_moe_linear_dw(void *kc, float *dW, float *db, const void *dy, const void *x, const int32_t *offs, int E,
+                            int R, int K, int N)
+{
+    mt_cpu_moe_linear_dw(P(kc), WS(kc), dW, db, dy, x, offs, E, R, K, N);
+}
+
 static const mt_kernels cpu_kernels = {
     .rmsnorm = k_rmsnorm,
     .rmsnorm_bwd = k_rmsnorm_bwd,
@@ -318,6 +339,9 @@ static const mt_kernels cpu_kernels = {
     .moe_shared_gate = k_moe_shared_gate,
     .moe_shared_gate_bwd = k_moe_shared_gate_bwd,
     .moe_aux_loss = k_moe_aux_loss,
+    .moe_linear = k_moe_linear,
+    .moe_linear_dx = k_moe_linear_dx,
+    .moe_linear_dw = k_moe_linear_dw,
 };
 
 /* ---- memory -------------------------------------------------------------------------- */

@@ -1,6 +1,8 @@
 /* Mixture-of-experts operations on the CPU (cpu_moe.h). Serial: they touch
- * T*k rows of C at most once each, which is small beside the experts' GEMMs. */
+ * T*k rows of C at most once each, which is small beside the experts' GEMMs;
+ * the grouped GEMMs (at the end) run each expert's block on the pool. */
 #include "cpu/cpu_moe.h"
+#include "cpu/cpu_ops.h"
 #include "model/template.h"
 
 #include <math.h>
@@ -64,7 +66,7 @@ static void route_sigmoid(float *p, float *w, int32_t *idx, const float *z, int 
     }
 }
 
-void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int *offs,
+void mt_cpu_moe_route(float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row, int32_t *offs,
                       float *stats, const float *logits, int T, int E, int k, const mt_route *rt)
 {
     for (int t = 0; t < T; t++) {
@@ -230,4 +232,51 @@ double mt_cpu_moe_aux_sum(const float *stats, int L, int E)
         sum += c * p;
     }
     return (double)E * sum;
+}
+
+/* ---- the experts' grouped GEMMs ---- */
+
+/* Expert e's rows [*lo, *hi) from offs, clamped to [0, R] (the offsets this backend makes are always
+ * in range; the clamp keeps the contract a GPU backend needs for a routing it has not checked yet) */
+static int expert_rows(const int32_t *offs, int e, int R, int *lo, int *hi)
+{
+    *lo = MT_MIN(MT_MAX(offs[e], 0), R);
+    *hi = MT_MIN(MT_MAX(offs[e + 1], *lo), R);
+    return *hi - *lo;
+}
+
+void mt_cpu_moe_linear(mt_pool *p, void *ws, float *y, const float *x, const float *W, const float *bias,
+                       const int32_t *offs, int E, int R, int K, int N, int accumulate)
+{
+    for (int e = 0; e < E; e++) {
+        int lo, hi;
+        const int n = expert_rows(offs, e, R, &lo, &hi);
+        if (n > 0)
+            mt_cpu_matmul(p, ws, y + (size_t)lo * N, x + (size_t)lo * K, W + (size_t)e * N * K,
+                          bias ? bias + (size_t)e * N : NULL, n, K, N, accumulate);
+    }
+}
+
+void mt_cpu_moe_linear_dx(mt_pool *p, void *ws, float *dx, const float *dy, const float *W, const int32_t *offs,
+                          int E, int R, int K, int N, int accumulate)
+{
+    for (int e = 0; e < E; e++) {
+        int lo, hi;
+        const int n = expert_rows(offs, e, R, &lo, &hi);
+        if (n > 0)
+            mt_cpu_matmul_bwd(p, ws, dx + (size_t)lo * K, NULL, NULL, dy + (size_t)lo * N, NULL,
+                              W + (size_t)e * N * K, n, K, N, accumulate);
+    }
+}
+
+void mt_cpu_moe_linear_dw(mt_pool *p, void *ws, float *dW, float *db, const float *dy, const float *x,
+                          const int32_t *offs, int E, int R, int K, int N)
+{
+    for (int e = 0; e < E; e++) {
+        int lo, hi;
+        const int n = expert_rows(offs, e, R, &lo, &hi);
+        if (n > 0)
+            mt_cpu_matmul_bwd(p, ws, NULL, dW + (size_t)e * N * K, db ? db + (size_t)e * N : NULL,
+                              dy + (size_t)lo * N, x + (size_t)lo * K, NULL, n, K, N, 0);
+    }
 }

@@ -14,14 +14,15 @@
  *                  + the shared expert: the weight scales the expert's input rows, not its output
  *
  * The experts run on the T*k routed rows sorted by expert (moe_route): each
- * token's row is gathered to its experts' rows, one GEMM per expert over its
- * contiguous block of rows (experts without rows run nothing, so their
- * gradient blocks stay as begin_grads zeroed them), and the weighted outputs
- * are added back per token in slot order (moe_combine: no atomics, the same
- * bits every run). The experts' row counts come to the host once per layer and
- * micro-batch in the forward and once more in the backward, whose recompute
- * routes again (moe_route's offs), to size those GEMMs; no data moves to the
- * host per expert.
+ * token's row is gathered to its experts' rows, the experts' GEMMs run as one
+ * grouped call each (moe_linear, moe_linear_dx, moe_linear_dw: every expert
+ * over its contiguous block of rows; experts without rows run nothing, so
+ * their gradient blocks stay as begin_grads zeroed them), and the weighted
+ * outputs are added back per token in slot order (moe_combine: no atomics,
+ * the same bits every run). The grouped calls read each expert's first row
+ * (moe_route's offs_buf, b->roffs) in the backend's memory: the template never
+ * sees a row count, so nothing comes back to the host inside a sparse layer
+ * and a GPU backend never waits for its routing.
  *
  * The backward recomputes the routing and the experts' gate, up and
  * activation; the routing weights' gradient is dot(dy_t, expert output), which
@@ -122,11 +123,6 @@ static int moe_work_bufs(const mt_dims *d, int want_grad, mt_work_buf *out)
     return k;
 }
 
-/* Expert e's block of the stacked matrix W (E blocks of n elements), act or f32; NULL where W is
- * (a bias the experts do not have). */
-static const void *expert(const mt_dims *d, const void *W, int e, size_t n) { return W ? mt_at(d, W, (size_t)e * n) : NULL; }
-static float *expert_f32(float *G, int e, size_t n) { return G ? G + (size_t)e * n : NULL; }
-
 /* The layer's routing (moe_route, moe_route_bwd): the dims' mode, the weights' correction bias (NULL none) */
 static mt_route route_of(const mt_dims *d, void *const *w)
 {
@@ -134,11 +130,11 @@ static mt_route route_of(const mt_dims *d, void *const *w)
                       .topk_group = d->topk_group, .scale = d->route_scale, .bias = w[MT_T_ROUTER_CORR]};
 }
 
-/* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. offs gets
- * each expert's rows; stats (NULL: left as they are) the layer's load-balancing statistics. With the
- * weights on the experts' input (Llama 4) the routed rows are scaled by them first, their unscaled copy
- * going to xs0 where the backward asks (keep). */
-static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *stats, int keep)
+/* The routing of xn2 and, for every routed row, the experts' gate, up and silu(gate) * up. b->roffs gets
+ * each expert's first row (in the backend's memory); stats (NULL: left as they are) the layer's
+ * load-balancing statistics. With the weights on the experts' input (Llama 4) the routed rows are scaled
+ * by them first, their unscaled copy going to xs0 where the backward asks (keep). */
+static void route_and_up(const mt_exec *x, void *const *w, float *stats, int keep)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
@@ -147,21 +143,14 @@ static void route_and_up(const mt_exec *x, void *const *w, int *offs, float *sta
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
     k->linear(kc, b->rlog, 1, b->base.xn2, w[MT_T_ROUTER], w[MT_T_ROUTER_BIAS], T, C, E, 0); /* (T, E) f32 */
     const mt_route rt = route_of(d, w);
-    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, offs, stats, b->rlog, T, E, K, &rt);
+    k->moe_route(kc, b->rprob, b->topw, b->topi, b->rrows, b->rslot, b->roffs, stats, b->rlog, T, E, K, &rt);
     k->moe_gather(kc, b->xs, b->base.xn2, b->rrows, R, K, C); /* (R, C) */
     if (d->input_weighted) { /* Llama4TextMoe: routed_in = hidden_states * router_scores */
         if (keep) k->copy(kc, b->xs0, b->xs, (size_t)R * C);
         k->moe_dot_scale(kc, NULL, b->xs, NULL, b->topw, b->rrows, R, C);
     }
-    for (int e = 0; e < E; e++) {
-        const int n = offs[e + 1] - offs[e];
-        if (!n) continue;
-        const void *xs = mt_at(d, b->xs, (size_t)offs[e] * C);
-        k->linear(kc, mt_at(d, b->eg, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_GATE], e, (size_t)FE * C),
-                  expert(d, w[MT_T_EXP_GATE_BIAS], e, (size_t)FE), n, C, FE, 0);
-        k->linear(kc, mt_at(d, b->eu, (size_t)offs[e] * FE), 0, xs, expert(d, w[MT_T_EXP_UP], e, (size_t)FE * C),
-                  expert(d, w[MT_T_EXP_UP_BIAS], e, (size_t)FE), n, C, FE, 0);
-    }
+    k->moe_linear(kc, b->eg, 0, b->xs, w[MT_T_EXP_GATE], w[MT_T_EXP_GATE_BIAS], b->roffs, E, R, C, FE, 0);
+    k->moe_linear(kc, b->eu, 0, b->xs, w[MT_T_EXP_UP], w[MT_T_EXP_UP_BIAS], b->roffs, E, R, C, FE, 0);
     k->glu(kc, b->ea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
 }
 
@@ -213,28 +202,20 @@ static void shared_backward(const mt_exec *x, void *const *w, float *const *gw, 
 
 /* GPT-OSS's down-projection biases, after moe_dot_scale (ys holds each routed row's output gradient
  * dys, unweighted): a row's output is a Wd^T + b_e, so its routing weight's gradient gains dot(dys, b_e),
- * added by slot; b_e's gradient is the weighted sum of its rows' dys, w^T dys as a GEMM of one row. */
-static void down_bias_backward(const mt_exec *x, void *const *w, float *const *gw, const int *offs)
+ * added by slot; b_e's gradient is the weighted sum of its rows' dys, w^T dys as a GEMM of one row. Both
+ * are grouped GEMMs with N = 1, the biases (E, C) read as a stacked matrix (E, 1, C). */
+static void down_bias_backward(const mt_exec *x, void *const *w, float *const *gw)
 {
     const mt_kernels *k = x->k;
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const moe_work *b = W(x);
     const int C = d->C, E = d->E, R = d->T * d->topk;
-    for (int e = 0; e < E; e++) {
-        const int n = offs[e + 1] - offs[e];
-        if (n)
-            k->linear(kc, b->rbd + offs[e], 1, mt_at(d, b->ys, (size_t)offs[e] * C), expert(d, w[MT_T_EXP_DOWN_BIAS], e, C),
-                      NULL, n, C, 1, 0);
-    }
+    /* rbd[r] = dot(dys[r], b_e) */
+    k->moe_linear(kc, b->rbd, 1, b->ys, w[MT_T_EXP_DOWN_BIAS], NULL, b->roffs, E, R, C, 1, 0);
     k->moe_combine(kc, b->rdw, 1, b->rbd, 1, NULL, b->rslot, R, 1, 1); /* rdw[slot] += rbd[its row] */
     k->moe_gather(kc, b->wrow_act, k->as_act(kc, b->topw_act, b->topw, (size_t)R), b->rrows, R, 1, 1);
-    for (int e = 0; e < E; e++) {
-        const int n = offs[e + 1] - offs[e];
-        if (n)
-            k->linear_dw(kc, gw[MT_T_EXP_DOWN_BIAS] + (size_t)e * C, NULL, mt_at(d, b->wrow_act, (size_t)offs[e]),
-                         mt_at(d, b->ys, (size_t)offs[e] * C), n, C, 1);
-    }
+    k->moe_linear_dw(kc, gw[MT_T_EXP_DOWN_BIAS], NULL, b->wrow_act, b->ys, b->roffs, E, R, C, 1);
 }
 
 /* The reductions of the Llama blocks and, with GPT-OSS's biases, the router's and the experts' bias
@@ -257,18 +238,11 @@ static void layer_forward(const mt_exec *x, void *const *w, const void *in, void
     void *kc = x->kc;
     const mt_dims *d = x->d;
     const moe_work *b = W(x);
-    const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE;
+    const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
     mt_llama_attn_forward(x, w, in, a, out == NULL);
     if (!out) return; /* layer_backward routes again */
-    int offs[MT_MAX_EXPERTS + 1]; /* 4 KiB at most */
-    route_and_up(x, w, offs, x->state ? x->state + (size_t)a->layer * 2 * E : NULL, 0);
-    for (int e = 0; e < E; e++) {
-        const int n = offs[e + 1] - offs[e];
-        if (n)
-            k->linear(kc, mt_at(d, b->ys, (size_t)offs[e] * C), 0, mt_at(d, b->ea, (size_t)offs[e] * FE),
-                      expert(d, w[MT_T_EXP_DOWN], e, (size_t)C * FE), expert(d, w[MT_T_EXP_DOWN_BIAS], e, (size_t)C), n,
-                      FE, C, 0);
-    }
+    route_and_up(x, w, x->state ? x->state + (size_t)a->layer * 2 * E : NULL, 0);
+    k->moe_linear(kc, b->ys, 0, b->ea, w[MT_T_EXP_DOWN], w[MT_T_EXP_DOWN_BIAS], b->roffs, E, R, FE, C, 0);
     k->copy(kc, out, a->h, (size_t)T * C);
     k->moe_combine(kc, out, 0, b->ys, 0, d->input_weighted ? NULL : b->topw, b->rslot, T, K, C);
     if (d->FS) shared_forward(x, w, out);
@@ -286,37 +260,24 @@ static void layer_backward(const mt_exec *x, void *const *w, float *const *gw, c
     const mt_dims *d = x->d;
     const moe_work *b = W(x);
     const int T = d->T, C = d->C, E = d->E, K = d->topk, FE = d->FE, R = T * K;
-    const size_t GU = (size_t)FE * C; /* elements of one expert's gate, up or down matrix */
-    int offs[MT_MAX_EXPERTS + 1];
-    route_and_up(x, w, offs, NULL, 1); /* the statistics are the forward's */
+    route_and_up(x, w, NULL, 1); /* the statistics are the forward's */
     /* out = h + sum_j w_j y_j: each routed row's output gradient is its token's (unweighted here) */
     const void *dya = k->as_act(kc, b->base.dy_act, dy, (size_t)T * C);
     k->moe_gather(kc, b->ys, dya, b->rrows, R, K, C);
-    for (int e = 0; e < E; e++) { /* da = dys Wd, unweighted */
-        const int n = offs[e + 1] - offs[e];
-        if (n)
-            k->linear_dx(kc, mt_at(d, b->dea, (size_t)offs[e] * FE), 0, mt_at(d, b->ys, (size_t)offs[e] * C),
-                         expert(d, w[MT_T_EXP_DOWN], e, GU), n, FE, C, 0);
-    }
+    k->moe_linear_dx(kc, b->dea, 0, b->ys, w[MT_T_EXP_DOWN], b->roffs, E, R, FE, C, 0); /* da = dys Wd, unweighted */
     /* the weight's gradient: dot(dy_t, y) = dot(dys Wd, a); then da and a times the weight (Llama 4's
      * weights are on the input: below) */
     if (!d->input_weighted) k->moe_dot_scale(kc, b->rdw, b->dea, b->ea, b->topw, b->rrows, R, FE);
-    if (d->expert_bias) down_bias_backward(x, w, gw, offs);
+    if (d->expert_bias) down_bias_backward(x, w, gw);
     k->glu_bwd(kc, b->deg, b->deu, b->dea, b->eg, b->eu, (size_t)R * FE, d->glu_act);
-    for (int e = 0; e < E; e++) {
-        const int n = offs[e + 1] - offs[e];
-        if (!n) continue; /* no rows: no gradient, the accumulator's zeros stay */
-        const size_t r0 = (size_t)offs[e];
-        const void *dys = mt_at(d, b->ys, r0 * C), *xs = mt_at(d, b->xs, r0 * C);
-        const void *dg = mt_at(d, b->deg, r0 * FE), *du = mt_at(d, b->deu, r0 * FE);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_DOWN], e, GU), NULL, dys, mt_at(d, b->ea, r0 * FE), n, FE, C);
-        k->linear_dx(kc, b->dxs + r0 * C, 1, dg, expert(d, w[MT_T_EXP_GATE], e, GU), n, C, FE, 0);
-        k->linear_dx(kc, b->dxs + r0 * C, 1, du, expert(d, w[MT_T_EXP_UP], e, GU), n, C, FE, 1);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_GATE], e, GU), expert_f32(gw[MT_T_EXP_GATE_BIAS], e, FE), dg, xs,
-                     n, C, FE);
-        k->linear_dw(kc, expert_f32(gw[MT_T_EXP_UP], e, GU), expert_f32(gw[MT_T_EXP_UP_BIAS], e, FE), du, xs, n,
-                     C, FE);
-    }
+    /* The experts' weight gradients (experts without rows: none, the accumulator's zeros stay) and the
+     * routed rows' input gradient, gate's then up's added to it. An expert's rows are its own, so doing
+     * each product for every expert in turn gives the bits of doing every product for each expert. */
+    k->moe_linear_dw(kc, gw[MT_T_EXP_DOWN], NULL, b->ys, b->ea, b->roffs, E, R, FE, C);
+    k->moe_linear_dx(kc, b->dxs, 1, b->deg, w[MT_T_EXP_GATE], b->roffs, E, R, C, FE, 0);
+    k->moe_linear_dx(kc, b->dxs, 1, b->deu, w[MT_T_EXP_UP], b->roffs, E, R, C, FE, 1);
+    k->moe_linear_dw(kc, gw[MT_T_EXP_GATE], gw[MT_T_EXP_GATE_BIAS], b->deg, b->xs, b->roffs, E, R, C, FE);
+    k->moe_linear_dw(kc, gw[MT_T_EXP_UP], gw[MT_T_EXP_UP_BIAS], b->deu, b->xs, b->roffs, E, R, C, FE);
     /* the gradient of xn2: the experts' rows added back per token, then the router's */
     k->zero(kc, b->base.dxn, (size_t)T * C * sizeof(float));
     if (d->input_weighted) {

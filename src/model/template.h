@@ -149,17 +149,17 @@ typedef struct mt_kernels {
      * groups (of rt->n_group, n_group dividing E; 0 or 1: no groups) whose two best choice scores sum
      * highest (in descending order of choice score; ties, of experts and of groups: the lower index);
      * topw their scores (without the bias), divided by their sum + 1e-20 when rt->norm, times rt->scale.
-     * rows (R): the routed rows sorted by expert
-     * (stably: by slot), as the slot each came from, and slot_row (R) the inverse. offs (E+1) is HOST
-     * memory: expert e's routed rows are offs[e] .. offs[e+1]-1. It is the one device-to-host read of a
-     * layer's routing, which a GPU backend waits for, so that the template can size one GEMM per expert
-     * with no copy of data per expert; offs_buf (E+1) int32 is a working buffer of the template's where a
-     * backend may make offs before it reads them back. stats (2E) f32 if not NULL: overwritten with each expert's routed
-     * rows (as floats), then the sum over the T tokens of its probability (the load-balancing loss; with
-     * rt->sigmoid, of its score). */
+     * rows (R): the routed rows sorted by expert (stably: by slot), as the slot each came from, and
+     * slot_row (R) the inverse. offs_buf (E+1) int32, in the backend's memory (device memory on a GPU):
+     * expert e's routed rows are offs_buf[e] .. offs_buf[e+1]-1, the offs that the grouped GEMMs below
+     * (moe_linear, moe_linear_dx, moe_linear_dw) take. Nothing is read back to the host, so a sparse layer
+     * runs without a wait: a GPU backend checks the offsets on the device (0 first, nondecreasing, all R
+     * rows placed, which a non-finite router logit prevents) and reports a bad routing when the step is
+     * synchronised. stats (2E) f32 if not NULL: overwritten with each expert's routed rows (as floats),
+     * then the sum over the T tokens of its probability (the load-balancing loss; with rt->sigmoid, of its
+     * score). */
     void (*moe_route)(void *kc, float *probs, float *topw, int32_t *topi, int32_t *rows, int32_t *slot_row,
-                      int32_t *offs_buf, int *offs, float *stats, const float *logits, int T, int E, int k,
-                      const mt_route *rt);
+                      int32_t *offs_buf, float *stats, const float *logits, int T, int E, int k, const mt_route *rt);
     /* Its backward into dlogits (T, E) f32, overwritten: from dw (T*k) f32, the gradient of the routing
      * weights topw, through rt->scale, the renormalisation (rt->norm) and the softmax (rt->sigmoid: the
      * sigmoid, d logit = s (1 - s) d s; the bias and the choice of groups and experts carry no gradient);
@@ -187,6 +187,26 @@ typedef struct mt_kernels {
     /* Adds scale * E * sum_e c_e p_e to the step's loss, c_e and p_e each expert's routed rows and
      * probability sum over the L rows of stats (L, 2E) f32 */
     void (*moe_aux_loss)(void *kc, const float *stats, int L, int E, double scale);
+    /* The experts' GEMMs over the R routed rows sorted by expert, one call for all E experts. offs (E+1)
+     * int32 is moe_route's offs_buf, in the backend's memory (device memory on a GPU, host memory on the
+     * CPU): the template never reads it, so no call waits for the routing. Expert e's rows are offs[e] ..
+     * offs[e+1]-1; a backend clamps them to [0, R], so a bad routing (reported at the step's end) reads
+     * and writes nothing out of bounds. Matrices are stacked: W (E, N, K) act, expert e's W_e[N, K] at
+     * e*N*K; bias (E, N) act or NULL. Each expert's rows are the same arithmetic as linear, linear_dx and
+     * linear_dw on that block (the CPU runs exactly those).
+     * moe_linear: y[r, :N] = x[r, :K] W_e[N, K]^T (+ bias_e[N]) (+ y if accumulate) for every r of expert
+     * e; x (R, K) act, y (R, N) act, or f32 if out_f32. Rows of no expert (past offs[E]) are not written */
+    void (*moe_linear)(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias,
+                       const int32_t *offs, int E, int R, int K, int N, int accumulate);
+    /* dx[r, :K] = dy[r, :N] W_e[N, K] (+ dx if accumulate) for every r of expert e; dy (R, N) act, dx (R, K)
+     * act, or f32 if out_f32. Rows of no expert are not written */
+    void (*moe_linear_dx)(void *kc, void *dx, int out_f32, const void *dy, const void *W, const int32_t *offs,
+                          int E, int R, int K, int N, int accumulate);
+    /* dW_e[N, K] += dy_e^T x_e over expert e's rows (dy (R, N), x (R, K) act), dW f32 stacked (E, N, K); if
+     * db, db_e[N] (f32, (E, N)) += the column sums of dy over e's rows. Experts without rows are left
+     * untouched (their gradient stays as begin_grads zeroed it) */
+    void (*moe_linear_dw)(void *kc, float *dW, float *db, const void *dy, const void *x, const int32_t *offs, int E,
+                          int R, int K, int N);
 
     /* The scratch bytes the reduction r needs on this backend (mt_reduction: the template declares every
      * reduction it calls, the backend sizes its scratch from them, and each kernel checks the size it is
