@@ -247,6 +247,19 @@ __global__ void place_k(int32_t *rows, int32_t *slot_row, const int32_t *offs, c
     }
 }
 
+// A routing that left slots unplaced (a non-finite router logit: no expert compares above it) has rows
+// past offs[E] and slots without a row that nothing wrote. The step is reported failed by the offsets'
+// check at its end; until then the kernels behind the routing read these, so they get harmless values:
+// row 0, expert 0 with weight 0. A routing that placed every slot is left as it is.
+__global__ void unplaced_k(int32_t *rows, int32_t *slot_row, int32_t *topi, float *topw, const int32_t *offs, int E,
+                           int R)
+{
+    const int i = blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= R || offs[E] == R) return;
+    if (i >= offs[E]) rows[i] = 0;
+    if (topi[i] < 0 || topi[i] >= E) topi[i] = 0, topw[i] = 0.0f, slot_row[i] = 0;
+}
+
 // One warp per token: the gradient of the probabilities (the load-balancing loss's, then the
 // routing weights' through the scale and the renormalisation), then through the softmax (or the
 // sigmoid). The experts' routed rows summed over the L layers are made once per block, in shared memory.
@@ -481,6 +494,7 @@ extern "C" int mt_cu_moe_route(mt_cu_stream s, float *probs, float *topw, int32_
     count_k<<<E, BLOCK, 0, st_>>>(offs, stats, topi, probs, T, E, R);
     scan_k<<<1, 1, 0, st_>>>(offs, E);
     if (R) place_k<<<E, BLOCK, 0, st_>>>(rows, slot_row, offs, topi, R);
+    if (R) unplaced_k<<<(R + BLOCK - 1) / BLOCK, BLOCK, 0, st_>>>(rows, slot_row, topi, topw, offs, E, R);
     return launched();
 }
 
