@@ -65,16 +65,18 @@ SHLIB := lib/libmegatrain.so.$(VERSION)
 STLIB := lib/libmegatrain.a
 PCFILE := pkgconfig/megatrain.pc
 
-# tests/tokenizer_check.c is a program of its own (tests/tokenizers.sh runs it)
+# tests/tokenizer_check.c and tests/chat_template_check.c are programs of
+# their own (tests/tokenizers.sh and tests/chat_templates.sh run them)
 TOKENIZER_CHECK := build/tests/tokenizer_check
-TEST_SRC := $(filter-out tests/tokenizer_check.c,$(sort $(wildcard tests/*.c)))
+CHAT_TEMPLATE_CHECK := build/tests/chat_template_check
+TEST_SRC := $(filter-out tests/tokenizer_check.c tests/chat_template_check.c,$(sort $(wildcard tests/*.c)))
 TEST_BIN := build/tests/mt_tests
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=build/bench/%)
 TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
-all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
+all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(CHAT_TEMPLATE_CHECK) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
 .PHONY: all test memcheck check demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
@@ -126,6 +128,10 @@ $(TEST_BIN): $(TEST_SRC:tests/%.c=build/tests/%.o) $(STLIB)
 	$(CC) -pthread $(LDFLAGS) -o $@ $(filter %.o,$^) $(STLIB) -lcriterion $(CUDA_LIBS) $(LDLIBS_PRIV)
 
 $(TOKENIZER_CHECK): tests/tokenizer_check.c $(STLIB) $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
+
+$(CHAT_TEMPLATE_CHECK): tests/chat_template_check.c $(STLIB) $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(STLIB) $(CUDA_LIBS) $(LDLIBS_PRIV)
 
@@ -232,6 +238,7 @@ check: setup
 	$(MAKE) fuzz-replay
 	tests/cli.sh
 	tests/tokenizers.sh
+	tests/chat_templates.sh
 	tests/plot.sh $(CLI)
 	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) tools/install-check.sh
 
