@@ -84,6 +84,9 @@ for i in 1 2; do
   [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
   run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
 done
+# the experts' GEMMs of one layer and micro-batch: the grouped Hopper kernels against the per-expert loop
+# (docs/moe.md), at each MoE preset's shape
+run grouped_bench build/bench/cuda_grouped_gemm
 # the 7B step with each attention: the kernels, cuDNN (the default), cuDNN's non-deterministic backward
 run step_7b_kernels build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --attention kernels
 run step_7b_nondet build/bench/step --preset 7b --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 3 --host-budget 118 --timeline --nondeterministic
