@@ -158,12 +158,19 @@ Test(cuda_parity, qwen3_yarn_bf16) { on_cuda("qwen3_yarn", MT_PRECISION_BF16); }
 Test(cuda_parity, llama_yarn_fp32) { on_cuda("llama_yarn", MT_PRECISION_FP32); }
 Test(cuda_parity, llama_yarn_bf16) { on_cuda("llama_yarn", MT_PRECISION_BF16); }
 Test(cuda_parity, phi3_longrope_fp32) { on_cuda("phi3_longrope", MT_PRECISION_FP32); }
+Test(cuda_parity, phi3_longrope_bf16) { on_cuda("phi3_longrope", MT_PRECISION_BF16); }
 Test(cuda_parity, gpt_oss_fp32) { on_cuda("gpt_oss", MT_PRECISION_FP32); }
 Test(cuda_parity, gpt_oss_routed_fp32) { on_cuda("gpt_oss_routed", MT_PRECISION_FP32); }
 Test(cuda_parity, gpt_oss_routed_bf16) { on_cuda("gpt_oss_routed", MT_PRECISION_BF16); }
 Test(cuda_parity, deepseek_v3_fp32) { on_cuda("deepseek_v3", MT_PRECISION_FP32); }
 Test(cuda_parity, deepseek_v3_routed_fp32) { on_cuda("deepseek_v3_routed", MT_PRECISION_FP32); }
 Test(cuda_parity, deepseek_v3_routed_bf16) { on_cuda("deepseek_v3_routed", MT_PRECISION_BF16); }
+Test(cuda_parity, deepseek_v2_fp32) { on_cuda("deepseek_v2", MT_PRECISION_FP32); }
+Test(cuda_parity, deepseek_v2_routed_fp32) { on_cuda("deepseek_v2_routed", MT_PRECISION_FP32); }
+Test(cuda_parity, deepseek_v2_routed_bf16) { on_cuda("deepseek_v2_routed", MT_PRECISION_BF16); }
+Test(cuda_parity, llama4_fp32) { on_cuda("llama4", MT_PRECISION_FP32); }
+Test(cuda_parity, llama4_routed_fp32) { on_cuda("llama4_routed", MT_PRECISION_FP32); }
+Test(cuda_parity, llama4_routed_bf16) { on_cuda("llama4_routed", MT_PRECISION_BF16); }
 
 TestSuite(parity_bf16_cpu);
 
@@ -188,3 +195,6 @@ Test(parity_bf16_cpu, qwen3_yarn) { on_cpu_bf16("qwen3_yarn"); }
 Test(parity_bf16_cpu, llama_yarn) { on_cpu_bf16("llama_yarn"); }
 Test(parity_bf16_cpu, gpt_oss_routed) { on_cpu_bf16("gpt_oss_routed"); }
 Test(parity_bf16_cpu, deepseek_v3_routed) { on_cpu_bf16("deepseek_v3_routed"); }
+Test(parity_bf16_cpu, deepseek_v2_routed) { on_cpu_bf16("deepseek_v2_routed"); }
+Test(parity_bf16_cpu, llama4_routed) { on_cpu_bf16("llama4_routed"); }
+Test(parity_bf16_cpu, phi3_longrope) { on_cpu_bf16("phi3_longrope"); }

@@ -63,7 +63,8 @@ static const char *const EXPECTED[] = {"llama_gqa", "qwen2_tied", "llama3_rope",
                                        "phi3_window", "gemma2_window", "gemma3_window", "qwen3_moe", "mixtral",
                                        "qwen3_moe_routed", "mixtral_routed", "gemma3_pad", "llama_pad", "qwen2_moe",
                                        "qwen2_moe_routed", "qwen3_yarn", "llama_yarn", "phi3_longrope",
-                                       "gpt_oss", "gpt_oss_routed", "deepseek_v3", "deepseek_v3_routed"};
+                                       "gpt_oss", "gpt_oss_routed", "deepseek_v3", "deepseek_v3_routed", "deepseek_v2",
+                                       "deepseek_v2_routed", "llama4", "llama4_routed"};
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
 TestSuite(parity);
@@ -118,6 +119,14 @@ Test(parity, gpt_oss_routed) { run_fixture("gpt_oss_routed"); }
  * groups with the correction bias, the scale, shared experts, a dense first layer; the same decisively routed */
 Test(parity, deepseek_v3) { run_fixture("deepseek_v3"); }
 Test(parity, deepseek_v3_routed) { run_fixture("deepseek_v3_routed"); }
+/* DeepSeek-V2: latent attention with q projected at full rank (q_lora_rank null), softmax routing with the
+ * greedy group limit, the scale applied, shared experts, a dense first layer; the same decisively routed */
+Test(parity, deepseek_v2) { run_fixture("deepseek_v2"); }
+Test(parity, deepseek_v2_routed) { run_fixture("deepseek_v2_routed"); }
+/* Llama 4 text: chunked attention on the RoPE layers and a NoPE global layer, the q/k L2 norm, attention
+ * temperature tuning, MoE every other layer with sigmoid top-1 routing and a shared expert */
+Test(parity, llama4) { run_fixture("llama4"); }
+Test(parity, llama4_routed) { run_fixture("llama4_routed"); }
 
 /* Any other fixture folder under tests/fixtures is checked the same way. */
 Test(parity, other_fixtures)
