@@ -902,6 +902,77 @@ MT_API int32_t mt_tokenizer_token_to_id(const mt_tokenizer *tok, const char *tok
 /* The vocabulary's spelling of id, NULL outside it; valid as long as tok. */
 MT_API const char *mt_tokenizer_id_to_token(const mt_tokenizer *tok, int32_t id);
 
+/* ---- chat templates (0.2) ------------------------------------------------------------- */
+
+/* A model's chat template: the Jinja that Hugging Face folders carry
+ * (chat_template.jinja, or tokenizer_config.json's chat_template), rendered
+ * as transformers' apply_chat_template renders it (Python Jinja2 with
+ * trim_blocks and lstrip_blocks; raise_exception, strftime_now, tojson, the
+ * {% generation %} tag). A construct the renderer lacks is refused when the
+ * template is loaded (or, for a method of a value, when it runs), with its
+ * line and column, never rendered some other way. Read-only after load: one
+ * template may serve several threads at once. Failed calls leave their
+ * message in mt_last_errmsg(). docs/fine-tuning.md shows them at work. */
+typedef struct mt_chat_template mt_chat_template;
+
+/* path: a model or tokenizer folder (its chat_template.jinja, else the
+ * chat_template of its tokenizer_config.json: a string, or from a list the
+ * one named "default"), a tokenizer_config.json, or a template file (.jinja);
+ * or, for a folder without a template, one of the built-in names "chatml"
+ * (Qwen), "llama3" and "mistral". The special tokens of the
+ * tokenizer_config.json (bos_token, eos_token, ...) become the template's
+ * variables, as transformers passes them. MT_ERR_IO: no such file, or a
+ * folder without a template; MT_ERR_FORMAT: not JSON, or a template that
+ * does not parse; MT_ERR_UNSUPPORTED: a construct the renderer lacks. On
+ * failure *out is NULL. */
+MT_API mt_status mt_chat_template_load(mt_chat_template **out, const char *path);
+MT_API void mt_chat_template_free(mt_chat_template *t); /* NULL ok */
+
+/* Flags of mt_chat_render. */
+typedef enum mt_chat_flag {
+    MT_CHAT_ADD_GENERATION_PROMPT = 1, /* end with the header of the assistant's turn to come */
+    MT_CHAT_FLAG_MAX_ENUM = 0x7FFFFFFF
+} mt_chat_flag;
+
+/* Renders a conversation. messages: a JSON array of messages, each
+ * {"role": ..., "content": ...} and whatever else the template reads
+ * (tool_calls, reasoning_content, ...); variables: NULL or a JSON object of
+ * further variables (tools, enable_thinking, date_string, ...; a special
+ * token given here replaces the config's). Writes at most cap bytes and a
+ * terminating NUL when there is room, and the text's length into *len, which
+ * may exceed cap: then call again with room for it. MT_ERR_INVALID_ARGUMENT
+ * for JSON that is not an array (an object), or a conversation the template
+ * refuses (its raise_exception, whose message is kept); MT_ERR_FORMAT for a
+ * template that fails as it runs. */
+MT_API mt_status mt_chat_render(const mt_chat_template *t, const char *messages, const char *variables,
+                                 uint32_t flags, char *text, size_t cap, size_t *len);
+
+/* What a model learns of a conversation, as TRL's assistant-only loss
+ * takes it: called once per text to train on, with the text (len bytes,
+ * NUL-terminated) and the byte ranges the model learns to write, n_spans
+ * pairs (start, end), end exclusive. A template's {% generation %} blocks
+ * give them where it has them. Otherwise each assistant turn learns what it
+ * adds to the rendering: render(messages before it, add_generation_prompt)
+ * is the prompt, and the turn's text is what render(messages up to it) adds
+ * past that (the content, the template's end-of-turn marker and anything it
+ * puts between them). The conversation is rendered whole and each turn is
+ * found at its place there; a turn the template renders differently once
+ * later messages follow (Qwen3's thinking block) comes as a text of its own,
+ * render(messages up to it), after the whole. A non-zero return from fn stops
+ * with MT_ERR_ABORTED. MT_ERR_INVALID_ARGUMENT also for a conversation
+ * without an assistant turn; MT_ERR_UNSUPPORTED where a turn's prompt is not
+ * the start of its rendering. */
+typedef int (*mt_chat_text_fn)(void *user, const char *text, size_t len, const size_t *spans, size_t n_spans);
+MT_API mt_status mt_chat_render_learnt(const mt_chat_template *t, const char *messages, const char *variables,
+                                       mt_chat_text_fn fn, void *user);
+
+/* The text that ends an assistant's turn after its content ("<|im_end|>\n",
+ * "<|eot_id|>", "<end_of_turn>\n"), as the template renders a conversation's
+ * last turn with the given variables (NULL: none); written as by
+ * mt_chat_render. Generation stops at its first special token. */
+MT_API mt_status mt_chat_end_of_turn(const mt_chat_template *t, const char *variables, char *text, size_t cap,
+                                     size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,17 +9,18 @@ has "sft-data" "byte-level BPE"
 [ -f "$t/data/tokenizer.json" ] && [ -f "$t/data/tokenizer_config.json" ] && ok || bad "sft-data: no tokenizer"
 [ "$(wc -l < "$t/data/train.jsonl")" -eq 200 ] && ok || bad "sft-data: train.jsonl"
 
-# the mask: only the assistant's content and its end-of-turn token are learnt
+# the mask: only what the assistant's turns add to the template's rendering is learnt (content, <|im_end|> and
+# the newline the template puts after it)
 expect "prepare" 0 "$BIN" prepare --tokenizer "$t/data" -o "$t/train.mt" --show 1 "$t/data/train.jsonl"
 has "prepare" "200 documents"
-has "prepare" "chat format chatml"
+has "prepare" "chat template of the tokenizer folder"
 python3 - "$dir/out" "$t/data/train.jsonl" <<'PY' && ok || bad "prepare --show: the learnt spans"
 import json, re, sys
 out = open(sys.argv[1]).read()
 doc = out.split("--- document 1:")[1].split("\n", 1)[1]
 learnt = re.findall(r"\[\[(.*?)\]\]", doc, re.S)
 first = json.loads(open(sys.argv[2]).readline())
-want = [m["content"] + "<|im_end|>" for m in first["messages"] if m["role"] == "assistant"]
+want = [m["content"] + "<|im_end|>\n" for m in first["messages"] if m["role"] == "assistant"]
 assert learnt == want, (learnt, want)
 assert re.sub(r"\[\[|\]\]", "", doc).startswith("<|im_start|>user\n" + first["messages"][0]["content"] + "<|im_end|>\n")
 PY
@@ -45,14 +46,21 @@ mask = b[tok_end + 8 * d:]
 assert len(mask) == (n + 7) // 8 and sum(bin(x).count("1") for x in mask) == learnt
 PY
 printf '%s\n' '{"prompt": "x", "completion": " y"}' '{"messages": [{"role": "robot", "content": "hi"}]}' > "$t/bad.jsonl"
-expect "prepare: a bad role" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/bad.jsonl"
-has "prepare: a bad role" "bad.jsonl:2: role \"robot\""
+expect "prepare: no assistant turn" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/bad.jsonl"
+has "prepare: no assistant turn" "bad.jsonl:2: the conversation has no assistant turn"
 [ ! -e "$t/bad.mt" ] && [ ! -e "$t/bad.mt.tmp" ] && ok || bad "prepare: a refused input left a file"
 printf '%s\n' '{"messages": [' > "$t/broken.jsonl"
 expect "prepare: broken JSON" 1 "$BIN" prepare --tokenizer "$t/data" -o "$t/bad.mt" "$t/broken.jsonl"
 has "prepare: broken JSON" "broken.jsonl:1: not a JSON object"
-expect "prepare: no chat format" 1 "$BIN" prepare --tokenizer "$t/data" --chat-format none -o "$t/bad.mt" "$t/data/train.jsonl"
-has "prepare: no chat format" "messages need a chat format"
+mkdir -p "$t/bare" && cp "$t/data/tokenizer.json" "$t/bare/"
+expect "prepare: no chat template" 1 "$BIN" prepare --tokenizer "$t/bare" -o "$t/bad.mt" "$t/data/train.jsonl"
+has "prepare: no chat template" "train.jsonl:1: folder .*bare has no chat template .*give --chat-template"
+expect "prepare: a named template" 0 "$BIN" prepare --tokenizer "$t/bare" --chat-template chatml --eos "<|endoftext|>" -o "$t/named.mt" "$t/data/train.jsonl"
+cmp -s "$t/named.mt" "$t/train.mt" && ok || bad "prepare: the built-in chatml differs from the folder's template"
+printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}' > "$t/one.jsonl"
+expect "prepare: a bad template" 1 "$BIN" prepare --tokenizer "$t/bare" --chat-template "$t/data/train.jsonl" -o "$t/bad.mt" "$t/one.jsonl"
+expect "prepare: bad --chat-vars" 1 "$BIN" prepare --tokenizer "$t/data" --chat-vars '[1]' -o "$t/bad.mt" "$t/one.jsonl"
+has "prepare: bad --chat-vars" "chat-vars is not a JSON object"
 
 # a new model with the tokenizer, a few steps; the folder carries the tokenizer
 small="--layers 1 --hidden 32 --heads 2 --ffn 64 --seq-len 160 --micro-batch 4 --steps 3 --cpu --threads 1"

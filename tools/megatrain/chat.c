@@ -1,4 +1,4 @@
-/* Chat formats, read from a tokenizer's config, and text generation. */
+/* Chat templates as the command-line program uses them, and text generation. */
 #define _GNU_SOURCE
 #include "chat.h"
 
@@ -8,51 +8,66 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const NAMES[] = {"none", "chatml", "llama3", "mistral", "auto"};
-
-chat_format chat_format_named(const char *name)
-{
-    for (int k = 0; k < 5; k++)
-        if (!strcmp(name, NAMES[k])) return (chat_format)k;
-    cli_die("--chat-format %s: the formats are chatml, llama3, mistral, none and auto", name);
-}
-
-const char *chat_format_name(chat_format f) { return NAMES[f]; }
-
-void chat_config(const char *tok_path, chat_format *f, char *eos, size_t eos_len)
+static char *folder_of(const char *tok_path, char *dir, size_t size)
 {
     struct stat sb;
-    char path[4200];
     if (stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(path, sizeof path, "%s/tokenizer_config.json", tok_path);
+        snprintf(dir, size, "%s", tok_path);
     } else {
         const char *slash = strrchr(tok_path, '/');
-        snprintf(path, sizeof path, "%.*stokenizer_config.json", slash ? (int)(slash - tok_path + 1) : 0, tok_path);
+        snprintf(dir, size, "%.*s", slash ? (int)(slash - tok_path) : 1, slash ? tok_path : ".");
     }
+    return dir;
+}
+
+mt_chat_template *chat_template_open(const char *tok_path, const char *named, char *why, size_t why_len)
+{
+    char dir[4200];
+    const char *from = named ? named : folder_of(tok_path, dir, sizeof dir);
+    mt_chat_template *t = NULL;
+    const mt_status st = mt_chat_template_load(&t, from);
+    if (st == MT_OK) return t;
+    /* a folder without a template is an error only for the conversations that need one */
+    if (!named && st == MT_ERR_IO && strstr(mt_last_errmsg(), "chat")) {
+        snprintf(why, why_len, "%s: give --chat-template NAME|FILE (chatml, llama3, mistral, or a template file)",
+                 mt_last_errmsg());
+        return NULL;
+    }
+    cli_die("%s", mt_last_errmsg());
+}
+
+void chat_eos(const char *tok_path, char *eos, size_t eos_len)
+{
+    char dir[4200], path[4300];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", folder_of(tok_path, dir, sizeof dir));
     FILE *file = fopen(path, "r");
-    cJSON *j = NULL;
-    if (file) {
-        char *text = NULL;
-        size_t cap = 0;
-        if (getdelim(&text, &cap, '\0', file) > 0) j = cJSON_Parse(text);
-        free(text);
-        fclose(file);
-        if (!j) cli_die("%s is not JSON", path);
-    }
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
-    const char *tmpl = cJSON_IsString(t) ? t->valuestring : "";
-    if (*f == CHAT_AUTO)
-        *f = strstr(tmpl, "<|im_start|>")          ? CHAT_CHATML
-             : strstr(tmpl, "<|start_header_id|>") ? CHAT_LLAMA3
-             : strstr(tmpl, "[INST]")              ? CHAT_MISTRAL
-                                                   : CHAT_NONE;
+    if (!file) return;
+    char *text = NULL;
+    size_t cap = 0;
+    cJSON *j = getdelim(&text, &cap, '\0', file) > 0 ? cJSON_Parse(text) : NULL;
+    free(text);
+    fclose(file);
+    if (!j) cli_die("%s is not JSON", path);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token");
     if (cJSON_IsObject(e)) e = cJSON_GetObjectItemCaseSensitive(e, "content"); /* {"content": "</s>", ...} */
     if (!*eos && cJSON_IsString(e)) snprintf(eos, eos_len, "%s", e->valuestring);
     cJSON_Delete(j);
 }
 
-char *chat_prompt(chat_format f, const char *system, const char *user)
+/* mt_chat_render's text, malloc'ed, with the generation prompt. */
+static char *render_json(const mt_chat_template *t, const char *vars, const char *msgs)
+{
+    size_t n = 0;
+    if (mt_chat_render(t, msgs, vars, MT_CHAT_ADD_GENERATION_PROMPT, NULL, 0, &n) != MT_OK)
+        cli_die("%s", mt_last_errmsg());
+    char *out = malloc(n + 1);
+    if (!out) cli_die("out of memory");
+    if (mt_chat_render(t, msgs, vars, MT_CHAT_ADD_GENERATION_PROMPT, out, n + 1, &n) != MT_OK)
+        cli_die("%s", mt_last_errmsg());
+    return out;
+}
+
+char *chat_prompt(const mt_chat_template *t, const char *vars, const char *system, const char *user)
 {
     /* the conversation of one question, rendered as any other */
     cJSON *msgs = cJSON_CreateArray(), *m;
@@ -63,43 +78,56 @@ char *chat_prompt(chat_format f, const char *system, const char *user)
     if (!(m = cJSON_CreateObject()) || !cJSON_AddStringToObject(m, "role", "user") ||
         !cJSON_AddStringToObject(m, "content", user) || !cJSON_AddItemToArray(msgs, m))
         cli_die("out of memory");
-    char *out = chat_render(f, msgs, cJSON_GetArraySize(msgs));
+    char *out = chat_render(t, vars, msgs, cJSON_GetArraySize(msgs));
     cJSON_Delete(msgs);
     return out;
 }
 
-char *chat_render(chat_format f, const cJSON *messages, int n)
+char *chat_render(const mt_chat_template *t, const char *vars, const cJSON *messages, int n)
 {
-    char *out = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&out, &len);
-    if (!m) cli_die("out of memory");
-    if (f == CHAT_LLAMA3) fputs("<|begin_of_text|>", m);
-    if (f == CHAT_MISTRAL) fputs("<s>", m);
-    const char *system = NULL;
+    cJSON *first = cJSON_CreateArray();
+    if (!first) cli_die("out of memory");
     for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(messages, i);
-        const cJSON *r = cJSON_GetObjectItemCaseSensitive(e, "role"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsString(r) || !cJSON_IsString(c)) cli_die("a message lacks a role or content string");
-        const char *role = r->valuestring, *content = c->valuestring;
-        if (f == CHAT_CHATML) fprintf(m, "<|im_start|>%s\n%s<|im_end|>\n", role, content);
-        else if (f == CHAT_LLAMA3) fprintf(m, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", role, content);
-        else if (f == CHAT_MISTRAL && !strcmp(role, "system")) system = content;
-        else if (f == CHAT_MISTRAL && !strcmp(role, "user")) {
-            fprintf(m, "[INST] %s%s%s [/INST]", system ? system : "", system ? "\n\n" : "", content);
-            system = NULL;
-        } else if (f == CHAT_MISTRAL) fprintf(m, "%s</s>", content);
-        else cli_die("no chat format to render a conversation in: give --chat-format");
+        cJSON *c = cJSON_Duplicate(cJSON_GetArrayItem(messages, i), 1);
+        if (!c || !cJSON_AddItemToArray(first, c)) cli_die("out of memory");
     }
-    if (f == CHAT_CHATML) fputs("<|im_start|>assistant\n", m);
-    else if (f == CHAT_LLAMA3) fputs("<|start_header_id|>assistant<|end_header_id|>\n\n", m);
-    if (fclose(m)) cli_die("out of memory");
+    char *msgs = cJSON_PrintUnformatted(first);
+    if (!msgs) cli_die("out of memory");
+    char *out = render_json(t, vars, msgs);
+    free(msgs);
+    cJSON_Delete(first);
     return out;
 }
 
-const char *chat_end_of_turn(chat_format f, const char *eos)
+/* Whether id is an added token marked special: text without MT_DECODE_SKIP_SPECIAL, none with it. */
+static int is_special(const mt_tokenizer *tok, int32_t id)
 {
-    return f == CHAT_CHATML ? "<|im_end|>" : f == CHAT_LLAMA3 ? "<|eot_id|>" : eos;
+    size_t with = 0, without = 0;
+    return mt_tokenizer_decode(tok, &id, 1, 0, NULL, 0, &with) == MT_OK &&
+           mt_tokenizer_decode(tok, &id, 1, MT_DECODE_SKIP_SPECIAL, NULL, 0, &without) == MT_OK && with && !without;
+}
+
+void chat_stops(const mt_chat_template *t, const char *vars, const mt_tokenizer *tok, const char *eos,
+                int32_t stop[2])
+{
+    stop[0] = eos && *eos ? mt_tokenizer_token_to_id(tok, eos) : -1;
+    stop[1] = -1;
+    if (!t) return;
+    size_t n = 0;
+    if (mt_chat_end_of_turn(t, vars, NULL, 0, &n) != MT_OK) cli_die("%s", mt_last_errmsg());
+    char *end = malloc(n + 1);
+    int32_t ids[64];
+    size_t n_ids = 0;
+    if (!end) cli_die("out of memory");
+    if (mt_chat_end_of_turn(t, vars, end, n + 1, &n) != MT_OK ||
+        mt_tokenizer_encode(tok, end, n, MT_ENCODE_SPECIAL, ids, 64, &n_ids) != MT_OK)
+        cli_die("%s", mt_last_errmsg());
+    for (size_t i = 0; i < n_ids && i < 64; i++)
+        if (is_special(tok, ids[i])) {
+            stop[1] = ids[i];
+            break;
+        }
+    free(end);
 }
 
 /* ---- generation -------------------------------------------------------------------------- */

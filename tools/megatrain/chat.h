@@ -5,25 +5,29 @@
 
 #include "cli.h"
 
-/* How a conversation becomes text: the templates of the families the library
- * trains (Qwen's ChatML, Llama 3's headers, Mistral's [INST]). */
-typedef enum chat_format { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_MISTRAL, CHAT_AUTO } chat_format;
+/* How a conversation becomes text: the model's own chat template
+ * (mt_chat_template, docs/fine-tuning.md). */
 
-/* "chatml", "llama3", "mistral", "none" or "auto"; exits on another name. */
-chat_format chat_format_named(const char *name);
-const char *chat_format_name(chat_format f);
-/* tokenizer_config.json beside a tokenizer (tok_path: the tokenizer.json or
- * its folder): resolves CHAT_AUTO from its chat_template (CHAT_NONE when it
- * has none that is known) and fills an empty eos from its eos_token. */
-void chat_config(const char *tok_path, chat_format *f, char *eos, size_t eos_len);
+/* The template named by --chat-template (a built-in name, chatml, llama3 or
+ * mistral, or a template or tokenizer_config.json file), else the one of the
+ * tokenizer's folder (tok_path: the folder or its tokenizer.json). NULL when
+ * none is named and the folder has none: *why then says so, for the error of
+ * the first conversation that needs one. Any other failure exits. */
+mt_chat_template *chat_template_open(const char *tok_path, const char *named, char *why, size_t why_len);
+/* The folder's eos_token (its tokenizer_config.json) into eos, when eos is empty. */
+void chat_eos(const char *tok_path, char *eos, size_t eos_len);
 /* A user's message (and an optional system prompt) rendered for the
- * assistant's answer to follow; the text that ends the answer. */
-char *chat_prompt(chat_format f, const char *system, const char *user);
-/* The conversation's first n messages (a cJSON array of {role, content}),
- * then the header of the assistant's turn to come; malloc'ed. */
+ * assistant's answer to follow (vars: NULL or a JSON object of variables). */
+char *chat_prompt(const mt_chat_template *t, const char *vars, const char *system, const char *user);
+/* The conversation's first n messages (a cJSON array), then the header of the
+ * assistant's turn to come; malloc'ed. */
 struct cJSON;
-char *chat_render(chat_format f, const struct cJSON *messages, int n);
-const char *chat_end_of_turn(chat_format f, const char *eos);
+char *chat_render(const mt_chat_template *t, const char *vars, const struct cJSON *messages, int n);
+/* The ids that end an assistant's turn: the first special token of the
+ * template's end of turn (t may be NULL) and eos (its text; "" for none);
+ * -1 where there is none. */
+void chat_stops(const mt_chat_template *t, const char *vars, const mt_tokenizer *tok, const char *eos,
+                int32_t stop[2]);
 
 /* Generation: greedy at temperature 0, else sampling from the tokens whose
  * probabilities add up to top_p, with a seeded generator. */

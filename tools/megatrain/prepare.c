@@ -11,45 +11,49 @@
 #include <string.h>
 
 static const char prepare_help[] =
-    "usage: megatrain prepare --tokenizer DIR|FILE [--chat-format F] [--text-lines] -o OUT INPUT...\n"
+    "usage: megatrain prepare --tokenizer DIR|FILE [--chat-template NAME|FILE] [--text-lines] -o OUT INPUT...\n"
     "\n"
     "Tokenizes INPUT files into a document token file for `megatrain train --data OUT`:\n"
-    "  .jsonl  one document per line: {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}\n"
-    "          (only the assistant's turns, with their end-of-turn token, are learnt),\n"
+    "  .jsonl  one document per line: {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} (and\n"
+    "          \"tools\" where the template takes them), rendered by the model's chat template; only\n"
+    "          what the assistant's turns add is learnt (their content and end-of-turn marker),\n"
     "          {\"prompt\": ..., \"completion\": ...} (only the completion and EOS are learnt)\n"
     "          or {\"text\": ...} (all of it, and EOS)\n"
     "  other   plain text: the whole file one document (--text-lines: each line one), all learnt\n"
     "\n"
     "options:\n"
-    "  --tokenizer DIR|FILE  a Hugging Face tokenizer.json, or the model folder holding it (and\n"
-    "                        its tokenizer_config.json, which names the chat format and EOS)\n"
-    "  --chat-format F       how messages become text: chatml (Qwen), llama3, mistral, or auto\n"
-    "                        (default: from tokenizer_config.json's chat_template)\n"
-    "  --eos TOKEN           the end-of-sequence token (default: tokenizer_config.json's eos_token)\n"
-    "  --text-lines          plain text files hold one document per line\n"
-    "  --show N              print the first N documents as the model sees them, what it learns\n"
-    "                        between [[ and ]]\n"
-    "  -o, --out FILE        the token file to write (replaced atomically)\n";
+    "  --tokenizer DIR|FILE     a Hugging Face tokenizer.json, or the model folder holding it (and\n"
+    "                           its chat_template.jinja or tokenizer_config.json: the chat template, EOS)\n"
+    "  --chat-template NAME|FILE  the template for a folder without one: chatml (Qwen), llama3,\n"
+    "                           mistral, or a .jinja or tokenizer_config.json file\n"
+    "  --chat-vars JSON         variables for the template, e.g. '{\"enable_thinking\": false}'\n"
+    "  --eos TOKEN              the end-of-sequence token (default: tokenizer_config.json's eos_token)\n"
+    "  --text-lines             plain text files hold one document per line\n"
+    "  --show N                 print the first N documents as the model sees them, what it learns\n"
+    "                           between [[ and ]]\n"
+    "  -o, --out FILE           the token file to write (replaced atomically)\n";
 
 /* ---- tokenizing ------------------------------------------------------------------------ */
 
-/* A document is built as text in pieces, each a target or not; it is then
+/* A document is its text and the byte ranges of it that are learnt. It is
  * tokenized whole, as transformers tokenizes a rendered chat template (a
  * SentencePiece tokenizer marks only the text's start, and merges may cross
- * a piece's edge), and each token takes the flag of the piece it comes
- * from: the text up to each edge where the flag changes is tokenized too,
- * and its ids must be the start of the whole's (at these edges, special
- * tokens and newlines, they are; else the document is refused). */
+ * a range's edge), and a token is learnt when its text overlaps a learnt
+ * range, as transformers' assistant mask takes it (char_to_token of the
+ * range's first and last characters, and the tokens between). A token's
+ * place is found by tokenizing the text up to the range's edge: the ids it
+ * shares with the whole end where the edge is, or in the token across it. */
 typedef struct prep {
     mt_tokenizer *tok;
-    chat_format chat;
+    mt_chat_template *chat;
+    char chat_why[512];    /* why there is no template, for the first conversation */
+    const char *chat_name; /* what the template is, for the summary */
+    cJSON *vars;           /* --chat-vars, or NULL */
     const char *eos;       /* the EOS token's text, or NULL */
     char *text;            /* the document being built */
     size_t len, cap;
-    size_t *edge;          /* text offsets where the target flag changes */
-    int *edge_target;      /* the flag of the text before each edge */
-    size_t n_edges, cap_edges;
-    int last_target;
+    size_t *span;          /* learnt byte ranges: pairs (start, end) */
+    size_t n_spans, cap_spans;
     int32_t *ids, *prefix;
     size_t ids_cap, prefix_cap;
     uint8_t *flags;        /* the document's target flags, one per id */
@@ -61,23 +65,27 @@ typedef struct prep {
     const char *where;     /* "file:line" of the document being read */
 } prep;
 
-static void add_text(prep *p, const char *text, int target)
+static void add_bytes(prep *p, const char *text, size_t n, int target)
 {
-    const size_t n = strlen(text);
     if (!n) return;
-    if (p->len && target != p->last_target) {
-        if (p->n_edges == p->cap_edges &&
-            (!(p->edge = realloc(p->edge, (p->cap_edges = p->cap_edges ? 2 * p->cap_edges : 64) * sizeof *p->edge)) ||
-             !(p->edge_target = realloc(p->edge_target, p->cap_edges * sizeof *p->edge_target))))
-            cli_die("out of memory");
-        p->edge[p->n_edges] = p->len;
-        p->edge_target[p->n_edges++] = p->last_target;
+    if (target) {
+        if (p->n_spans && p->span[2 * p->n_spans - 1] == p->len) {
+            p->span[2 * p->n_spans - 1] += n; /* one range with the one before it */
+        } else {
+            if (p->n_spans == p->cap_spans &&
+                !(p->span = realloc(p->span, 2 * (p->cap_spans = p->cap_spans ? 2 * p->cap_spans : 16) * sizeof *p->span)))
+                cli_die("out of memory");
+            p->span[2 * p->n_spans] = p->len;
+            p->span[2 * p->n_spans++ + 1] = p->len + n;
+        }
     }
     if (p->len + n + 1 > p->cap && !(p->text = realloc(p->text, p->cap = 2 * (p->len + n + 1)))) cli_die("out of memory");
-    memcpy(p->text + p->len, text, n + 1);
+    memcpy(p->text + p->len, text, n);
     p->len += n;
-    p->last_target = target;
+    p->text[p->len] = '\0';
 }
+
+static void add_text(prep *p, const char *text, int target) { add_bytes(p, text, strlen(text), target); }
 
 static void add_eos(prep *p)
 {
@@ -97,6 +105,17 @@ static size_t encode(prep *p, size_t len, int32_t **ids, size_t *cap)
     }
     if (st != MT_OK) cli_die("%s: %s", p->where, mt_last_errmsg());
     return n;
+}
+
+/* Of the whole's n ids, how many lie wholly before byte edge, and whether the next one crosses it: the ids of
+ * text[0, edge) that the whole shares. */
+static size_t ids_before(prep *p, size_t edge, size_t n, int *crossed)
+{
+    const size_t m = encode(p, edge, &p->prefix, &p->prefix_cap);
+    size_t c = 0;
+    while (c < m && c < n && p->prefix[c] == p->ids[c]) c++;
+    *crossed = c < m;
+    return c;
 }
 
 /* A document as the model sees it, each run of learnt tokens between [[ ]]. */
@@ -123,26 +142,37 @@ static void end_document(prep *p)
     if (!p->len) return;
     const size_t n = encode(p, p->len, &p->ids, &p->ids_cap);
     if (n > p->flags_cap && !(p->flags = realloc(p->flags, p->flags_cap = n))) cli_die("out of memory");
-    size_t from = 0;
-    for (size_t e = 0; e <= p->n_edges; e++) {
-        size_t to = n;
-        int target = p->last_target;
-        if (e < p->n_edges) {
-            to = encode(p, p->edge[e], &p->prefix, &p->prefix_cap);
-            target = p->edge_target[e];
-            if (to > n || to < from || memcmp(p->prefix, p->ids, to * sizeof *p->ids))
-                cli_die("%s: the text before byte %zu of the rendered document tokenizes differently alone than in "
-                        "the whole, so its learnt part cannot be marked: is the chat format the tokenizer's?",
-                        p->where, p->edge[e]);
-        }
-        memset(p->flags + from, target, to - from);
-        from = to;
+    memset(p->flags, 0, n);
+    for (size_t s = 0; s < p->n_spans; s++) {
+        const size_t start = p->span[2 * s], end = p->span[2 * s + 1];
+        if (start >= end) continue;
+        int crossed;
+        const size_t first = start ? ids_before(p, start, n, &crossed) : 0;
+        size_t last = end < p->len ? ids_before(p, end, n, &crossed) : n;
+        if (end < p->len && crossed && last < n) last++; /* the token across the range's end */
+        if (first < last) memset(p->flags + first, 1, last - first);
     }
     if (mt_doc_writer_append(p->out, p->ids, p->flags, n) != MT_OK || mt_doc_writer_end_document(p->out) != MT_OK)
         cli_die("%s: %s", p->where, mt_last_errmsg());
     if (n && p->shown < p->n_show) show(p, p->ids, p->flags, n);
     p->len = 0;
-    p->n_edges = 0;
+    p->n_spans = 0;
+}
+
+/* One text of a conversation from mt_chat_render_learnt: a document. */
+static int on_chat_text(void *user, const char *text, size_t len, const size_t *spans, size_t n_spans)
+{
+    prep *p = user;
+    size_t at = 0;
+    for (size_t s = 0; s < n_spans; s++) {
+        const size_t a = spans[2 * s] > at ? spans[2 * s] : at, b = spans[2 * s + 1];
+        add_bytes(p, text + at, a - at, 0);
+        if (b > a) add_bytes(p, text + a, b - a, 1);
+        if (b > at) at = b;
+    }
+    add_bytes(p, text + at, len - at, 0);
+    end_document(p);
+    return 0;
 }
 
 static const char *str_member(const cJSON *o, const char *name, int required, const char *where)
@@ -153,64 +183,20 @@ static const char *str_member(const cJSON *o, const char *name, int required, co
     return v->valuestring;
 }
 
-/* One conversation in the chat format: every role's header and content, the
- * assistant's content and end-of-turn token alone as targets. */
-static void add_messages(prep *p, const cJSON *msgs)
+/* One conversation, by the model's chat template: a document for the whole (and one for each turn that the
+ * template renders differently once later messages follow), what the assistant's turns add learnt. */
+static void add_messages(prep *p, const cJSON *msgs, const cJSON *tools)
 {
-    if (p->chat == CHAT_NONE)
-        cli_die("%s: messages need a chat format, and the tokenizer's config names none: give --chat-format "
-                "chatml, llama3 or mistral",
-                p->where);
+    if (!p->chat) cli_die("%s: %s", p->where, p->chat_why);
     if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs)) cli_die("%s: \"messages\" is not a non-empty array", p->where);
-    int learnt = 0;
-    const char *system = NULL;
-    if (p->chat == CHAT_LLAMA3) add_text(p, "<|begin_of_text|>", 0);
-    if (p->chat == CHAT_MISTRAL) add_text(p, "<s>", 0);
-    const cJSON *m;
-    cJSON_ArrayForEach(m, msgs)
-    {
-        const char *role = str_member(m, "role", 1, p->where), *content = str_member(m, "content", 1, p->where);
-        const int assistant = !strcmp(role, "assistant");
-        if (strcmp(role, "system") && strcmp(role, "user") && !assistant)
-            cli_die("%s: role \"%s\": the roles are system, user and assistant", p->where, role);
-        char head[256];
-        switch (p->chat) {
-        case CHAT_CHATML:
-            snprintf(head, sizeof head, "<|im_start|>%s\n", role);
-            add_text(p, head, 0);
-            add_text(p, content, assistant);
-            add_text(p, "<|im_end|>", assistant);
-            add_text(p, "\n", 0);
-            break;
-        case CHAT_LLAMA3:
-            snprintf(head, sizeof head, "<|start_header_id|>%s<|end_header_id|>\n\n", role);
-            add_text(p, head, 0);
-            add_text(p, content, assistant);
-            add_text(p, "<|eot_id|>", assistant);
-            break;
-        case CHAT_MISTRAL: /* [INST] user [/INST]assistant</s>; a system turn goes before the next user turn */
-            if (!strcmp(role, "system")) {
-                system = content;
-            } else if (!assistant) {
-                add_text(p, "[INST] ", 0);
-                if (system) {
-                    add_text(p, system, 0);
-                    add_text(p, "\n\n", 0);
-                    system = NULL;
-                }
-                add_text(p, content, 0);
-                add_text(p, " [/INST]", 0);
-            } else {
-                add_text(p, content, 1);
-                add_eos(p);
-            }
-            break;
-        case CHAT_NONE:
-        case CHAT_AUTO: break;
-        }
-        learnt |= assistant;
-    }
-    if (!learnt) cli_die("%s: the conversation has no assistant turn: nothing to learn", p->where);
+    cJSON *vars = p->vars ? cJSON_Duplicate(p->vars, 1) : cJSON_CreateObject();
+    if (!vars || (tools && !cJSON_AddItemToObject(vars, "tools", cJSON_Duplicate(tools, 1)))) cli_die("out of memory");
+    char *m = cJSON_PrintUnformatted(msgs), *v = cJSON_PrintUnformatted(vars);
+    if (!m || !v) cli_die("out of memory");
+    if (mt_chat_render_learnt(p->chat, m, v, on_chat_text, p) != MT_OK) cli_die("%s: %s", p->where, mt_last_errmsg());
+    free(m);
+    free(v);
+    cJSON_Delete(vars);
 }
 
 static void add_record(prep *p, const char *line)
@@ -220,7 +206,9 @@ static void add_record(prep *p, const char *line)
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
     const char *prompt = str_member(j, "prompt", 0, p->where), *text = str_member(j, "text", 0, p->where);
     if (msgs) {
-        add_messages(p, msgs);
+        add_messages(p, msgs, cJSON_GetObjectItemCaseSensitive(j, "tools"));
+        cJSON_Delete(j);
+        return; /* its documents are written */
     } else if (prompt) {
         add_text(p, prompt, 0);
         add_text(p, str_member(j, "completion", 1, p->where), 1);
@@ -295,7 +283,7 @@ int cmd_prepare(int argc, char **argv)
 {
     const char *tok_path = NULL, *out = NULL, *inputs[256];
     int n_inputs = 0, text_lines = 0, n_show = 0;
-    chat_format chat = CHAT_AUTO;
+    const char *chat_named = NULL, *chat_vars = NULL;
     char eos[256] = "";
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -305,7 +293,9 @@ int cmd_prepare(int argc, char **argv)
         } else if (cli_opt(argc, argv, &i, "--tokenizer", &v)) tok_path = v;
         else if (cli_opt(argc, argv, &i, "--out", &v) || cli_opt(argc, argv, &i, "-o", &v)) out = v;
         else if (cli_opt(argc, argv, &i, "--eos", &v)) snprintf(eos, sizeof eos, "%s", v);
-        else if (cli_opt(argc, argv, &i, "--chat-format", &v)) chat = chat_format_named(v);
+        else if (cli_opt(argc, argv, &i, "--chat-template", &v) || cli_opt(argc, argv, &i, "--chat-format", &v))
+            chat_named = v;
+        else if (cli_opt(argc, argv, &i, "--chat-vars", &v)) chat_vars = v;
         else if (cli_flag(argv, i, "--text-lines")) text_lines = 1;
         else if (cli_opt(argc, argv, &i, "--show", &v)) n_show = (int)cli_int("--show", v, 0, 1 << 20);
         else if (argv[i][0] == '-') cli_die("prepare: unknown option '%s' (see megatrain prepare --help)", argv[i]);
@@ -317,8 +307,11 @@ int cmd_prepare(int argc, char **argv)
     if (!n_inputs) cli_die("prepare: give at least one input file");
     prep p = {0};
     if (mt_tokenizer_load(&p.tok, tok_path) != MT_OK) cli_die("%s", mt_last_errmsg());
-    chat_config(tok_path, &chat, eos, sizeof eos);
-    p.chat = chat;
+    chat_eos(tok_path, eos, sizeof eos);
+    p.chat = chat_template_open(tok_path, chat_named, p.chat_why, sizeof p.chat_why);
+    p.chat_name = chat_named ? chat_named : "of the tokenizer folder";
+    if (chat_vars && !cJSON_IsObject(p.vars = cJSON_Parse(chat_vars)))
+        cli_die("prepare: --chat-vars is not a JSON object: %s", chat_vars);
     if (*eos && mt_tokenizer_token_to_id(p.tok, eos) < 0)
         cli_die("prepare: the EOS token \"%s\" is not in the tokenizer's vocabulary", eos);
     p.eos = *eos ? eos : NULL;
@@ -333,16 +326,17 @@ int cmd_prepare(int argc, char **argv)
     if (!n_docs) cli_die("prepare: the inputs hold no document");
     if (!n_targets) cli_die("prepare: the documents hold no token to learn");
     if (mt_doc_writer_finish(p.out) != MT_OK) cli_die("%s", mt_last_errmsg());
-    printf("%s: %llu documents, %llu tokens, %llu of them learnt (%.1f%%), vocabulary %u, chat format %s%s%s\n", out,
+    printf("%s: %llu documents, %llu tokens, %llu of them learnt (%.1f%%), vocabulary %u, chat template %s%s%s\n", out,
            (unsigned long long)n_docs, (unsigned long long)n_tok, (unsigned long long)n_targets,
-           100.0 * (double)n_targets / (double)n_tok, vocab, chat_format_name(p.chat), *eos ? ", EOS " : "", eos);
+           100.0 * (double)n_targets / (double)n_tok, vocab, p.chat ? p.chat_name : "none", *eos ? ", EOS " : "", eos);
     mt_tokenizer_free(p.tok);
     free(p.ids);
     free(p.prefix);
     free(p.flags);
     free(p.text);
-    free(p.edge);
-    free(p.edge_target);
+    free(p.span);
+    mt_chat_template_free(p.chat);
+    cJSON_Delete(p.vars);
     free(p.show_text);
     return 0; /* the writer, finished, is freed at exit */
 }

@@ -86,7 +86,8 @@ static int sample_ids(mt_model *m, const char *list, int max_new)
 
 static const char sample_help[] =
     "usage: megatrain sample [--model DIR] [--cpu] [PROMPT]\n"
-    "       megatrain sample --model DIR [--chat] [--system TEXT] [--chat-format F] [--max-new N]\n"
+    "       megatrain sample --model DIR [--chat] [--system TEXT] [--chat-template NAME|FILE]\n"
+    "                        [--chat-vars JSON] [--max-new N]\n"
     "                        [--temperature T] [--top-p P] [--seed N] [--cpu] PROMPT\n"
     "       megatrain sample --model DIR --ids 1,2,3 [--max-new N] [--cpu]\n"
     "\n"
@@ -96,9 +97,11 @@ static const char sample_help[] =
     "tokenizer.json takes PROMPT as text and prints the text it writes: greedy, or\n"
     "with --temperature above 0 sampled from the likeliest tokens that make up\n"
     "--top-p of the probability (default 1), reproducibly for a --seed. --chat\n"
-    "wraps PROMPT as a user's message in the model's chat format (from its\n"
-    "tokenizer_config.json, or --chat-format chatml|llama3|mistral) and stops at\n"
-    "the end of the assistant's turn. Any other model folder takes its prompt as\n"
+    "renders PROMPT as a user's message with the model's chat template (its\n"
+    "chat_template.jinja or tokenizer_config.json's; --chat-template chatml,\n"
+    "llama3, mistral or a file for a folder without one) and stops at the end of\n"
+    "the assistant's turn (the template's end-of-turn token) or at EOS. --chat-vars\n"
+    "gives the template variables ('{\"enable_thinking\": false}'). Any other model folder takes its prompt as\n"
     "token ids (--ids) and prints the ids it generates.\n";
 
 static int has_tokenizer(const char *dir)
@@ -110,17 +113,17 @@ static int has_tokenizer(const char *dir)
 }
 
 /* A text model's continuation of prompt (or its answer, with chat). */
-static int sample_text(mt_model *m, const char *dir, const char *prompt, int chat, chat_format f, const char *system,
-                       gen_options *o)
+static int sample_text(mt_model *m, const char *dir, const char *prompt, int chat, const char *chat_named,
+                       const char *vars, const char *system, gen_options *o)
 {
     mt_tokenizer *t;
     if (mt_tokenizer_load(&t, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
-    char eos[256] = "";
-    chat_config(dir, &f, eos, sizeof eos);
-    const char *end = chat ? chat_end_of_turn(f, eos) : eos;
-    o->stop[0] = *eos ? mt_tokenizer_token_to_id(t, eos) : -1;
-    o->stop[1] = end && *end ? mt_tokenizer_token_to_id(t, end) : -1;
-    char *text = chat ? chat_prompt(f, system, prompt) : strdup(prompt);
+    char eos[256] = "", why[512];
+    chat_eos(dir, eos, sizeof eos);
+    mt_chat_template *tmpl = chat ? chat_template_open(dir, chat_named, why, sizeof why) : NULL;
+    if (chat && !tmpl) cli_die("sample --chat: %s", why);
+    chat_stops(tmpl, vars, t, eos, o->stop);
+    char *text = chat ? chat_prompt(tmpl, vars, system, prompt) : strdup(prompt);
     if (!text) cli_die("out of memory");
     if (!chat) fputs(prompt, stdout);
     o->echo = 1;
@@ -131,15 +134,16 @@ static int sample_text(mt_model *m, const char *dir, const char *prompt, int cha
     const int rc = out ? 0 : 1;
     free(out);
     free(text);
+    mt_chat_template_free(tmpl);
     mt_tokenizer_free(t);
     return rc;
 }
 
 int cmd_sample(int argc, char **argv)
 {
-    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL, *system = NULL;
+    const char *dir = "megatrain-demo", *prompt = NULL, *ids = NULL, *system = NULL, *chat_named = NULL,
+               *vars = NULL;
     int cpu = 0, max_new = -1, chat = 0;
-    chat_format f = CHAT_AUTO;
     gen_options o = {.temperature = 0, .top_p = 1, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -153,7 +157,9 @@ int cmd_sample(int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--top-p", &v)) o.top_p = cli_float("--top-p", v, 1e-6, 1);
         else if (cli_opt(argc, argv, &i, "--seed", &v)) o.seed = (uint64_t)cli_int("--seed", v, 0, INT64_MAX);
         else if (cli_opt(argc, argv, &i, "--system", &v)) system = v;
-        else if (cli_opt(argc, argv, &i, "--chat-format", &v)) f = chat_format_named(v);
+        else if (cli_opt(argc, argv, &i, "--chat-template", &v) || cli_opt(argc, argv, &i, "--chat-format", &v))
+            chat_named = v;
+        else if (cli_opt(argc, argv, &i, "--chat-vars", &v)) vars = v;
         else if (cli_flag(argv, i, "--chat")) chat = 1;
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
         else if (argv[i][0] == '-' && argv[i][1] == '-') cli_die("sample: unknown option '%s'", argv[i]);
@@ -168,7 +174,7 @@ int cmd_sample(int argc, char **argv)
     mt_model *m = open_model(dir, cpu);
     if (ids || text) {
         o.max_new = max_new > 0 ? max_new : ids ? 16 : 128;
-        int rc = ids ? sample_ids(m, ids, o.max_new) : sample_text(m, dir, prompt, chat, f, system, &o);
+        int rc = ids ? sample_ids(m, ids, o.max_new) : sample_text(m, dir, prompt, chat, chat_named, vars, system, &o);
         mt_model_destroy(m);
         return rc;
     }
@@ -206,19 +212,21 @@ static long last_number(const char *s)
 
 /* Exact match on a JSONL file's answers: each assistant turn (or completion)
  * generated greedily from what comes before it, compared with the file's. */
-static int eval_jsonl(mt_model *m, const char *dir, const char *path, chat_format f, int show)
+static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char *chat_named, int show)
 {
     mt_tokenizer *t;
     if (mt_tokenizer_load(&t, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
-    char eos[256] = "";
-    chat_config(dir, &f, eos, sizeof eos);
+    char eos[256] = "", why[512];
+    chat_eos(dir, eos, sizeof eos);
+    mt_chat_template *tmpl = chat_template_open(dir, chat_named, why, sizeof why);
+    int32_t chat_stop[2];
+    chat_stops(tmpl, NULL, t, eos, chat_stop);
     FILE *in = fopen(path, "r");
     if (!in) cli_die("cannot open %s: %s", path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     long no = 0, n = 0, exact = 0, answer = 0;
     gen_options o = {.max_new = 256, .top_p = 1, .stop = {-1, -1}};
-    o.stop[0] = *eos ? mt_tokenizer_token_to_id(t, eos) : -1;
     while (getline(&line, &cap, in) > 0) {
         no++;
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
@@ -233,10 +241,11 @@ static int eval_jsonl(mt_model *m, const char *dir, const char *path, chat_forma
             const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
             if (e && !(cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && cJSON_IsString(content)))
                 continue;
-            char *text = e ? chat_render(f, msgs, k) : strdup(prompt->valuestring);
+            if (e && !tmpl) cli_die("%s:%ld: %s", path, no, why);
+            char *text = e ? chat_render(tmpl, NULL, msgs, k) : strdup(prompt->valuestring);
             const char *want = e ? content->valuestring : comp->valuestring;
-            const char *end = e ? chat_end_of_turn(f, eos) : eos;
-            o.stop[1] = end && *end ? mt_tokenizer_token_to_id(t, end) : -1;
+            o.stop[0] = chat_stop[0];
+            o.stop[1] = e ? chat_stop[1] : -1;
             char *got = generate(m, t, text, e ? MT_ENCODE_SPECIAL : MT_ENCODE_ADD_SPECIAL, &o);
             if (!got) cli_die("%s:%ld: generation failed", path, no);
             n++;
@@ -250,6 +259,7 @@ static int eval_jsonl(mt_model *m, const char *dir, const char *path, chat_forma
     }
     free(line);
     fclose(in);
+    mt_chat_template_free(tmpl);
     mt_tokenizer_free(t);
     if (!n) cli_die("%s holds no answer to check", path);
     printf("exact match: %.1f%% (%ld of %ld answers of %s); final number right: %.1f%%\n", 100.0 * exact / n, exact, n,
@@ -262,16 +272,16 @@ int cmd_eval(int argc, char **argv)
     const char *dir = "megatrain-demo", *data = NULL, *jsonl = NULL;
     int cpu = 0, seq_len = 1024, batches = 16, show = 3;
     uint32_t format = MT_TOKENS_AUTO;
-    chat_format chat = CHAT_AUTO;
+    const char *chat = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
             puts("usage: megatrain eval [--model DIR] [--data FILE [--format F] [--seq-len N] [--batches N]] [--cpu]\n"
-                 "       megatrain eval --model DIR --jsonl FILE [--chat-format F] [--show N] [--cpu]\n\n"
+                 "       megatrain eval --model DIR --jsonl FILE [--chat-template NAME|FILE] [--show N] [--cpu]\n\n"
                  "With --data: the mean loss of the model in DIR on the file's held-out windows.\n"
                  "With --jsonl: exact-match accuracy of the answers the model writes (greedily) to a file of\n"
                  "conversations or prompt/completion pairs, each assistant turn generated from what comes\n"
-                 "before it in the model's chat format; --show N prints the first N answers (default 3).\n"
+                 "before it by the model's chat template; --show N prints the first N answers (default 3).\n"
                  "Without either: the arithmetic demo's exact-match accuracy on its held-out problems.");
             return 0;
         } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
@@ -279,7 +289,8 @@ int cmd_eval(int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--format", &v)) format = cli_token_format(v);
         else if (cli_opt(argc, argv, &i, "--jsonl", &v)) jsonl = v;
         else if (cli_opt(argc, argv, &i, "--show", &v)) show = (int)cli_int("--show", v, 0, 1 << 20);
-        else if (cli_opt(argc, argv, &i, "--chat-format", &v)) chat = chat_format_named(v);
+        else if (cli_opt(argc, argv, &i, "--chat-template", &v) || cli_opt(argc, argv, &i, "--chat-format", &v))
+            chat = v;
         else if (cli_opt(argc, argv, &i, "--seq-len", &v)) seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--batches", &v)) batches = (int)cli_int("--batches", v, 1, 1 << 20);
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
