@@ -84,6 +84,15 @@ for i in 1 2; do
   [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
   run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
 done
+# the GPT-OSS-20B shape with as many layers as the host holds (megatrain plan: 22 layers 108.5 GiB pinned, 23
+# 113.2, 24 117.8 of a 118 GiB budget), lean, issue 33 part 7
+for L in 23 24; do
+  run gptoss_$L build/bench/step --preset gpt-oss-20b --layers $L --lean --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+done
+# the CPU AdamW (2 G parameters, bf16 gradients as the bf16 step gives them; the Qwen3-30B-A3B step updates 8.1 G):
+# what the MoE step's optimizer idle is made of
+run adamw_2g build/bench/adamw --params 2G --threads 8,16 --iters 3 --grad bf16
+run step_moe_csv build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline --timeline-csv "$OUT/step_moe_visits.csv"
 # the experts' GEMMs of one layer and micro-batch: the grouped Hopper kernels against the per-expert loop
 # (docs/moe.md), at each MoE preset's shape
 run grouped_bench build/bench/cuda_grouped_gemm
