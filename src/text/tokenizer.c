@@ -63,9 +63,9 @@ void mt_tokenizer_free(mt_tokenizer *t)
     free(t->raw_trie.nodes);
     free(t->norm_trie.nodes);
     for (size_t i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
-    for (size_t i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
-    /* a step that failed half-way was not counted but may hold a regex */
-    if (t->n_pre < MAX_STEPS) pcre2_code_free(t->pre[t->n_pre].re);
+    for (size_t i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re), free(t->pre[i].lit);
+    /* a step that failed half-way was not counted but may hold a regex or a String */
+    if (t->n_pre < MAX_STEPS) pcre2_code_free(t->pre[t->n_pre].re), free(t->pre[t->n_pre].lit);
     free(t->post_prefix);
     free(t->post_suffix);
     for (size_t i = 0; i < t->n_dec; i++) free(t->dec[i].a), free(t->dec[i].b);

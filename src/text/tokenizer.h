@@ -19,6 +19,8 @@
 /* Normalizer, pre-tokenizer, post-processor and decoder steps after flattening Sequences. */
 #define MAX_STEPS 16
 #define MAX_NESTING 8
+/* Characters a merged token holds before a "▁" (split_words): past this many, words are not cut. */
+#define MAX_GLUE 16
 /* The per-call cache of pre-token -> ids: words longer than this are rarely
  * seen twice (tokenizers caches below 256 too), and the table stops growing
  * at CACHE_MAX_ENTRIES so one call's memory stays proportional to its text. */
@@ -82,11 +84,23 @@ typedef struct norm_step {
 
 typedef enum { PRE_SPLIT, PRE_BYTE_LEVEL, PRE_METASPACE } pre_kind;
 typedef enum { SCHEME_ALWAYS, SCHEME_FIRST, SCHEME_NEVER } prepend_scheme;
+/* tokenizers' SplitDelimiterBehavior: what becomes of the matches */
+typedef enum {
+    SPLIT_REMOVED,
+    SPLIT_ISOLATED,
+    SPLIT_MERGED_WITH_PREVIOUS,
+    SPLIT_MERGED_WITH_NEXT,
+    SPLIT_CONTIGUOUS
+} split_behavior;
 
 typedef struct pre_step {
     pre_kind kind;
-    pcre2_code *re;       /* Split; ByteLevel with use_regex */
-    int add_prefix_space; /* ByteLevel */
+    pcre2_code *re;          /* Split with a Regex pattern; ByteLevel with use_regex */
+    char *lit;               /* Split with a String pattern */
+    size_t lit_len;
+    split_behavior behavior; /* Split (ByteLevel's regex: Isolated) */
+    int invert;              /* Split: the text between matches is what the behavior acts on */
+    int add_prefix_space;    /* ByteLevel */
     char rep[4];          /* Metaspace: the replacement character */
     size_t rep_len;
     prepend_scheme scheme;
@@ -132,11 +146,17 @@ struct mt_tokenizer {
     int32_t bl_id[256];                   /* byte -> the id of its character, -1 when missing */
     pm_entry *byte_pairs;                 /* 65536: the merge of two bytes' characters (id -1: none) */
 
-    /* Not byte-level: when no merge can make a token in which another
-     * character is followed by "▁", BPE of a text is BPE of its pieces cut
-     * before each such "▁", which the cache then serves (Llama 2 has no
-     * pre-tokenizer: without this its BPE runs over whole texts). */
+    /* Not byte-level: BPE of a text is BPE of its pieces cut before a "▁"
+     * that follows another character, when no merge can join the two: when
+     * no token a merge makes holds that character followed by "▁". The
+     * pieces are words, which the cache then serves (Llama 2 and Gemma 3 have
+     * no pre-tokenizer that cuts: without this their BPE runs over whole
+     * texts). The few characters that some merged token does hold before a
+     * "▁" (Gemma 3 has one, ">▁</") are in glue: the text is not cut after
+     * them. */
     int split_words;
+    uint32_t glue[MAX_GLUE];
+    size_t n_glue;
 
     added_token *added;
     size_t n_added;

@@ -38,6 +38,21 @@ static inline int tbuf_put(tbuf *b, const void *s, size_t n)
     return 0;
 }
 
+/* Bytes after a buffer's text that tbuf_pad() defines. */
+#define TBUF_PAD 64
+
+/* Zeroes the TBUF_PAD bytes after b's text (growing b as need be) without
+ * counting them. PCRE2's JIT scans for a literal in whole vector words, some
+ * of which reach past the subject's end: in a buffer of ours those bytes
+ * must hold something, or valgrind reports a jump on uninitialised memory.
+ * -1 when out of memory. */
+static inline int tbuf_pad(tbuf *b)
+{
+    if (tbuf_reserve(b, TBUF_PAD)) return -1;
+    memset(b->p + b->n, 0, TBUF_PAD);
+    return 0;
+}
+
 static inline void tbuf_free(tbuf *b)
 {
     free(b->p);

@@ -111,7 +111,7 @@ int main(int argc, char **argv)
     }
     /* tokenizers: each small tokenizer.json that loads, then a text that reaches their added tokens,
      * byte fallback and unknown characters */
-    static const char *const tokenizers[] = {"bytelevel", "sentencepiece", "metaspace"};
+    static const char *const tokenizers[] = {"bytelevel", "sentencepiece", "metaspace", "gemma", "split"};
     static const char text[] = "the cat <|im_start|>in [MASK] the <w> hat\xc3\xa9 123\n\thello  world \xe2\x82\xac "
                                "\xf0\x9f\x98\x80<s>hi there</s>";
     for (size_t i = 0; i < sizeof tokenizers / sizeof *tokenizers; i++) {
