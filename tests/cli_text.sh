@@ -80,6 +80,15 @@ expect "fine-tune the folder" 0 "$BIN" train --model "$t/model" --data "$t/train
   --steps 2 --cpu --threads 1 --out "$t/tuned"
 cmp -s "$t/data/tokenizer.json" "$t/tuned/tokenizer.json" && ok || bad "the tokenizer did not follow the model"
 
+# a folder whose template is its own file (chat_template.jinja, as transformers saves it): prepare reads it, and
+# train --tokenizer carries it to the new model, whose sample --chat then renders with it
+printf '%s' "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}" > "$t/bare/chat_template.jinja"
+expect "prepare: chat_template.jinja" 0 "$BIN" prepare --tokenizer "$t/bare" --eos "<|endoftext|>" -o "$t/jinja.mt" "$t/data/train.jsonl"
+cmp -s "$t/jinja.mt" "$t/train.mt" && ok || bad "prepare: chat_template.jinja renders otherwise than the config's template"
+expect "train: a tokenizer with chat_template.jinja" 0 "$BIN" train --data "$t/jinja.mt" --tokenizer "$t/bare" $small --steps 1 --out "$t/jinja-model"
+cmp -s "$t/bare/chat_template.jinja" "$t/jinja-model/chat_template.jinja" && ok || bad "chat_template.jinja did not follow the model"
+expect "sample --chat with chat_template.jinja" 0 "$BIN" sample --model "$t/jinja-model" --chat --max-new 2 --cpu "hi"
+
 # text in, text out
 expect "sample --chat" 0 "$BIN" sample --model "$t/tuned" --chat --max-new 8 --cpu "Ann has 12 pens and gets 30 more. How many now?"
 expect "sample, sampled" 0 "$BIN" sample --model "$t/tuned" --temperature 0.8 --top-p 0.9 --seed 5 --max-new 12 --cpu "Ann has"

@@ -1379,11 +1379,13 @@ Test(hf, save_carries_the_tokenizer_files)
     cr_assert_neq(stat(a, &sb), 0, "a model never loaded has no tokenizer to save");
     write_text(src, "tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}");
     write_text(src, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    /* the chat template in its own file, as transformers saves it since 4.47 */
+    write_text(src, "chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
     mt_model *n = make(&c);
     cr_assert_eq(mt_model_load(n, src), MT_OK, "%s", mt_model_errmsg(n));
     cr_assert_eq(mt_model_save(n, dst), MT_OK, "%s", mt_model_errmsg(n));
-    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    for (int i = 0; i < 3; i++) {
         snprintf(a, sizeof a, "%s/%s", src, files[i]);
         snprintf(b, sizeof b, "%s/%s", dst, files[i]);
         cr_assert(same_file(a, b), "%s was not carried along", files[i]);

@@ -1186,7 +1186,7 @@ mt_status mt_save_tensors(mt_err err, const mt_model_files *m, const char *path,
  * copied from the folder the model was loaded from, so that the saved folder
  * is a whole model for transformers. */
 static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                              "tokenizer.model", "generation_config.json"};
+                                              "tokenizer.model", "generation_config.json", "chat_template.jinja"};
 
 static mt_status copy_tokenizer(mt_err err, const char *from, const char *to)
 {

@@ -305,7 +305,8 @@ static int write_demo_marker(const char *dir)
  * config files beside it. */
 static int copy_tokenizer(const char *from, const char *dir, char *why, size_t n)
 {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "chat_template.jinja"};
     struct stat sb;
     const int folder = stat(from, &sb) == 0 && S_ISDIR(sb.st_mode);
     const char *slash = strrchr(from, '/');
