@@ -1379,7 +1379,7 @@ Test(hf, save_carries_the_tokenizer_files)
     cr_assert_neq(stat(a, &sb), 0, "a model never loaded has no tokenizer to save");
     write_text(src, "tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}");
     write_text(src, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
-    /* the chat template in its own file, as transformers saves it since 4.47 */
+    /* the chat template in its own file, as recent transformers versions save it */
     write_text(src, "chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
     mt_model *n = make(&c);
     cr_assert_eq(mt_model_load(n, src), MT_OK, "%s", mt_model_errmsg(n));
