@@ -60,6 +60,7 @@ typedef struct prep {
     size_t flags_cap;
     mt_doc_writer *out;
     int n_show, shown;     /* --show: how many documents to print, how many were */
+    uint64_t n_convs, n_chat_texts; /* conversations, and the texts the template gave of them */
     char *show_text;
     size_t show_cap;
     const char *where;     /* "file:line" of the document being read */
@@ -163,6 +164,7 @@ static void end_document(prep *p)
 static int on_chat_text(void *user, const char *text, size_t len, const size_t *spans, size_t n_spans)
 {
     prep *p = user;
+    p->n_chat_texts++;
     size_t at = 0;
     for (size_t s = 0; s < n_spans; s++) {
         const size_t a = spans[2 * s] > at ? spans[2 * s] : at, b = spans[2 * s + 1];
@@ -194,6 +196,7 @@ static void add_messages(prep *p, const cJSON *msgs, const cJSON *tools)
     char *m = cJSON_PrintUnformatted(msgs), *v = cJSON_PrintUnformatted(vars);
     if (!m || !v) cli_die("out of memory");
     if (mt_chat_render_learnt(p->chat, m, v, on_chat_text, p) != MT_OK) cli_die("%s: %s", p->where, mt_last_errmsg());
+    p->n_convs++;
     free(m);
     free(v);
     cJSON_Delete(vars);
@@ -326,6 +329,11 @@ int cmd_prepare(int argc, char **argv)
     if (!n_docs) cli_die("prepare: the inputs hold no document");
     if (!n_targets) cli_die("prepare: the documents hold no token to learn");
     if (mt_doc_writer_finish(p.out) != MT_OK) cli_die("%s", mt_last_errmsg());
+    /* a turn rendered apart is a document of its own: say so, or the count of documents surprises */
+    if (p.n_chat_texts > p.n_convs)
+        printf("%llu of the conversations' assistant turns are documents of their own: the template renders them "
+               "otherwise once later messages follow (docs/fine-tuning.md)\n",
+               (unsigned long long)(p.n_chat_texts - p.n_convs));
     printf("%s: %llu documents, %llu tokens, %llu of them learnt (%.1f%%), vocabulary %u, chat template %s%s%s\n", out,
            (unsigned long long)n_docs, (unsigned long long)n_tok, (unsigned long long)n_targets,
            100.0 * (double)n_targets / (double)n_tok, vocab, p.chat ? p.chat_name : "none", *eos ? ", EOS " : "", eos);
