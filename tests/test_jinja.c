@@ -735,6 +735,26 @@ Test(jinja, strftime_now_uses_the_given_utc_time)
 
 /* ---- {% generation %}: the byte ranges of the assistant's text ---------------------------------------------- */
 
+/* Whether a template has generation blocks is the parser's knowledge: the tag's words in a comment or a string
+ * do not count. */
+Test(jinja, has_generation)
+{
+    const char *const with[] = {"{% generation %}x{% endgeneration %}", "{%- generation -%}x{%- endgeneration %}",
+                                "{% if a %}{% generation %}{{ a }}{% endgeneration %}{% endif %}"};
+    const char *const without[] = {"{# {% generation %} #}x", "{{ '{% generation %}' }}", "{% raw %}{% generation %}{% endraw %}",
+                                   "{{ generation }}"};
+    char why[256];
+    for (size_t i = 0; i < sizeof with / sizeof *with + sizeof without / sizeof *without; i++) {
+        const int has = i < sizeof with / sizeof *with;
+        const char *src = has ? with[i] : without[i - sizeof with / sizeof *with];
+        mt_jinja *t = mt_jinja_parse(src, strlen(src), why, sizeof why);
+        cr_assert_not_null(t, "%s: %s", src, why);
+        cr_expect_eq(mt_jinja_has_generation(t), has, "%s", src);
+        mt_jinja_free(t);
+    }
+    cr_expect_eq(mt_jinja_has_generation(NULL), 0);
+}
+
 Test(jinja, generation_spans)
 {
     char why[256], *out = NULL;

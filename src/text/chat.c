@@ -34,7 +34,6 @@ struct mt_chat_template {
     mt_jinja *jinja;
     cJSON *tokens;  /* {"bos_token": ..., "eos_token": ..., ...}: the tokenizer_config.json's, as transformers passes
                        them to the template */
-    int generation; /* the template has {% generation %} blocks */
     char *source;
 };
 
@@ -64,18 +63,6 @@ void mt_chat_template_free(mt_chat_template *t)
     cJSON_Delete(t->tokens);
     free(t->source);
     free(t);
-}
-
-/* Whether src has a {% generation %} tag ({%- generation -%} and spaces too). */
-static int has_generation_tag(const char *src)
-{
-    for (const char *p = src; (p = strstr(p, "{%")); p += 2) {
-        const char *q = p + 2;
-        if (*q == '-' || *q == '+') q++;
-        q += strspn(q, " \t\r\n");
-        if (!strncmp(q, "generation", 10) && !((q[10] >= 'a' && q[10] <= 'z') || q[10] == '_')) return 1;
-    }
-    return 0;
 }
 
 /* The special tokens of a tokenizer_config.json that transformers passes to a template: each a string or an
@@ -202,7 +189,6 @@ mt_status mt_chat_template_load(mt_chat_template **out, const char *path)
                      "chat template of %s: %s", path, why);
         goto fail;
     }
-    t->generation = has_generation_tag(src);
     cJSON_Delete(config);
     *out = t;
     return MT_OK;
@@ -261,11 +247,14 @@ static mt_status render(mt_err err, const mt_chat_template *t, const render_ctx 
                         size_t **spans, size_t *n_spans)
 {
     char why[1024];
-    int rc2 = spans ? mt_jinja_render_spans(t->jinja, rc->ctx, (long long)time(NULL), out, len, spans, n_spans, why,
-                                            sizeof why)
-                    : ((*out = mt_jinja_render(t->jinja, rc->ctx, (long long)time(NULL), len, why, sizeof why))
-                           ? 0
-                           : -1);
+    int rc2;
+    if (spans) {
+        rc2 = mt_jinja_render_spans(t->jinja, rc->ctx, (long long)time(NULL), out, len, spans, n_spans, why,
+                                    sizeof why);
+    } else {
+        *out = mt_jinja_render(t->jinja, rc->ctx, (long long)time(NULL), len, why, sizeof why);
+        rc2 = *out ? 0 : -1;
+    }
     if (rc2 == 0) return MT_OK;
     if (!strcmp(why, "out of memory"))
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory rendering a chat template");
@@ -295,6 +284,15 @@ static mt_status parse_args(mt_err err, const char *fn, const char *messages, co
     return MT_OK;
 }
 
+/* n bytes of s into the caller's text (at most cap of them, and a NUL where there is room), n into *len. */
+static void copy_text(const char *s, size_t n, char *text, size_t cap, size_t *len)
+{
+    *len = n;
+    if (!cap) return;
+    memcpy(text, s, n < cap ? n : cap);
+    if (n < cap) text[n] = '\0';
+}
+
 mt_status mt_chat_render(const mt_chat_template *t, const char *messages, const char *variables, uint32_t flags,
                          char *text, size_t cap, size_t *len)
 {
@@ -316,13 +314,7 @@ mt_status mt_chat_render(const mt_chat_template *t, const char *messages, const 
             st = render(err, t, &rc, &out, &n, NULL, NULL);
         cJSON_Delete(rc.ctx);
     }
-    if (!st) {
-        *len = n;
-        if (cap) {
-            memcpy(text, out, n < cap ? n : cap);
-            if (n < cap) text[n] = '\0';
-        }
-    }
+    if (!st) copy_text(out, n, text, cap, len);
     free(out);
     cJSON_Delete(msgs);
     cJSON_Delete(vars);
@@ -425,7 +417,7 @@ mt_status mt_chat_render_learnt(const mt_chat_template *t, const char *messages,
     if (!assistant) {
         st = mt_fail(err, MT_ERR_INVALID_ARGUMENT, "the conversation has no assistant turn: nothing to learn");
     } else if (!(st = ctx_make(err, t, vars, &rc)) && !(st = ctx_set(err, &rc, msgs, cJSON_GetArraySize(msgs), 0))) {
-        if (t->generation) {
+        if (mt_jinja_has_generation(t->jinja)) {
             st = render(err, t, &rc, &whole, &whole_len, &spans, &n_spans);
             if (!st && !n_spans)
                 st = mt_fail(err, MT_ERR_INVALID_ARGUMENT, "chat template: its {%% generation %%} blocks marked "
@@ -469,12 +461,8 @@ mt_status mt_chat_end_of_turn(const mt_chat_template *t, const char *variables, 
                 st = mt_fail(err, MT_ERR_UNSUPPORTED, "chat template: an assistant turn's content does not appear in "
                                                       "its rendering, so its end cannot be found");
             } else {
-                const size_t from = (size_t)(at - b) + sizeof MARK - 1, n = b_len - from;
-                *len = n;
-                if (cap) {
-                    memcpy(text, b + from, n < cap ? n : cap);
-                    if (n < cap) text[n] = '\0';
-                }
+                const size_t from = (size_t)(at - b) + sizeof MARK - 1;
+                copy_text(b + from, b_len - from, text, cap, len);
             }
         }
         cJSON_Delete(rc.ctx);

@@ -942,6 +942,7 @@ struct mt_jinja {
     arena ar; /* the nodes, the normalized text they point into, decoded strings */
     node **body;
     size_t nbody;
+    int generation; /* it has {% generation %} blocks */
 };
 
 /* ---- filters and tests, resolved by name when parsing ----------------------------------------------- */
@@ -1009,6 +1010,7 @@ typedef struct parser {
     int captures;            /* macros, set blocks and filter blocks around it */
     const node *macro;       /* the macro being parsed */
     const char *const *ends; /* the end tags the innermost block waits for */
+    int generation;          /* a {% generation %} block was parsed */
 } parser;
 
 typedef struct nlist {
@@ -1884,6 +1886,7 @@ static node *parse_statement(parser *P)
         node *n = body_node(P, N_GENERATION, at, endgeneration, &body);
         if (!n || !end_tag(P)) return NULL;
         P->loops = loops;
+        P->generation = 1;
         n->kids = body.v;
         n->nkids = body.n;
         return n;
@@ -5001,6 +5004,7 @@ mt_jinja *mt_jinja_parse(const char *src, size_t len, char *why, size_t why_len)
     if (parse_body(&P, NULL, NULL, &body)) goto fail;
     t->body = body.v;
     t->nbody = body.n;
+    t->generation = P.generation;
     free(L.t);
     free(L.lines);
     return t;
@@ -5012,6 +5016,8 @@ fail:
     mt_jinja_free(t);
     return NULL;
 }
+
+int mt_jinja_has_generation(const mt_jinja *t) { return t && t->generation; }
 
 void mt_jinja_free(mt_jinja *t)
 {

@@ -26,6 +26,10 @@ mt_jinja *mt_jinja_parse(const char *src, size_t len, char *why, size_t why_len)
 
 void mt_jinja_free(mt_jinja *t); /* NULL ok */
 
+/* Whether the template has {% generation %} blocks (outside comments and strings), which mark what a model
+ * learns. */
+int mt_jinja_has_generation(const mt_jinja *t);
+
 /* Renders with the variables of ctx (a cJSON object: messages, tools,
  * add_generation_prompt, bos_token, eos_token, enable_thinking, any others;
  * NULL for none), strftime_now using the UTC time now_unix (seconds). Returns
