@@ -1,7 +1,8 @@
 /* The experts' GEMMs of one MoE layer and micro-batch (16384 tokens), three
  * ways: the grouped Hopper kernels (cuda/kernels/grouped_gemm.h: one launch,
- * offsets on the device), and a loop of one cuBLASLt GEMM per expert sized
- * from offsets on the host (what the library did before, and its fallback),
+ * offsets on the device), cuBLAS's grouped GEMM (cuda/gemm/grouped_blas.h:
+ * one call, sizes from offsets on the host), and a loop of one cuBLASLt GEMM
+ * per expert sized from offsets on the host (its fallback),
  * for the forward (gate or up, and down), the input gradient and the weight
  * gradient. The routing is drawn at random with counts within +-50% of the
  * mean (a trained router is rarely more even). TFLOP/s = 2 R K N / time,
@@ -17,6 +18,7 @@
 
 #include "core/bf16.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/gemm/grouped_blas.h"
 #include "cuda/kernels/grouped_gemm.h"
 #include "device/device.h"
 
@@ -63,12 +65,13 @@ static const shape SHAPES[] = {
     {"deepseek-v2-lite", 64, 6, 2048, 1408},
 };
 
-enum { GG = 0, LOOP = 1 };
+enum { GG = 0, LOOP = 1, GBLAS = 2 };
 enum { OP_FWD, OP_DX, OP_DW };
 
 typedef struct ctx {
     mt_cu_gg *gg;
     mt_gemm *lt;
+    mt_gblas *gb;
     int E, R, K, N;
     int32_t *offs_h, *offs_d;
     void *A, *W, *out;
@@ -82,6 +85,16 @@ static int call(ctx *c, int how, int op)
         if (op == OP_FWD) return mt_cu_gg_linear(c->gg, NULL, c->out, 0, c->A, c->W, NULL, c->offs_d, c->E, c->R, c->K, c->N, 0);
         if (op == OP_DX) return mt_cu_gg_linear_dx(c->gg, NULL, c->out, 1, c->A, c->W, c->offs_d, c->E, c->R, c->K, c->N, 0);
         return mt_cu_gg_linear_dw(c->gg, NULL, c->out, NULL, c->A, c->W, c->offs_d, c->E, c->R, c->K, c->N);
+    }
+    if (how == GBLAS) {
+        if (op == OP_FWD)
+            return mt_gblas_linear(c->gb, NULL, c->out, 0, c->A, c->W, c->offs_h, c->offs_d, c->E, c->R, c->K, c->N, 0,
+                                   why, sizeof why);
+        if (op == OP_DX)
+            return mt_gblas_linear_dx(c->gb, NULL, c->out, 1, c->A, c->W, c->offs_h, c->offs_d, c->E, c->R, c->K, c->N,
+                                      0, why, sizeof why);
+        return mt_gblas_linear_dw(c->gb, NULL, c->out, c->A, c->W, c->offs_h, c->offs_d, c->E, c->R, c->K, c->N, why,
+                                  sizeof why);
     }
     for (int e = 0; e < c->E; e++) {
         const int r0 = c->offs_h[e], n = c->offs_h[e + 1] - r0;
@@ -114,6 +127,7 @@ static double time_call(ctx *c, int how, int op)
 {
     if (call(c, how, op) || mt_device_sync(why, sizeof why)) {
         fprintf(stderr, "cuda_grouped_gemm: call failed: %s\n", why);
+        if (how == GBLAS) return 0; /* a product cuBLAS refuses: no figure */
         exit(1);
     }
     double t0 = now();
@@ -149,8 +163,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "cuda_grouped_gemm: %s\n", why);
         return 1;
     }
+    void *gb_ptrs = dalloc(mt_gblas_ptr_bytes(1024)), *gb_ws = dalloc(MT_GBLAS_WORKSPACE_BYTES);
+    c.gb = mt_gblas_create(gb_ptrs, 1024, gb_ws, MT_GBLAS_WORKSPACE_BYTES, why, sizeof why);
+    if (!c.gb) fprintf(stderr, "cuda_grouped_gemm: %s (no cuBLAS grouped column)\n", why);
     const int T = 16384;
-    printf("%-18s %-9s %6s %6s %7s %12s %12s\n", "shape", "product", "K", "N", "rows", "grouped", "loop");
+    printf("%-18s %-9s %6s %6s %7s %16s %16s %16s\n", "shape", "product", "K", "N", "rows", "grouped", "loop",
+           "cublas grouped");
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         const shape *sh = &SHAPES[si];
         if (only && strcmp(only, sh->name)) continue;
@@ -183,8 +201,10 @@ int main(int argc, char **argv)
             const double flop = 2.0 * R * c.K * c.N;
             const double tl = time_call(&c, LOOP, prods[p].op);
             const double tg = c.gg && mt_cu_gg_fits(c.K, c.N) ? time_call(&c, GG, prods[p].op) : 0;
-            printf("%-18s %-9s %6d %6d %7d %7.3f ms %3.0f %7.3f ms %3.0f TFLOP/s\n", sh->name, prods[p].name, c.K,
-                   c.N, R, tg * 1e3, tg > 0 ? flop / tg / 1e12 : 0, tl * 1e3, flop / tl / 1e12);
+            const double tb = c.gb ? time_call(&c, GBLAS, prods[p].op) : 0;
+            printf("%-18s %-9s %6d %6d %7d %7.3f ms %4.0f  %7.3f ms %4.0f  %7.3f ms %4.0f TFLOP/s\n", sh->name,
+                   prods[p].name, c.K, c.N, R, tg * 1e3, tg > 0 ? flop / tg / 1e12 : 0, tl * 1e3, flop / tl / 1e12,
+                   tb * 1e3, tb > 0 ? flop / tb / 1e12 : 0);
             fflush(stdout);
         }
         mt_device_free(A), mt_device_free(B), mt_device_free(W), mt_device_free(out), mt_device_free(c.offs_d);
@@ -192,5 +212,7 @@ int main(int argc, char **argv)
     }
     mt_gemm_destroy(c.lt);
     mt_cu_gg_destroy(c.gg);
+    mt_gblas_destroy(c.gb);
+    mt_device_free(gb_ptrs), mt_device_free(gb_ws);
     return 0;
 }

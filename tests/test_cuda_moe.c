@@ -936,10 +936,11 @@ static void fill(int32_t *tok, int32_t *tg, int n, unsigned seed)
  * (a head's gradient is -sum over the rows of p_sink dot(dO, O), terms of both signs from the GPU's bf16 dO
  * and O: two numbers, each what is left of a cancelling sum; measured 0.15 at layer 0, the deepest, with
  * cuDNN's attention and with the kernels alike, against 3e-6 in fp32). */
-static void step_matches_cpu_with(mt_arch arch, int precision, mt_attention attention)
+static void step_matches_cpu_path(mt_arch arch, int precision, mt_attention attention, mt_expert_gemm path)
 {
     mt_model_config c = moe_cfg(arch, precision);
     mt_model *gpu = make_with(&c, MT_BACKEND_CUDA, attention), *cpu = make(&c, MT_BACKEND_CPU);
+    gpu->expert_gemm = path;
     decisive_routing(gpu), decisive_routing(cpu);
     enum { B = 2, S = 77, M = 2, N = B * S * M };
     int32_t tok[N], tg[N];
@@ -985,7 +986,27 @@ static void step_matches_cpu_with(mt_arch arch, int precision, mt_attention atte
     mt_model_destroy(cpu);
 }
 
+static void step_matches_cpu_with(mt_arch arch, int precision, mt_attention attention)
+{
+    step_matches_cpu_path(arch, precision, attention, MT_EXPERT_GEMM_AUTO);
+}
 static void step_matches_cpu(mt_arch arch, int precision) { step_matches_cpu_with(arch, precision, MT_ATTENTION_AUTO); }
+
+/* The backward's expert products on each path the backend chooses between by shape (the fixtures' short
+ * row blocks take the kernel for dx and the loop, sized from the forward's routing on the host, for dW):
+ * every product on the grouped kernel, every product on the loop. GPT-OSS: the biases' gradients too. */
+Test(cuda_backend, moe_qwen3_moe_backward_on_the_kernel_bf16)
+{
+    step_matches_cpu_path(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16, MT_ATTENTION_AUTO, MT_EXPERT_GEMM_KERNEL);
+}
+Test(cuda_backend, moe_qwen3_moe_backward_on_the_loop_bf16)
+{
+    step_matches_cpu_path(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16, MT_ATTENTION_AUTO, MT_EXPERT_GEMM_LOOP);
+}
+Test(cuda_backend, moe_gpt_oss_backward_on_the_loop_bf16)
+{
+    step_matches_cpu_path(MT_ARCH_GPT_OSS, MT_PRECISION_BF16, MT_ATTENTION_AUTO, MT_EXPERT_GEMM_LOOP);
+}
 
 Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_fp32) { step_matches_cpu(MT_ARCH_QWEN3_MOE, MT_PRECISION_FP32); }
 Test(cuda_backend, moe_qwen3_moe_step_matches_cpu_bf16) { step_matches_cpu(MT_ARCH_QWEN3_MOE, MT_PRECISION_BF16); }

@@ -96,6 +96,17 @@ struct cu_be {
     size_t es; // bytes per activation element
     mt_gemm *gemm;
     mt_cu_gg *gg; // the grouped expert GEMMs (Hopper, bf16, models with experts); NULL: the loop serves them
+    // The forward's routings on the host: each (unit, micro-batch)'s expert offsets (E + 1 int32), copied
+    // behind the routing while the forward runs, so that the backward knows every expert's rows without a
+    // wait (its recompute routes the same tokens the same way, which a check on the device confirms).
+    int32_t *offs_h;          // pinned, (L + 2) x n_micro x (E + 1)
+    const int32_t *offs_hd;  // the same memory as the device reads it
+    unsigned char *offs_ok;   // (L + 2) x n_micro: the entry holds the forward's offsets for the micro-batch's tokens
+    cudaEvent_t *offs_copied; // (L + 2) x n_micro: the entry's copy
+    int unit;                 // the unit the kernels run for
+    int in_backward;          // in a backward call, whose routing is the forward's again
+    const int32_t *bwd_offs_h, *bwd_offs_d; // the backward's routing: the forward's on the host, the recompute's
+    int bwd_E;
     cudaStream_t h2d, comp, d2h;
     cudaEvent_t slot_loaded[MAX_SLOTS], slot_free[MAX_SLOTS], grad_ready[2], grad_sent[2];
     int gbuf;       // the gradient buffer in use
@@ -590,6 +601,22 @@ static void k_moe_route(void *kc, float *probs, float *topw, int32_t *topi, int3
     OK(b, mt_cu_moe_route(b->comp, probs, topw, topi, rows, slot_row, offs_buf, stats, logits, T, E, k, rt, b->dt),
        "expert routing");
     OK(b, mt_cu_moe_check_offs(b->comp, offs_buf, E, T * k, b->d_check), "expert routing check");
+    if (!b->offs_h || E != b->run.d.E || b->unit < 0 || b->unit > b->L + 1 || b->failed) return;
+    const size_t at = (size_t)b->unit * b->shape.n_micro + b->mb;
+    const size_t n = (size_t)E + 1;
+    b->bwd_offs_h = b->bwd_offs_d = NULL;
+    if (!b->in_backward) { // the forward's: to the host behind the routing, read by this unit's backward
+        CU(b, cudaMemcpyAsync(b->offs_h + at * n, offs_buf, n * 4, cudaMemcpyDeviceToHost, b->comp));
+        CU(b, cudaEventRecord(b->offs_copied[at], b->comp));
+        b->offs_ok[at] = 1;
+    } else if (b->offs_ok[at]) {
+        // recorded a unit visit or more ago: done, unless the host runs that far ahead (it then waits here,
+        // the GPU still busy with what was queued since)
+        CU(b, cudaEventSynchronize(b->offs_copied[at]));
+        OK(b, mt_cu_moe_check_same(b->comp, offs_buf, b->offs_hd + at * n, E, b->d_check), "expert routing check");
+        if (b->failed) return;
+        b->bwd_offs_h = b->offs_h + at * n, b->bwd_offs_d = offs_buf, b->bwd_E = E;
+    }
 }
 
 static void k_moe_route_bwd(void *kc, float *dlogits, const float *dw, const float *probs, const float *topw,
@@ -651,9 +678,14 @@ template <typename F> static void grouped_by_loop(cu_be *b, const int32_t *offs,
         fail_why(b, "expert GEMM: more experts than MT_MAX_EXPERTS");
         return;
     }
-    int32_t h[MT_MAX_EXPERTS + 1];
-    CU(b, cudaMemcpyAsync(h, offs, (size_t)(E + 1) * sizeof *h, cudaMemcpyDeviceToHost, b->comp));
-    CU(b, cudaStreamSynchronize(b->comp));
+    int32_t buf[MT_MAX_EXPERTS + 1];
+    const int32_t *h = buf;
+    if (b->bwd_offs_h && offs == b->bwd_offs_d && E == b->bwd_E) {
+        h = b->bwd_offs_h; // the backward: the forward's offsets, already on the host
+    } else {
+        CU(b, cudaMemcpyAsync(buf, offs, (size_t)(E + 1) * sizeof *buf, cudaMemcpyDeviceToHost, b->comp));
+        CU(b, cudaStreamSynchronize(b->comp));
+    }
     if (b->failed) return;
     for (int e = 0; e < E; e++) {
         const int lo = MT_MIN(MT_MAX(h[e], 0), R), hi = MT_MIN(MT_MAX(h[e + 1], lo), R);
@@ -685,12 +717,38 @@ static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const vo
     });
 }
 
+// Which way an expert product of the backward runs. With the forward's offsets on the host (the
+// backward's products after its recompute routed), either can: the grouped kernel (offsets on the
+// device) or the loop of one cuBLASLt GEMM per expert (sizes from the host offsets, no wait). The rule
+// comes from bench/cuda_grouped_gemm on an H100 (12-06, docs/moe.md): the weight gradient is faster
+// through the loop at every shape measured (263-623 TFLOP/s against the kernel's 151-387); the input
+// gradient through the kernel where the experts' row blocks are short (Qwen3-30B-A3B, ~1024 rows an
+// expert; DeepSeek-V2-Lite ~1536: a tie), through the loop where they are long (Mixtral 4096, GPT-OSS
+// 2048: 554-714 against 412-492). Without host offsets: the kernel, else the loop (which then reads
+// them back). cuBLAS's grouped GEMM was measured too and is not used: slower than both where it runs
+// (240-290), and it refuses fp32 outputs with bf16 operands.
+enum { EP_KERNEL, EP_LOOP };
+static int expert_path(const cu_be *b, int dw, const int32_t *offs, int E, int R, int K, int N)
+{
+    const int kernel = b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N);
+    const int host = b->bwd_offs_h && offs == b->bwd_offs_d && E == b->bwd_E;
+    if (!host) return kernel ? EP_KERNEL : EP_LOOP;
+    switch ((mt_expert_gemm)b->req.expert_gemm) {
+    case MT_EXPERT_GEMM_KERNEL: return kernel ? EP_KERNEL : EP_LOOP;
+    case MT_EXPERT_GEMM_LOOP: return EP_LOOP;
+    case MT_EXPERT_GEMM_AUTO: break;
+    }
+    if (dw) return EP_LOOP;
+    const int long_blocks = R >= 2048 * E; // rows an expert on average
+    return kernel && !long_blocks ? EP_KERNEL : EP_LOOP;
+}
+
 // dx[r, :K] = dy[r, :N] W_e (+ dx) over each expert's rows
 static void k_moe_linear_dx(void *kc, void *dx, int out_f32, const void *dy, const void *W, const int32_t *offs,
                             int E, int R, int K, int N, int accumulate)
 {
     cu_be *b = B(kc);
-    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+    if (expert_path(b, 0, offs, E, R, K, N) == EP_KERNEL) {
         OK(b, mt_cu_gg_linear_dx(b->gg, b->comp, dx, out_f32, dy, W, offs, E, R, K, N, accumulate),
            "expert input-gradient GEMM");
         return;
@@ -712,7 +770,7 @@ static void k_moe_linear_dw(void *kc, float *dW, float *db, const void *dy, cons
            "expert weight-gradient GEMM");
         return;
     }
-    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+    if (expert_path(b, 1, offs, E, R, K, N) == EP_KERNEL) {
         OK(b, mt_cu_gg_linear_dw(b->gg, b->comp, dW, db, dy, x, offs, E, R, K, N), "expert weight-gradient GEMM");
         return;
     }
@@ -1130,6 +1188,31 @@ static mt_status cu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
 
 // ---- set-up ------------------------------------------------------------------------------
 
+// A model with experts, training: the host's copies of the forward's routings (offs_h), E + 1 int32 a
+// unit and micro-batch (50 KB for Qwen3-30B-A3B at 8 micro-batches).
+static mt_status alloc_routing_copies(cu_be *b, mt_err err)
+{
+    const int E = b->run.d.E;
+    if (E <= 0 || !b->shape.want_grad) return MT_OK;
+    const size_t n = (size_t)(b->L + 2) * b->shape.n_micro;
+    void *dev = NULL;
+    if (cudaHostAlloc((void **)&b->offs_h, n * (E + 1) * 4, cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&dev, b->offs_h, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the experts' routings");
+    }
+    b->offs_hd = (const int32_t *)dev;
+    b->offs_ok = (unsigned char *)calloc(n, 1);
+    b->offs_copied = (cudaEvent_t *)calloc(n, sizeof *b->offs_copied);
+    if (!b->offs_ok || !b->offs_copied) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    for (size_t i = 0; i < n; i++)
+        if (cudaEventCreateWithFlags(&b->offs_copied[i], cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            return mt_fail(err, MT_ERR_DEVICE, "cannot create the routing copies' events");
+        }
+    return MT_OK;
+}
+
 static void free_device(cu_be *b)
 {
     if (b->arena) cudaFree(b->arena);
@@ -1142,6 +1225,11 @@ static void free_device(cu_be *b)
     b->rope_long = NULL;
     if (b->ck_pinned) cudaFreeHost(b->ck_pinned);
     b->ck_pinned = NULL;
+    if (b->offs_h) cudaFreeHost(b->offs_h);
+    if (b->offs_copied) destroy_events(b->offs_copied, (b->L + 2) * b->shape.n_micro);
+    free(b->offs_copied), free(b->offs_ok);
+    b->offs_h = NULL, b->offs_hd = NULL, b->offs_copied = NULL, b->offs_ok = NULL;
+    b->bwd_offs_h = b->bwd_offs_d = NULL;
     b->ck_host = b->rc = 0;
     b->keep_att = b->keep_h = b->keep_qkv = 0;
     memset(&b->shape, 0, sizeof b->shape);
@@ -1281,6 +1369,11 @@ static mt_status cu_reserve(mt_be *be, const mt_be_request *r, mt_err err)
         free_device(b);
         return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "cannot allocate pinned memory for the tokens");
     }
+    st = alloc_routing_copies(b, err);
+    if (st) {
+        free_device(b);
+        return st;
+    }
     const int ck_host = b->ck_host; // free_device() below would clear it
     if (ck_host &&
         cudaHostAlloc(&b->ck_pinned, (size_t)ck_host * ck_row_bytes(b), cudaHostAllocPortable) != cudaSuccess) {
@@ -1351,6 +1444,8 @@ static void cu_set_tokens(mt_be *be, int mb, const int32_t *tokens, const int32_
     int32_t *ht = b->h_tokens + (size_t)mb * n, *hg = ht + M * n, *hp = hg + M * n, *hs = hp + M * n, *hw = hs + M * n;
     memcpy(ht, tokens, n * 4);
     CU(b, cudaMemcpyAsync(b->tokens + (size_t)mb * n, ht, n * 4, cudaMemcpyHostToDevice, b->comp));
+    if (b->offs_ok) // new tokens: the forward routes them again before any backward reads its copies
+        for (int u = 0; u < b->L + 2; u++) b->offs_ok[(size_t)u * M + mb] = 0;
     if (targets) {
         memcpy(hg, targets, n * 4);
         CU(b, cudaMemcpyAsync(b->targets + (size_t)mb * n, hg, n * 4, cudaMemcpyHostToDevice, b->comp));
@@ -1507,6 +1602,7 @@ static void cu_forward(mt_be *be, int slot, int unit, int mb)
     cu_be *b = (cu_be *)be;
     const mt_layer_acts a = unit > 0 ? acts_of(b, unit, mb) : mt_layer_acts{};
     const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    b->unit = unit, b->in_backward = 0;
     mt_run_forward(&b->run, unit, mb, &io);
     const int r = unit % 2;
     if (b->ck_host && mb == b->shape.n_micro - 1 && unit <= b->ck_host - 1) { // to the host, behind the next unit
@@ -1525,7 +1621,11 @@ static void cu_backward(mt_be *be, int slot, int unit, int mb)
     cu_be *b = (cu_be *)be;
     const mt_layer_acts a = unit > 0 ? acts_of(b, unit, mb) : mt_layer_acts{};
     const mt_unit_io io = io_of(b, slot, unit, mb, &a);
+    b->unit = unit, b->in_backward = 1;
+    b->bwd_offs_h = b->bwd_offs_d = NULL;
     mt_run_backward(&b->run, unit, mb, &io);
+    b->in_backward = 0;
+    b->bwd_offs_h = b->bwd_offs_d = NULL;
 }
 
 static void cu_head(mt_be *be, int slot, int mb, float loss_scale, int want_grad)
@@ -1681,8 +1781,14 @@ static mt_status cu_sync(mt_be *be, double *loss_sum, double *grad_sumsq, mt_err
     b->armed = 0;
     *loss_sum = v[0];
     *grad_sumsq = v[1];
-    if (bad[0] && !b->failed) {
+    if (bad[0] == 1 && !b->failed) {
         snprintf(b->why, sizeof b->why, "expert routing: %d of %d routed rows placed (non-finite router logits?)",
+                 bad[1], bad[2]);
+        b->failed = 1;
+    } else if (bad[0] == 2 && !b->failed) {
+        snprintf(b->why, sizeof b->why,
+                 "expert routing: the backward's recompute routed differently from the forward (expert %d's first "
+                 "row %d): the forward is not deterministic",
                  bad[1], bad[2]);
         b->failed = 1;
     }

@@ -393,6 +393,22 @@ __global__ void check_offs_k(const int32_t *offs, int E, int expect, int32_t *fl
     flag[0] = 1;
 }
 
+// The recompute's offsets against the forward's (mt_cu_moe_check_same): each thread a stride of the E + 1,
+// the smallest differing expert by an atomicMin in shared memory (the result does not depend on the order).
+__global__ void check_same_k(const int32_t *offs, const int32_t *ref, int E, int32_t *flag)
+{
+    __shared__ int first;
+    if (threadIdx.x == 0) first = E + 1;
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x)
+        if (offs[e] != ref[e]) atomicMin(&first, e);
+    __syncthreads();
+    if (threadIdx.x || first > E || flag[0]) return;
+    flag[1] = first;
+    flag[2] = offs[first];
+    flag[0] = 2;
+}
+
 // Expert e's first row, clamped to [0, R]: a routing that failed its check (reported at the step's end)
 // must not send a kernel out of its buffers meanwhile.
 __device__ __forceinline__ int first_row(const int32_t *offs, int e, int R) { return min(max(offs[e], 0), R); }
@@ -583,6 +599,13 @@ extern "C" int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, 
 {
     if (!offs || !flag || E <= 0 || E > MT_MAX_EXPERTS) return -1;
     check_offs_k<<<1, 1, 0, (cudaStream_t)s>>>(offs, E, expect, flag);
+    return launched();
+}
+
+extern "C" int mt_cu_moe_check_same(mt_cu_stream s, const int32_t *offs, const int32_t *ref, int E, int32_t *flag)
+{
+    if (!offs || !ref || !flag || E <= 0 || E > MT_MAX_EXPERTS) return -1;
+    check_same_k<<<1, 256, 0, (cudaStream_t)s>>>(offs, ref, E, flag);
     return launched();
 }
 

@@ -70,6 +70,11 @@ int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *stats, int L, 
  * rows placed (offs[E]; -1 where the offsets are not nondecreasing from 0), flag[2] expect. The owner
  * reads it where it waits anyway (the CUDA backend: at the step's end) and zeroes it again. One thread. */
 int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, int expect, int32_t *flag);
+/* The same flag for offsets that must equal earlier ones: a backward's recompute of a routing against the
+ * forward's, whose copy on the host the backward's expert GEMMs were sized from (ref: host memory the
+ * device can read, E + 1 int32). A difference makes flag[0] = 2, flag[1] the first expert whose offset
+ * differs, flag[2] the recompute's offset there; a flag already set stays. One block. */
+int mt_cu_moe_check_same(mt_cu_stream s, const int32_t *offs, const int32_t *ref, int E, int32_t *flag);
 /* The grouped GEMM of the kernel table's moe_linear for N <= MT_CU_MOE_SMALL_N outputs a row, reading
  * offs on the device (no copy to the host): y[r, n] = dot(x[r, :K], W_e[n, :K]) (+ bias_e[n]) (+ y[r, n]
  * if accumulate) for every row r of expert e (offs[e] .. offs[e+1]-1, clamped to [0, R]; a row's expert
@@ -141,6 +146,11 @@ static inline int mt_cu_moe_aux_loss(mt_cu_stream s, double *loss, const float *
 static inline int mt_cu_moe_check_offs(mt_cu_stream s, const int32_t *offs, int E, int expect, int32_t *flag)
 {
     (void)s, (void)offs, (void)E, (void)expect, (void)flag;
+    return -1;
+}
+static inline int mt_cu_moe_check_same(mt_cu_stream s, const int32_t *offs, const int32_t *ref, int E, int32_t *flag)
+{
+    (void)s, (void)offs, (void)ref, (void)E, (void)flag;
     return -1;
 }
 static inline int mt_cu_moe_linear_small(mt_cu_stream s, mt_cu_dtype dt, mt_cu_dtype ydt, void *y, const void *x,

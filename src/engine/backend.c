@@ -28,6 +28,7 @@ mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s)
                              .keep_layers_cap = m->keep_layers_cap,
                              .host_checkpoints = m->host_checkpoints,
                              .recomputed_checkpoints = m->recomputed_checkpoints,
+                             .expert_gemm = m->expert_gemm,
                              .host_budget = m->host_budget,
                              .n_ranks = 1,
                              .tiles = &m->tiles,

@@ -25,6 +25,15 @@
 
 typedef struct mt_be mt_be;
 
+/* How the CUDA backend runs the experts' input and weight gradients (mt_be_request.expert_gemm): its rule
+ * by shape, or one path for every product it can take (tests and benchmarks compare them). The forward
+ * and the recompute always run the grouped kernel (their row counts exist only on the device then). */
+typedef enum mt_expert_gemm {
+    MT_EXPERT_GEMM_AUTO = 0,
+    MT_EXPERT_GEMM_KERNEL = 1, /* the grouped Hopper kernel, offsets on the device */
+    MT_EXPERT_GEMM_LOOP = 2    /* one cuBLASLt GEMM per expert, row counts from the forward's routing on the host */
+} mt_expert_gemm;
+
 typedef struct mt_be_shape {
     int n_seq;     /* sequences per micro-batch */
     int seq_len;
@@ -50,6 +59,8 @@ typedef struct mt_be_request {
     uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
     uint32_t recomputed_checkpoints; /* tests: this many checkpoints recomputed (mt_ck_recomputed; 0: the backend's
                                       * rule) */
+    uint32_t expert_gemm;      /* tests and benchmarks: the experts' backward products on one path (mt_expert_gemm;
+                                * 0: the backend's rule by shape) */
     uint64_t host_budget;      /* the host bytes the tiles and the backend's host memory share (0: the policy's
                                 * host_budget_bytes, or what the machine has available) */
     int n_ranks;               /* data parallelism: the backend is one of this many ranks (engine/group.c), its shape

@@ -34,6 +34,8 @@ struct mt_model {
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
     uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
     uint32_t recomputed_checkpoints; /* tests: this many checkpoints recomputed in the backward (0: the backend's rule) */
+    uint32_t expert_gemm;      /* tests and benchmarks: how the CUDA backend runs the experts' backward products
+                                * (mt_expert_gemm; 0: its rule by shape) */
     uint64_t host_budget;  /* the host budget of the last reservation: the policy's, or what the machine had
                             * available then beside the tiles */
     char *caller_json;     /* the last mt_checkpoint_load's mt_checkpoint_info.caller_json */
