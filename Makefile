@@ -15,6 +15,8 @@ BINDIR ?= $(PREFIX)/bin
 MANDIR ?= $(PREFIX)/share/man
 
 CC ?= cc
+# the interpreter of the Python package's checks (Debian's python3 with python3-numpy and python3-pytest)
+PYTHON ?= python3
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # CUDA=1 where nvcc exists, unless the caller says CUDA=0.
@@ -77,7 +79,7 @@ TOOL_SRC := $(sort $(wildcard tools/megatrain/*.c))
 CLI := bin/megatrain
 
 all: $(SHLIB) $(STLIB) $(PCFILE) $(TEST_BIN) $(TOKENIZER_CHECK) $(CHAT_TEMPLATE_CHECK) $(BENCH_BIN) $(if $(TOOL_SRC),$(CLI))
-.PHONY: all test memcheck check demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
+.PHONY: all test memcheck check check-python demo demo-sft setup install uninstall clean check-exports check-abi fuzz fuzz-replay fuzz-seeds
 
 # Objects compiled for one CUDA setting are stale for the other (the CPU-only
 # stand-ins of src/device/device_none.c): a stamp per setting, made anew on a
@@ -240,7 +242,13 @@ check: setup
 	tests/tokenizers.sh
 	tests/chat_templates.sh
 	tests/plot.sh $(CLI)
-	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) tools/install-check.sh
+	$(if $(filter 1,$(CUDA)),CUDA_HOME=$(CUDA_HOME)) PYTHON=$(PYTHON) tools/install-check.sh
+
+# The Python package's tests against this tree's library and CLI, without an
+# install (`make check` runs them on the installed library, pip-installed).
+check-python: $(SHLIB) $(CLI)
+	MEGATRAIN_LIBRARY=lib/$(SONAME) MEGATRAIN_CLI=$(CLI) MEGATRAIN_CFLAGS=-Iinclude PYTHONPATH=bindings/python \
+	  PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 
 # The quick start: set up, build, train the built-in demo, report what it learned.
 demo: setup

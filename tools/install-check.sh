@@ -8,10 +8,12 @@
 # - relocates the install (copies it elsewhere, sets only PKG_CONFIG_PATH) and
 #   builds there again;
 # - runs the same training run in C, C++ (include/megatrain.hpp), Rust (the
-#   megatrain crate, offline against Debian's crates) and Go (the megatrain
-#   package) and requires the same lines from each.
-# Without cargo or go those two are skipped with a line saying so, unless
-# MT_REQUIRE_BINDINGS=1 (CI), which makes a missing toolchain an error.
+#   megatrain crate, offline against Debian's crates), Go (the megatrain
+#   package) and Python (the megatrain package, pip-installed into a virtual
+#   environment, with its pytest suite) and requires the same lines from each.
+# Without cargo, go, or a python3 (PYTHON) with NumPy, pytest and venv those
+# are skipped with a line saying so, unless MT_REQUIRE_BINDINGS=1 (CI), which
+# makes a missing toolchain an error.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -77,9 +79,9 @@ mv "$prefix.moved" "$prefix"
 echo "install-check: the install works when moved, with pkg-config --define-variable=prefix=NEW"
 
 # the same run in every language
-missing() { # toolchain
-  if [ "${MT_REQUIRE_BINDINGS:-0}" = 1 ]; then fail "$1 is missing (MT_REQUIRE_BINDINGS=1)"; fi
-  echo "install-check: skipped the $1 bindings: no $1 on PATH"
+missing() { # toolchain [what is missing]
+  if [ "${MT_REQUIRE_BINDINGS:-0}" = 1 ]; then fail "${2:-$1} is missing (MT_REQUIRE_BINDINGS=1)"; fi
+  echo "install-check: skipped the $1 bindings: ${2:-no $1 on PATH}"
 }
 out="$prefix/out"
 mkdir -p "$out"
@@ -89,7 +91,7 @@ cc -Wall -Wextra -Werror examples/c/train.c $(pkg-config --cflags --libs megatra
 langs="c"
 binding() { # NAME SCRIPT: runs the bindings' own check, shows its summary (all of it on a failure)
   if "$2" "$out" > "$out/$1.log" 2>&1; then
-    grep -E '^(hpp:|rust-check:|check.sh:|ok |test result:)' "$out/$1.log" | sed 's/^/  /'
+    grep -E '^(hpp:|rust-check:|check.sh:|ok |test result:|[0-9]+ passed)' "$out/$1.log" | sed 's/^/  /'
     langs="$langs $1"
   else
     sed 's/^/  /' "$out/$1.log"
@@ -99,9 +101,14 @@ binding() { # NAME SCRIPT: runs the bindings' own check, shows its summary (all 
 binding cpp tests/cpp/check.sh
 if command -v cargo >/dev/null 2>&1; then binding rust bindings/rust/check.sh; else missing cargo; fi
 if command -v go >/dev/null 2>&1; then binding go bindings/go/check.sh; else missing go; fi
+if "${PYTHON:-python3}" -c 'import numpy, pytest, venv, ensurepip' >/dev/null 2>&1; then
+  binding python bindings/python/check.sh
+else
+  missing python "${PYTHON:-python3} lacks NumPy, pytest or venv (python3-numpy, python3-pytest, python3-venv)"
+fi
 tail -n +2 "$out/c.out" > "$out/c.tail"
 for l in $langs; do
   tail -n +2 "$out/$l.out" > "$out/$l.tail"
   diff "$out/c.tail" "$out/$l.tail" || fail "the $l example's run differs from C's (above)"
 done
-echo "install-check: the same run in $(echo "$langs" | sed 's/^c/C/; s/cpp/C++/; s/rust/Rust/; s/go/Go/') through the installed library, line for line: $(tail -n 1 "$out/c.out")"
+echo "install-check: the same run in $(echo "$langs" | sed 's/^c/C/; s/cpp/C++/; s/rust/Rust/; s/go/Go/; s/python/Python/') through the installed library, line for line: $(tail -n 1 "$out/c.out")"

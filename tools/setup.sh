@@ -7,11 +7,14 @@
 #   tokenizers: node and npm, for the reference tokenizers (tests/tokenizers.sh)
 #   bindings: golang-go, and cargo with the Rust crates Debian packages
 #          (offline builds against /usr/share/cargo/registry); a cargo already
-#          on PATH is used as it is, with the packaged crates
+#          on PATH is used as it is, with the packaged crates; for the Python
+#          package NumPy, pytest, venv, and setuptools and wheel (pip builds
+#          it offline, without build isolation)
 set -eu
 pkgs="build-essential pkg-config libnuma-dev libcjson-dev libpcre2-dev libutf8proc-dev libcriterion-dev valgrind
 abigail-tools python3 groff-base
-golang-go librust-pkg-config-dev"
+golang-go librust-pkg-config-dev
+python3-numpy python3-pytest python3-venv python3-setuptools python3-wheel"
 command -v cargo >/dev/null 2>&1 || pkgs="$pkgs cargo"
 # node and npm run the reference tokenizers of tests/tokenizers.sh (whichever
 # node is on PATH will do)
