@@ -747,7 +747,15 @@ static inline void mt_checkpoint_info_init(mt_checkpoint_info *info)
  * removed: of the step folders numbered below this one, the newest is kept
  * (two in all); folders numbered above it (another continuation of the run)
  * and anything that is not a step folder are left alone, as are leftovers of
- * killed saves other than this step's. info may be NULL. */
+ * killed saves other than this step's. info may be NULL.
+ * One writer at a time: the save holds dir's advisory lock, the file
+ * dir/.megatrain.lock locked with flock(2) (LOCK_EX) and holding the
+ * holder's process id in decimal and a newline; while another process holds
+ * it the save fails with MT_ERR_IO naming that process, and changes nothing.
+ * A caller that writes the folder itself may take the same lock around a
+ * whole run, writing its own pid: a lock naming the calling process is taken
+ * as held. The file is removed when the lock is released; one left by a
+ * killed process holds no flock and is taken over. */
 MT_API mt_status mt_checkpoint_save(mt_model *model, const char *dir, const mt_checkpoint_info *info);
 
 /* Loads the checkpoint dir/latest names (or dir itself, when it is a step

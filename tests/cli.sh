@@ -96,8 +96,8 @@ for a in LlamaForCausalLM Qwen2ForCausalLM MistralForCausalLM Qwen3ForCausalLM P
          Gemma3ForCausalLM; do
   has "plan families" "$a"
 done
-has "plan families" "Qwen3-8B  *8.19 B  *106.8  *14.0  *122.1  *16.0"
-has "plan families" "gemma-2-9b  *9.24 B  *120.5  *14.0  *137.7  *16.0"
+has "plan families" "Qwen3-8B  *8.19 B  *106.8  *14.00  *122.1  *16.00  *46.1  *6.05$"
+has "plan families" "gemma-2-9b  *9.24 B  *120.5  *14.00  *137.7  *16.00"
 # mixture of experts: every expert counted in the host's state (30.5 B parameters at 14 bytes each)
 for a in Qwen3MoeForCausalLM MixtralForCausalLM Qwen2MoeForCausalLM GptOssForCausalLM DeepseekV3ForCausalLM \
          DeepseekV2ForCausalLM Llama4ForCausalLM; do
@@ -106,7 +106,7 @@ done
 # DeepSeek-V2-Lite (15.71 B) and Llama 4 Scout's text model (107.77 B), as config_load_real_world_* count them
 has "plan families" "DeepSeek-V2-Lite  *15.71 B"
 has "plan families" "Llama-4-Scout-17B-16E  *107.77 B"
-has "plan families" "Qwen3-30B-A3B  *30.53 B  *398.1  *14.0  *455.0  *16.0"
+has "plan families" "Qwen3-30B-A3B  *30.53 B  *398.1  *14.00  *455.0  *16.00"
 mkdir -p "$dir/q30" && printf '%s' '{"architectures":["Qwen3MoeForCausalLM"],"hidden_size":2048,"intermediate_size":6144,"num_hidden_layers":48,"num_attention_heads":32,"num_key_value_heads":4,"head_dim":128,"max_position_embeddings":40960,"num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true,"vocab_size":151936}' >"$dir/q30/config.json"
 expect "plan moe" 0 "$BIN" plan --config "$dir/q30" --seq-len 4096 --cpu --host-budget 1000
 has "plan moe" "30.532 B parameters in 50 units, bf16, Qwen3-MoE"
@@ -139,6 +139,7 @@ has "lean-quality, a run cut short" "none not found: install Debian's dict-gcide
 
 . tests/cli_runs.sh
 . tests/cli_text.sh
+. tests/cli_guard.sh
 
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

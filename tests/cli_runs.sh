@@ -30,7 +30,8 @@ st=$?
 cp "$dir/sint.log" "$dir/out"
 [ $st -eq 130 ] && ok || bad "SIGINT: exit $st, expected 130"
 has "SIGINT" "stopped by SIGINT after step"
-has "SIGINT" "resume with: megatrain train --steps 40 --out $dir/sint --cpu --threads 1 --log-every 1 --resume $dir/sint/checkpoints"
+# the command names the program as it was run ($BIN), not a `megatrain` that PATH may not have
+has "SIGINT" "resume with: $BIN train --steps 40 --out $dir/sint --cpu --threads 1 --log-every 1 --resume $dir/sint/checkpoints"
 [ -f "$dir/sint/model.safetensors" ] && ok || bad "SIGINT: no model saved"
 [ -f "$dir/sint/checkpoints/latest" ] && ok || bad "SIGINT: no checkpoint"
 expect "SIGINT: resumed" 0 "$BIN" train --steps 40 --out "$dir/sint" $demo --resume "$dir/sint/checkpoints"
@@ -107,25 +108,35 @@ expect "resume: other lr, --force" 0 "$BIN" train $base --out "$dir/sref2" --res
 has "resume: --force" "resuming although the run differs"
 
 # ---- I/O errors do not end a run ----------------------------------------------------
-# The model cannot go to --out (a file stands where its folder would): it goes
-# under $TMPDIR, and the message says where.
-echo "not a folder" > "$dir/blocker"
-mkdir -p "$dir/tmp"
-expect "unwritable --out" 1 env TMPDIR="$dir/tmp" "$BIN" train --steps 3 --out "$dir/blocker/model" $demo
-has "unwritable --out" "could not be saved to $dir/blocker/model"
+# An --out or --checkpoints that cannot be written is refused at start, before
+# any step (tests/cli_guard.sh). One that stops being writable mid-run: the
+# model goes under $TMPDIR, and the message says where.
+mkdir -p "$dir/tmp" "$dir/gone"
+TMPDIR="$dir/tmp" "$BIN" train --steps 40 --out "$dir/gone/model" $demo > "$dir/gone.log" 2>&1 &
+pid=$!
+wait_for "$dir/gone.log" "step     3/40" || bad "unwritable --out: the run did not get going"
+rm -rf "$dir/gone" && echo "not a folder" > "$dir/gone"
+wait $pid
+st=$?
+cp "$dir/gone.log" "$dir/out"
+[ $st -eq 1 ] && ok || bad "unwritable --out: exit $st, expected 1"
+has "unwritable --out" "could not be saved to $dir/gone/model"
 has "unwritable --out" "saved the model to $dir/tmp/megatrain-rescue-"
 ls "$dir"/tmp/megatrain-rescue-*/model.safetensors > /dev/null 2>&1 && ok || bad "no rescued model"
 # Checkpoints that cannot be written: each failure is reported and the run
 # goes on; once the folder can be written again, the next interval saves.
-"$BIN" train --steps 40 --save-every 5 --checkpoints "$dir/blocker/ck" --out "$dir/io" $demo > "$dir/io.log" 2>&1 &
+mkdir -p "$dir/blocker"
+"$BIN" train --steps 60 --save-every 20 --checkpoints "$dir/blocker/ck" --out "$dir/io" $demo > "$dir/io.log" 2>&1 &
 pid=$!
-wait_for "$dir/io.log" "checkpoint of step 5 could not be written" || bad "checkpoint failure not reported"
+wait_for "$dir/io.log" "step     2/60" || bad "checkpoints: the run did not get going"
+rm -rf "$dir/blocker" && echo "not a folder" > "$dir/blocker"
+wait_for "$dir/io.log" "checkpoint of step 20 could not be written" || bad "checkpoint failure not reported"
 rm -f "$dir/blocker" && mkdir -p "$dir/blocker"
 wait $pid
 st=$?
 [ $st -eq 0 ] && ok || { bad "a failed checkpoint ended the run: exit $st"; tail -3 "$dir/io.log"; }
 [ -f "$dir/blocker/ck/latest" ] && ok || bad "no checkpoint after the folder came back"
-grep -q "step    40/40" "$dir/io.log" && ok || bad "the run did not reach its last step"
+grep -q "step    60/60" "$dir/io.log" && ok || bad "the run did not reach its last step"
 
 # ---- configuring a model -------------------------------------------------------------
 python3 - "$dir/tok32.u32" "$dir/tok300.u16" <<'PY'

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -494,6 +495,62 @@ Test(checkpoint, saving_a_step_again_replaces_it)
     for (int i = 0; i < 3; i++) cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "save %d: %s", i, mt_model_errmsg(m));
     cr_assert(exists(dir, "step-00000000"));
     cr_assert(!exists(dir, "step-00000000.old"), "the replaced checkpoint is removed");
+    mt_model_destroy(m);
+    rmdir_all(dir);
+}
+
+/* Takes dir/.megatrain.lock as a writer would (flock, its pid): the fd. */
+static int hold_lock(const char *dir, long pid)
+{
+    char path[4200], text[32];
+    snprintf(path, sizeof path, "%s/.megatrain.lock", dir);
+    const int fd = open(path, O_RDWR | O_CREAT, 0644);
+    cr_assert(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "lock %s", path);
+    const int n = snprintf(text, sizeof text, "%ld\n", pid);
+    cr_assert(ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)n, 0) == n);
+    return fd;
+}
+
+/* One writer at a time: a save into a folder another process has locked
+ * fails, names that process and writes nothing; a lock that names the caller
+ * (held around a whole run) lets its saves through; the save's own lock is
+ * released, its file removed. */
+Test(checkpoint, saves_take_the_folders_lock, .timeout = 60)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_BF16, 32);
+    char *dir = tmpdir();
+    mt_model *m = make(&c, 1, 1);
+    int ready[2], done[2];
+    cr_assert(pipe(ready) == 0 && pipe(done) == 0);
+    const pid_t child = fork();
+    cr_assert(child >= 0);
+    if (child == 0) { /* another writer: holds the lock until told */
+        hold_lock(dir, (long)getpid());
+        char b = 1;
+        (void)!write(ready[1], &b, 1);
+        (void)!read(done[0], &b, 1);
+        _exit(0);
+    }
+    char b;
+    cr_assert(read(ready[0], &b, 1) == 1);
+    cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_ERR_IO);
+    char pid[32];
+    snprintf(pid, sizeof pid, "process %ld", (long)child);
+    cr_assert(strstr(mt_model_errmsg(m), pid), "the message names the holder: %s", mt_model_errmsg(m));
+    cr_assert(!exists(dir, "step-00000000") && !exists(dir, "step-00000000.tmp") && !exists(dir, "latest"),
+              "a refused save writes nothing");
+    (void)!write(done[1], &b, 1);
+    int status;
+    waitpid(child, &status, 0);
+    /* the holder is gone (its file stays, stale): the next save takes it over and removes it */
+    cr_assert(exists(dir, ".megatrain.lock"));
+    cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert(exists(dir, "step-00000000") && !exists(dir, ".megatrain.lock"));
+    /* the caller's own lock, around a run */
+    const int fd = hold_lock(dir, (long)getpid());
+    cr_assert_eq(mt_checkpoint_save(m, dir, NULL), MT_OK, "%s", mt_model_errmsg(m));
+    cr_assert(exists(dir, ".megatrain.lock"), "the caller's lock is the caller's to release");
+    close(fd);
     mt_model_destroy(m);
     rmdir_all(dir);
 }

@@ -997,6 +997,47 @@ Test(data, bad_document_files)
     cr_assert_null(ds);
 }
 
+/* A document file whose magic is damaged is refused as damaged, not read as
+ * raw uint16 (which trains on its header, document ends and mask): a magic a
+ * byte or two off, or one wholly wrong before a header that describes the
+ * file exactly. Read raw only when the caller says so. */
+Test(data, damaged_document_magic_is_not_read_raw)
+{
+    char p[256];
+    uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const uint64_t ends[] = {3, 8};
+    write_docs(tmp_path(p, "damaged.mt"), tok, 8, ends, 2, NULL, 2); /* 96 bytes: whole uint16 */
+    FILE *f = fopen(p, "rb");
+    unsigned char b[200];
+    const size_t n = fread(b, 1, sizeof b, f);
+    fclose(f);
+    static const char *const magics[] = {"MTTOKEN\x01", "MTT0KEN5", "XXXXXXXX"};
+    for (int i = 0; i < 3; i++) {
+        memcpy(b, magics[i], 8);
+        write_bytes(p, b, n);
+        mt_dataset_options o = options(MT_TOKENS_AUTO, 4, 0.0f);
+        o.vocab_size = 65536;
+        mt_dataset *ds = NULL;
+        cr_assert_eq(mt_dataset_open(&ds, p, &o), MT_ERR_FORMAT, "magic %d", i);
+        cr_assert(strstr(mt_last_errmsg(), "starts like a megatrain document file") &&
+                      strstr(mt_last_errmsg(), "damaged.mt"),
+                  "%s", mt_last_errmsg());
+        cr_assert_null(ds);
+        o.format = MT_TOKENS_U16;
+        ds = open_ok(p, &o);
+        cr_assert_eq(mt_dataset_num_tokens(ds), n / 2);
+        mt_dataset_close(ds);
+    }
+    /* the same header one byte longer describes no file: raw uint16, as any other */
+    b[n] = 0;
+    write_bytes(p, b, n + 2);
+    mt_dataset_options o = options(MT_TOKENS_AUTO, 4, 0.0f);
+    o.vocab_size = 65536;
+    mt_dataset *ds = open_ok(p, &o);
+    cr_assert_eq(mt_dataset_num_tokens(ds), n / 2 + 1);
+    mt_dataset_close(ds);
+}
+
 /* ---- the document writer (mt_doc_writer) --------------------------------------- */
 
 TestSuite(doc_writer, .init = make_tmp_dir, .fini = remove_tmp_dir);
@@ -1129,6 +1170,19 @@ Test(doc_writer, a_missing_directory_is_named)
 
 /* Abandoned: neither the file nor its temporary, and an older file under
  * the name stays as it was. */
+/* A folder at the path is refused at once, not by the rename at the end. */
+Test(doc_writer, a_folder_is_refused_at_create)
+{
+    char p[256], tmp[300];
+    cr_assert_eq(mkdir(tmp_path(p, "folder.mt"), 0755), 0);
+    mt_doc_writer *w = NULL;
+    cr_assert_eq(mt_doc_writer_create(&w, p, 100), MT_ERR_IO);
+    cr_assert(strstr(mt_last_errmsg(), "is a folder") && strstr(mt_last_errmsg(), "folder.mt"), "%s", mt_last_errmsg());
+    cr_assert_null(w);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    cr_assert_neq(access(tmp, F_OK), 0, "no temporary is left");
+}
+
 Test(doc_writer, an_unfinished_writer_leaves_no_file)
 {
     char p[256], q[300];

@@ -369,7 +369,7 @@ segment $seg: $from_txt, to the end before the kill planned at step $target; exi
       check "SIGTERM: no 'stopped by SIGTERM after step $reached'" grep -q "stopped by SIGTERM after step $reached of" "$run/seg-$seg.out"
       check "SIGTERM: the checkpoint is of step $newest, the last logged step is $reached" [ "$newest" = "$reached" ]
       check "SIGTERM: the model was not saved" grep -q "saved the model to" "$run/seg-$seg.out"
-      check "SIGTERM: no resume command printed" grep -q "resume with: megatrain train .* --resume $ck\$" "$run/seg-$seg.out" ;;
+      check "SIGTERM: no resume command printed" grep -q "resume with: $bin train .* --resume $ck\$" "$run/seg-$seg.out" ;;
     int2)
       check "two SIGINTs: the second did not stop at once" grep -q "second signal: stopping now" "$run/seg-$seg.out" ;;
   esac

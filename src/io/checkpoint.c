@@ -249,7 +249,21 @@ static void prune(const char *dir, uint64_t keep)
     free(below);
 }
 
+static mt_status save_locked(mt_err err, const mt_model_files *m, const char *dir, const mt_checkpoint_info *info_in);
+
+/* The save under the folder's lock (MT_LOCK_NAME, fileio.h): two writers of
+ * one folder would replace each other's step folders and `latest`. */
 mt_status mt_ck_save(mt_err err, const mt_model_files *m, const char *dir, const mt_checkpoint_info *info_in)
+{
+    mt_status st;
+    int lock;
+    if ((st = mt_mkdir_p(err, dir)) || (st = mt_lock_dir(err, dir, &lock))) return st;
+    st = save_locked(err, m, dir, info_in);
+    mt_unlock_dir(dir, lock);
+    return st;
+}
+
+static mt_status save_locked(mt_err err, const mt_model_files *m, const char *dir, const mt_checkpoint_info *info_in)
 {
     mt_checkpoint_info info;
     mt_checkpoint_info_init(&info);
@@ -257,10 +271,6 @@ mt_status mt_ck_save(mt_err err, const mt_model_files *m, const char *dir, const
     if (info_in && (st = mt_copy_in(err, &info, sizeof info, info_in, MT_FIRST_SIZE_CHECKPOINT_INFO, "mt_checkpoint_info"))) return st;
     cJSON *caller;
     if ((st = parse_caller_json(err, info.caller_json, &caller))) return st;
-    if ((st = mt_mkdir_p(err, dir))) {
-        cJSON_Delete(caller);
-        return st;
-    }
 
     char name[32], final[4096], tmp[4200], old[4200], path[4096];
     snprintf(name, sizeof name, "step-%08" PRIu64, m->step);

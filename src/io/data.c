@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -251,6 +252,25 @@ static int looks_like_u32(const unsigned char *p, uint64_t size)
     return low_nonzero;
 }
 
+/* A file that is not a document file (its magic is not intact) but starts
+ * like one: a magic that differs from DOCS_MAGIC in at most two bytes, or a
+ * header whose fields describe exactly this file. Read as raw uint16 it
+ * would train on the header, the document ends and the mask. */
+static int damaged_docs(const unsigned char *p, uint64_t size)
+{
+    if (size < DOCS_HEADER_BYTES) return 0;
+    int differ = 0;
+    for (int i = 0; i < 8; i++) differ += p[i] != (unsigned char)DOCS_MAGIC[i];
+    if (differ <= 2) return 1;
+    const uint32_t version = header_word(p, 2), tok_bytes = header_word(p, 3), flags = header_word(p, 9);
+    const uint64_t n_tokens = load_le64(p + 16), n_docs = load_le64(p + 24);
+    if (version != DOCS_VERSION || (tok_bytes != 2 && tok_bytes != 4) || (flags & ~DOCS_HAS_MASK) ||
+        n_tokens >= DOCS_MAX_COUNT || n_docs >= DOCS_MAX_COUNT || n_docs == 0 || n_docs > n_tokens)
+        return 0;
+    const uint64_t docs_end = DOCS_HEADER_BYTES + (n_tokens * tok_bytes + 7) / 8 * 8 + n_docs * 8;
+    return size == docs_end + ((flags & DOCS_HAS_MASK) ? (n_tokens + 7) / 8 : 0);
+}
+
 /* Works out where the tokens are and how many there are; the mapping covers
  * the whole file. */
 static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint32_t *format, uint32_t vocab_size)
@@ -262,6 +282,17 @@ static mt_status parse_layout(mt_err err, mt_dataset *ds, const char *path, uint
         *format = size >= DOCS_HEADER_BYTES && !memcmp(p, DOCS_MAGIC, 8)                 ? MT_TOKENS_DOCS
                   : size >= LLMC_HEADER_BYTES && header_word(p, 0) == LLMC_MAGIC ? MT_TOKENS_LLMC
                                                                                    : MT_TOKENS_U16;
+        if (*format == MT_TOKENS_U16 && damaged_docs(p, size)) {
+            char shown[40]; /* the magic as it is, its unprintable bytes as \xNN */
+            size_t k = 0;
+            for (int i = 0; i < 8; i++)
+                k += (size_t)snprintf(shown + k, sizeof shown - k, p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\' ? "%c" : "\\x%02x", p[i]);
+            return mt_fail(err, MT_ERR_FORMAT,
+                           "token file '%s' starts like a megatrain document file, but its magic is '%s', not '%s': "
+                           "the file is damaged (write it again; to read it as raw uint16 anyway, give that format: "
+                           "MT_TOKENS_U16, the CLI's --format u16)",
+                           path, shown, DOCS_MAGIC);
+        }
         /* a raw file is taken for uint16 only where nothing says otherwise */
         if (*format == MT_TOKENS_U16 && vocab_size > 0x10000)
             return mt_fail(err, MT_ERR_FORMAT,

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define WRITE_BUF_BYTES (64u << 10)
@@ -105,6 +106,10 @@ mt_status mt_doc_writer_create(mt_doc_writer **out, const char *path, uint32_t v
         return mt_fail(err, MT_ERR_INVALID_ARGUMENT,
                        "mt_doc_writer_create: vocab_size %u is outside [1, 2^31] (ids are int32)", vocab_size);
     if (strlen(path) >= PATH_BYTES) return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "path too long: %s", path);
+    /* found at the end, by the rename, a folder would cost the whole tokenizing */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return mt_fail(err, MT_ERR_IO, "cannot create document file '%s': it is a folder", path);
     mt_doc_writer *w = calloc(1, sizeof *w);
     if (!w) return mt_fail(err, MT_ERR_OUT_OF_HOST_MEMORY, "out of host memory for a document writer");
     mt_status st;

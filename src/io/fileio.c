@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #define JSON_MAX_BYTES (64u << 20) /* a config.json or index larger than this is not one */
@@ -182,4 +184,68 @@ mt_status mt_write_file_atomic(mt_err err, const char *path, const void *data, s
         return mt_fail(err, MT_ERR_IO, "cannot write %s: %s", path, strerror(e));
     }
     return MT_OK;
+}
+
+/* The pid a lock file names, or 0. */
+static long lock_owner(int fd)
+{
+    char buf[32];
+    const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    const long pid = strtol(buf, NULL, 10);
+    return pid > 0 ? pid : 0;
+}
+
+mt_status mt_lock_dir(mt_err err, const char *dir, int *fd_out)
+{
+    char path[4200];
+    *fd_out = -1;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, MT_LOCK_NAME) >= sizeof path)
+        return mt_fail(err, MT_ERR_INVALID_ARGUMENT, "path too long: %s", dir);
+    for (int tries = 0;; tries++) {
+        const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) return mt_fail(err, MT_ERR_IO, "cannot create the lock %s: %s", path, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const int e = errno;
+            long owner = lock_owner(fd);
+            /* the holder writes its pid just after it takes the lock */
+            for (int wait = 0; e == EWOULDBLOCK && !owner && wait < 100; wait++) {
+                const struct timespec ms = {0, 10 * 1000 * 1000};
+                nanosleep(&ms, NULL);
+                owner = lock_owner(fd);
+            }
+            close(fd);
+            if (e == EWOULDBLOCK && owner == (long)getpid()) return MT_OK; /* the caller's, around a whole run */
+            if (e == EWOULDBLOCK)
+                return mt_fail(err, MT_ERR_IO, "%s is in use by process %ld (its lock %s): one writer at a time", dir,
+                               owner, path);
+            return mt_fail(err, MT_ERR_IO, "cannot lock %s: %s", path, strerror(e));
+        }
+        /* the holder before us may have removed the file between our open and
+         * our flock: then the lock is on a name no one else will open */
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            char pid[32];
+            const int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+                const int e = errno;
+                close(fd);
+                return mt_fail(err, MT_ERR_IO, "cannot write the lock %s: %s", path, strerror(e));
+            }
+            *fd_out = fd;
+            return MT_OK;
+        }
+        close(fd);
+        if (tries == 100) return mt_fail(err, MT_ERR_IO, "cannot lock %s: it keeps being replaced", path);
+    }
+}
+
+void mt_unlock_dir(const char *dir, int fd)
+{
+    if (fd < 0) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, MT_LOCK_NAME);
+    unlink(path); /* while held: whoever opens the name next makes a new file */
+    close(fd);
 }

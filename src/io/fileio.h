@@ -27,4 +27,19 @@ mt_status mt_sync_dir(mt_err err, const char *dir);
 /* Replaces path with data: written to path.tmp, fsynced, renamed. */
 mt_status mt_write_file_atomic(mt_err err, const char *path, const void *data, size_t n);
 
+/* The advisory lock of a folder that a writer owns for a while (a checkpoint
+ * folder, a run's output folder): MT_LOCK_NAME in it, held with flock(2) and
+ * holding the owner's process id and a newline. The kernel drops a flock
+ * when its holder dies, so a lock file left by a killed process is stale and
+ * taken over; the pid in it only names a live holder in messages. A program
+ * may hold the lock of a folder around a whole run (megatrain train does) and
+ * then call the library's writers on it: a lock whose file names this
+ * process is taken as held. */
+#define MT_LOCK_NAME ".megatrain.lock"
+/* Takes dir's lock: *fd >= 0 is the lock this call took (mt_unlock_dir
+ * releases it), -1 when this process already held it; MT_ERR_IO naming the
+ * holder's pid when another process holds it. dir must exist. */
+mt_status mt_lock_dir(mt_err err, const char *dir, int *fd);
+void mt_unlock_dir(const char *dir, int fd);
+
 #endif

@@ -23,9 +23,11 @@ static mt_status get_u32(mt_err err, const cJSON *o, const char *key, uint32_t *
         if (required) return mt_fail(err, MT_ERR_FORMAT, "%s lacks \"%s\"", path, key);
         return MT_OK;
     }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 4294967295.0 ||
-        v->valuedouble != floor(v->valuedouble))
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble != floor(v->valuedouble))
         return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
+    if (v->valuedouble > 4294967295.0) /* an integer, but not one a uint32 holds */
+        return mt_fail(err, MT_ERR_FORMAT, "%s: \"%s\" is %.17g, above the largest this library reads (4294967295)",
+                       path, key, v->valuedouble);
     *out = (uint32_t)v->valuedouble;
     return MT_OK;
 }

@@ -50,6 +50,61 @@ void cli_fmt_duration(char *buf, size_t n, double seconds);
 /* The library's log lines, on stderr, prefixed. */
 void cli_log(mt_log_level level, const char *text, void *user);
 
+/* The path the program was run by (main's argv[0]), for the commands it prints. */
+extern const char *cli_program;
+/* A parameter count for messages: "4.19 M", "53.2 K", "8.03 B". */
+void cli_fmt_params(char *buf, size_t n, uint64_t count);
+
+/* ---- what a command reads and writes (guard.c) ---------------------------- */
+
+/* The files a command reads, by device and inode: an output that is one of
+ * them (a link to it, a second name of it included) is refused before any
+ * work, since writing it would destroy the input. */
+typedef struct cli_input {
+    uint64_t dev, ino;
+    int dir;
+    char path[4200];
+    char what[32]; /* the option that named it: "--data" */
+} cli_input;
+typedef struct cli_inputs {
+    cli_input *v;
+    int n, cap;
+} cli_inputs;
+/* path (when it exists) and, for a folder, the regular files in it. */
+void cli_input_add(cli_inputs *in, const char *what, const char *path);
+void cli_inputs_free(cli_inputs *in);
+/* Exits with a message when path (an output: what names its option) is an input. */
+void cli_output_check(const cli_inputs *in, const char *what, const char *path);
+/* The same for a folder the command writes, and the files names[] (NULL-ended) in it. */
+void cli_output_dir_check(const cli_inputs *in, const char *what, const char *dir, const char *const *names);
+/* Standard output or error redirected into an input file: refused. */
+void cli_std_check(const cli_inputs *in);
+/* mkdir -p, or exit naming what stands in the way; the folders it made are
+ * removed at exit while they are still empty. */
+void cli_make_dir(const char *what, const char *dir);
+/* Creates and removes a file in dir, or exits: the folder can be written. */
+void cli_probe_dir(const char *what, const char *dir);
+/* A file the command will write: one that exists can be opened for
+ * writing (nothing is changed), else its folder exists and can be written;
+ * or exits. */
+void cli_probe_file(const char *what, const char *path);
+/* The bytes free to this user on dir's file system, and the file system's id; -1 when unknown. */
+int cli_free_bytes(const char *dir, uint64_t *free_bytes, uint64_t *fs);
+
+/* An advisory lock: lock_path locked with flock(2) and holding this
+ * process's id, as the library's checkpoint lock (DIR/.megatrain.lock,
+ * mt_checkpoint_save). cli_lock_take exits naming the holder when another
+ * process has it; a lock file whose holder died holds no flock and is taken
+ * over (said on stdout). Released, and its file removed, by
+ * cli_lock_release or at exit. */
+typedef struct cli_lock {
+    int fd, held;
+    char path[4300];
+} cli_lock;
+#define CLI_LOCK_NAME ".megatrain.lock"
+void cli_lock_take(cli_lock *l, const char *what, const char *target, const char *lock_path);
+void cli_lock_release(cli_lock *l);
+
 /* ---- the built-in arithmetic demo (demo.c) ------------------------------ */
 
 /* The demo's problems: two-digit operands, so the model must learn carries.

@@ -50,6 +50,17 @@ void cli_die(const char *fmt, ...)
     exit(1);
 }
 
+const char *cli_program = "megatrain";
+
+void cli_fmt_params(char *buf, size_t n, uint64_t count)
+{
+    const double c = (double)count;
+    if (c >= 1e9) snprintf(buf, n, "%.2f B", c / 1e9);
+    else if (c >= 1e6) snprintf(buf, n, "%.*f M", c >= 1e8 ? 0 : c >= 1e7 ? 1 : 2, c / 1e6);
+    else if (c >= 1e3) snprintf(buf, n, "%.1f K", c / 1e3);
+    else snprintf(buf, n, "%llu", (unsigned long long)count);
+}
+
 int cli_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
 
 int cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
@@ -207,6 +218,7 @@ int cmd_info(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    if (argc > 0 && argv[0] && *argv[0]) cli_program = argv[0];
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         cli_print_families(argc < 2 ? stderr : stdout);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char prepare_help[] =
     "usage: megatrain prepare --tokenizer DIR|FILE [--chat-template NAME|FILE] [--text-lines] -o OUT INPUT...\n"
@@ -308,6 +309,26 @@ int cmd_prepare(int argc, char **argv)
     if (!tok_path) cli_die("prepare: give the tokenizer with --tokenizer DIR|FILE");
     if (!out) cli_die("prepare: give the output file with -o FILE");
     if (!n_inputs) cli_die("prepare: give at least one input file");
+    /* before any work: -o is a file this command may write, and none it reads */
+    cli_inputs in = {0};
+    cli_input_add(&in, "--tokenizer", tok_path);
+    struct stat sb;
+    if (stat(tok_path, &sb) == 0 && !S_ISDIR(sb.st_mode)) { /* a tokenizer.json: the config files beside it */
+        static const char *const beside[] = {"tokenizer_config.json", "chat_template.jinja"};
+        const char *slash = strrchr(tok_path, '/');
+        for (int i = 0; i < 2; i++) {
+            char path[4200];
+            snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - tok_path + 1) : 0, tok_path, beside[i]);
+            cli_input_add(&in, "--tokenizer", path);
+        }
+    }
+    cli_input_add(&in, "--chat-template", chat_named);
+    for (int i = 0; i < n_inputs; i++) cli_input_add(&in, "input", inputs[i]);
+    cli_std_check(&in);
+    if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode)) cli_die("prepare: -o %s is a folder; give the token file to write", out);
+    cli_output_check(&in, "-o", out);
+    cli_inputs_free(&in);
+    cli_probe_file("prepare: -o", out);
     prep p = {0};
     if (mt_tokenizer_load(&p.tok, tok_path) != MT_OK) cli_die("%s", mt_last_errmsg());
     chat_eos(tok_path, eos, sizeof eos);

@@ -135,7 +135,7 @@ static int64_t *list_steps(const char *dir, int *n)
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t s = run_step_of(e->d_name);
-        char path[4200];
+        char path[4400]; /* a folder of up to 4096 bytes and a name of up to 255 */
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (s < 0 || !is_dir(path)) continue;
         if (*n == cap && !(v = realloc(v, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *v))) cli_die("out of memory");
@@ -161,7 +161,7 @@ static int clean_leftovers(const char *dir)
     struct dirent *e;
     while ((e = readdir(d))) {
         const size_t len = strlen(e->d_name);
-        char path[4200], base[4200];
+        char path[4400], base[4400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (len > 4 && !strcmp(e->d_name + len - 4, ".tmp") &&
             (!strncmp(e->d_name, "step-", 5) || !strcmp(e->d_name, "latest.tmp"))) {
@@ -210,8 +210,7 @@ static void parent_of(const char *path, char *out, size_t n)
     else *slash = '\0';
 }
 
-void run_ckpt_prepare(run_ckpt *c, const char *resume, const char *checkpoints, const char *out, int restart,
-                      int force)
+void run_ckpt_resolve(run_ckpt *c, const char *resume, const char *checkpoints, const char *out)
 {
     memset(c, 0, sizeof *c);
     c->resume_step = -1;
@@ -240,7 +239,10 @@ void run_ckpt_prepare(run_ckpt *c, const char *resume, const char *checkpoints, 
         snprintf(c->dir, sizeof c->dir, "%s/checkpoints", out);
     }
     if (resume && !is_dir(c->dir)) cli_die("--resume %s: no such folder", resume);
+}
 
+void run_ckpt_prepare(run_ckpt *c, const char *resume, int restart, int force)
+{
     int n = clean_leftovers(c->dir);
     if (n) printf("removed %d leftover(s) of a save that was killed from %s\n", n, c->dir);
     int n_steps;

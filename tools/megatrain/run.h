@@ -27,14 +27,16 @@ typedef struct run_ckpt {
     char resume_path[4200]; /* the step folder resumed from */
 } run_ckpt;
 
-/* Resolves the folder and makes it safe to use, or exits with a message:
- * leftovers of killed saves removed; a new run refuses a folder that holds
- * checkpoints unless restart (which deletes them); --resume of a step folder
- * continues in its parent, of a folder from its newest complete checkpoint
+/* Resolves the folder (writing nothing), or exits with a message: --resume
+ * of a step folder continues in its parent. */
+void run_ckpt_resolve(run_ckpt *c, const char *resume, const char *checkpoints, const char *out);
+/* Makes the resolved folder safe to use (the run holds its lock by then), or
+ * exits with a message: leftovers of killed saves removed; a new run refuses
+ * a folder that holds checkpoints unless restart (which deletes them);
+ * --resume of a folder continues from its newest complete checkpoint
  * (repairing a stale `latest`); checkpoints after the one resumed from are
  * refused unless force (which renames them superseded-step-N). */
-void run_ckpt_prepare(run_ckpt *c, const char *resume, const char *checkpoints, const char *out, int restart,
-                      int force);
+void run_ckpt_prepare(run_ckpt *c, const char *resume, int restart, int force);
 int64_t run_step_of(const char *name);
 
 /* A file's size and a fingerprint of its contents (16 hex digits); -1 with

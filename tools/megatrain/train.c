@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ static const char train_help[] =
     "  --format F         its format: auto (default: llm.c .bin by its header, else raw uint16), u16, u32, llmc\n"
     "  --model DIR        start from this Hugging Face model folder\n"
     "  --config FILE      a new model described by a Hugging Face config.json (the file or its folder)\n"
-    "  --vocab N          the vocabulary of a new model (default 32000; with --tokenizer, its own)\n"
+    "  --vocab N          the vocabulary of a new model (default: the tokenizer's, else --config's, else 32000)\n"
     "  --tokenizer DIR    the tokenizer of a new model (a tokenizer.json or its folder): saved with the model\n"
     "  --layers N --hidden N --heads N --kv-heads N --ffn N   the shape of a new model (over --config)\n"
     "  --precision P      bf16 (the default: 14 bytes of host state per parameter), fp32 (16), or lean\n"
@@ -94,7 +95,13 @@ static const char train_help[] =
     "the model, prints the command that resumes, and exits with 128 + the signal (130, 143); a second\n"
     "signal stops at once, leaving the last complete checkpoint intact. A checkpoint that cannot be\n"
     "written is reported and tried again at the next interval; a model that cannot be saved to --out is\n"
-    "saved under $TMPDIR instead.\n";
+    "saved under $TMPDIR instead.\n"
+    "\n"
+    "Before any step: --out, the checkpoint folder and --log-file are locked for the whole run (a second\n"
+    "run into one of them is refused, naming the first; the lock is DIR/.megatrain.lock, or FILE.lock), no\n"
+    "output may be an input (--data, --model, --config, --tokenizer), and each output must be writable\n"
+    "with room for the model and a checkpoint. A log that cannot be written mid-run is reported once, and\n"
+    "the run ends with status 1.\n";
 
 static void parse_train(int argc, char **argv, train_args *a)
 {
@@ -166,6 +173,8 @@ static void parse_train(int argc, char **argv, train_args *a)
     if (a->resume && a->restart) cli_die("train: --resume continues a run and --restart starts one over: pick one");
     if (!a->data && (a->config || a->vocab > 0 || a->tokenizer))
         cli_die("train: --config, --vocab and --tokenizer describe a model for --data; the demo has its own");
+    if (a->model_dir && (a->vocab > 0 || a->layers > 0 || a->hidden > 0 || a->heads > 0 || a->kv_heads > 0 || a->ffn > 0))
+        cli_die("train: --model brings its own shape and vocabulary; --vocab and the shape options are for a new model");
     if (a->tokenizer && a->model_dir)
         cli_die("train: --model brings its own tokenizer (saved with the model); --tokenizer is for a new model");
     if (a->n_devices && a->cpu) cli_die("train: --devices names GPUs; --cpu trains without one: pick one");
@@ -196,7 +205,9 @@ typedef struct run {
     run_ckpt ck;
     cJSON *identity; /* the settings a resume must match ("run" in each checkpoint) */
     cJSON *history;  /* trainer_state.json's log_history: the logged steps and held-out losses */
-    FILE *log;       /* --log-file */
+    int log_fd;      /* --log-file, or -1 */
+    int log_lost;    /* the first step the log could not take, or 0 */
+    cli_lock out_lock, ck_lock, log_lock; /* the run's outputs are its own */
     int32_t *tok, *tg;
     mt_batch batch;
     uint64_t saved_step; /* the step of the last checkpoint written, or resumed from */
@@ -369,7 +380,8 @@ static int save_model(run *r)
 /* The command that continues this run: the same options, with --resume. */
 static void print_resume_hint(const run *r)
 {
-    fprintf(stderr, "megatrain: resume with: megatrain train");
+    fprintf(stderr, strpbrk(cli_program, " \t'\"$\\") ? "megatrain: resume with: '%s' train" : "megatrain: resume with: %s train",
+            cli_program);
     for (int i = 1; i < r->a->argc; i++) {
         const char *s = r->a->argv[i];
         if (!strcmp(s, "--restart") || !strcmp(s, "--force")) continue;
@@ -381,6 +393,40 @@ static void print_resume_hint(const run *r)
         fprintf(stderr, strpbrk(s, " \t'\"$\\") ? " '%s'" : " %s", s);
     }
     fprintf(stderr, " --resume %s\n", r->ck.dir);
+}
+
+/* One step's line of the metrics log, whole or not at all: a line that could
+ * not be written entirely is cut off again, so the log never ends torn. The
+ * first failure is reported and ends the log; the run goes on, and its exit
+ * status says the log is short. */
+static void write_log_line(run *r, int s, const mt_step_stats *stats, double el, double held)
+{
+    cJSON *j = run_record((uint64_t)s, stats, el, held);
+    char *line = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!line) cli_die("out of memory");
+    const size_t n = strlen(line);
+    line[n] = '\n'; /* over the NUL: written as one piece */
+    struct stat sb;
+    const int regular = fstat(r->log_fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    const off_t before = regular ? lseek(r->log_fd, 0, SEEK_END) : 0;
+    size_t done = 0;
+    errno = 0;
+    while (done < n + 1) {
+        const ssize_t w = write(r->log_fd, line + done, n + 1 - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+    const int e = done == n + 1 ? 0 : errno ? errno : EIO;
+    cJSON_free(line);
+    if (!e) return;
+    if (regular && before >= 0 && ftruncate(r->log_fd, before) != 0) {
+        /* the torn line stays; what follows would join it, so nothing does */
+    }
+    r->log_lost = s;
+    fprintf(stderr, "megatrain: cannot write to --log-file %s: %s: the log stops before step %d; the run goes on, "
+            "and ends with status 1\n", r->a->log_file, strerror(e), s);
 }
 
 /* Steps from the model's step count up to r->steps, with progress lines,
@@ -401,7 +447,10 @@ static int run_steps(run *r, const mt_optim_config *o)
         if (st != MT_OK) {
             r->src.position = position; /* the batch is read again by whoever continues */
             if (st != MT_ERR_ABORTED) {
-                fprintf(stderr, "megatrain: step %d: %s\n", s, mt_model_errmsg(r->m));
+                const char *why = mt_model_errmsg(r->m);
+                /* the library's message may name the step already */
+                if (!strncmp(why, "step ", 5)) fprintf(stderr, "megatrain: %s\n", why);
+                else fprintf(stderr, "megatrain: step %d: %s\n", s, why);
                 failed = 1;
             }
             break;
@@ -415,14 +464,7 @@ static int run_steps(run *r, const mt_optim_config *o)
             run_hold_off_signals(0);
         }
         const double el = cli_now() - t0;
-        if (r->log) {
-            cJSON *j = run_record((uint64_t)s, &stats, el, held);
-            char *line = cJSON_PrintUnformatted(j);
-            if (!line || fprintf(r->log, "%s\n", line) < 0 || fflush(r->log))
-                fprintf(stderr, "megatrain: cannot write to %s: %s\n", a->log_file, strerror(errno));
-            cJSON_free(line);
-            cJSON_Delete(j);
-        }
+        if (r->log_fd >= 0 && !r->log_lost) write_log_line(r, s, &stats, el, held);
         if (s % a->log_every == 0 || last || s == first || !isnan(held)) {
             cJSON_AddItemToArray(r->history, run_record((uint64_t)s, &stats, el, held));
             const double left = el / (s - first + 1) * (r->steps - s);
@@ -445,8 +487,9 @@ static int run_steps(run *r, const mt_optim_config *o)
         if (sig) {
             fprintf(stderr, "megatrain: stopped by %s after step %llu of %d%s\n", run_signal_name(sig),
                     (unsigned long long)step, r->steps,
-                    kept ? "" : step ? "; no checkpoint could be written" : "; no step was taken");
-            save_model(r);
+                    kept ? "" : step ? "; no checkpoint could be written" : "; no step was taken: nothing is saved");
+            /* an untrained model would replace whatever --out held */
+            if (step) save_model(r);
         }
         if (kept) {
             fprintf(stderr, "megatrain: checkpoint of step %llu in %s\n", (unsigned long long)step, r->ck.dir);
@@ -457,6 +500,11 @@ static int run_steps(run *r, const mt_optim_config *o)
     int rc = 0;
     if ((a->save_every || a->resume) && step != r->saved_step) rc |= save_checkpoint(r);
     rc |= save_model(r);
+    if (r->log_lost) {
+        fprintf(stderr, "megatrain: --log-file %s lacks steps %d to %d: they could not be written\n", a->log_file,
+                r->log_lost, r->steps);
+        rc = 1;
+    }
     return rc;
 }
 
@@ -570,15 +618,129 @@ static int train_model(run *r, const mt_optim_config *o)
         printf("resumed from %s at step %llu\n", r->ck.resume_path, (unsigned long long)info.step);
         if (a->log_file) run_log_trim(a->log_file, info.step);
     }
-    if (a->log_file && !(r->log = fopen(a->log_file, r->ck.resume_step >= 0 ? "a" : "w")))
-        cli_die("cannot open --log-file %s: %s", a->log_file, strerror(errno));
+    r->log_fd = -1;
+    if (a->log_file) {
+        /* a new run's log starts empty; a regular file only: a device or a pipe is written as it is */
+        struct stat sb;
+        const int truncate = r->ck.resume_step < 0 && stat(a->log_file, &sb) == 0 && S_ISREG(sb.st_mode);
+        if ((r->log_fd = open(a->log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
+                              0666)) < 0)
+            cli_die("cannot open --log-file %s: %s", a->log_file, strerror(errno));
+    }
     int rc = run_steps(r, o);
-    if (r->log && fclose(r->log)) fprintf(stderr, "megatrain: writing %s: %s\n", a->log_file, strerror(errno));
+    if (r->log_fd >= 0 && close(r->log_fd) && !r->log_lost) {
+        fprintf(stderr, "megatrain: writing --log-file %s: %s\n", a->log_file, strerror(errno));
+        rc = rc ? rc : 1;
+    }
     cJSON_Delete(r->history);
     cJSON_Delete(r->identity);
     free(r->tok);
     free(r->tg);
     return rc;
+}
+
+/* What a model folder written by this run holds: a file of an input by one
+ * of these names in --out would be replaced. */
+static const char *const model_files[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
+                                          "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                          "special_tokens_map.json", "tokenizer.model", "chat_template.jinja",
+                                          DEMO_MARKER, NULL};
+
+/* "512.0 MiB", "3.2 GiB", "1.6 TiB" */
+static const char *fmt_bytes(char *buf, size_t n, uint64_t b)
+{
+    const double x = (double)b;
+    if (x >= 1024.0 * (1u << 30)) snprintf(buf, n, "%.1f TiB", x / (1024.0 * (1u << 30)));
+    else if (x >= (1u << 30)) snprintf(buf, n, "%.1f GiB", x / (1u << 30));
+    else snprintf(buf, n, "%.1f MiB", x / (1u << 20));
+    return buf;
+}
+
+/* Before any work: no output over an input, outputs that can be written,
+ * with room for what the run will write, and that no other run writes (a
+ * lock on --out, the checkpoint folder and the log, held to the end). Then
+ * the checkpoint folder is made ready (run_ckpt_prepare). Exits with a
+ * message on any problem. */
+static void guard_outputs(run *r, const mt_model_config *cfg, const mt_offload_policy *pol)
+{
+    const train_args *a = r->a;
+    cli_inputs in = {0};
+    cli_input_add(&in, "--data", a->data);
+    cli_input_add(&in, "--model", a->model_dir);
+    cli_input_add(&in, "--config", a->config);
+    cli_input_add(&in, "--tokenizer", a->tokenizer);
+    struct stat sb;
+    if (a->tokenizer && stat(a->tokenizer, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        /* a tokenizer.json: copy_tokenizer reads the config files beside it */
+        const char *slash = strrchr(a->tokenizer, '/');
+        for (int i = 4; model_files[i] && i < 9; i++) {
+            char path[4200];
+            snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - a->tokenizer + 1) : 0, a->tokenizer,
+                     model_files[i]);
+            cli_input_add(&in, "--tokenizer", path);
+        }
+    }
+    cli_std_check(&in);
+    run_ckpt_resolve(&r->ck, a->resume, a->checkpoints, r->out);
+    if (a->log_file) {
+        if (stat(a->log_file, &sb) == 0 && S_ISDIR(sb.st_mode)) cli_die("--log-file %s is a folder", a->log_file);
+        cli_output_check(&in, "--log-file", a->log_file);
+    }
+    cli_output_dir_check(&in, "--out", r->out, model_files);
+    cli_output_check(&in, a->resume ? "checkpoint folder" : "--checkpoints", r->ck.dir);
+    cli_inputs_free(&in);
+
+    /* writable, and ours: the lock files are the probes */
+    char lock[4300];
+    cli_make_dir("--out", r->out);
+    snprintf(lock, sizeof lock, "%s/%s", r->out, CLI_LOCK_NAME);
+    cli_lock_take(&r->out_lock, "--out", r->out, lock);
+    const char *ck_what = a->resume ? "the checkpoint folder" : "--checkpoints";
+    /* made now where checkpoints are planned; one that a signal's checkpoint
+     * makes later is locked by the library's save */
+    if (a->save_every || a->resume || a->checkpoints) cli_make_dir(ck_what, r->ck.dir);
+    struct stat o, c;
+    if (stat(r->ck.dir, &c) == 0 && (stat(r->out, &o) || o.st_dev != c.st_dev || o.st_ino != c.st_ino)) {
+        snprintf(lock, sizeof lock, "%s/%s", r->ck.dir, CLI_LOCK_NAME);
+        cli_lock_take(&r->ck_lock, ck_what, r->ck.dir, lock);
+    }
+    if (a->log_file) {
+        cli_probe_file("--log-file", a->log_file);
+        const int exists = stat(a->log_file, &sb) == 0;
+        if (!exists || S_ISREG(sb.st_mode)) { /* a device or a pipe has no place for a lock beside it */
+            snprintf(lock, sizeof lock, "%s.lock", a->log_file);
+            cli_lock_take(&r->log_lock, "--log-file", a->log_file, lock);
+        }
+    }
+
+    /* room: the model folder, and a checkpoint (the older ones are removed
+     * only once a new one is in place), against each file system's free space */
+    mt_memory_plan p;
+    mt_memory_plan_init(&p);
+    mt_batch_shape sh;
+    mt_batch_shape_init(&sh);
+    sh.seq_len = (uint32_t)r->S, sh.micro_batch_size = (uint32_t)r->B, sh.num_micro_batches = (uint32_t)r->M;
+    const mt_status st = mt_plan(&p, cfg, pol, &sh);
+    if (st == MT_OK || st == MT_ERR_HOST_BUDGET || st == MT_ERR_GPU_BUDGET) {
+        const uint64_t model = p.num_params * (cfg->precision == MT_PRECISION_FP32 ? 4 : 2);
+        const uint64_t ck = a->save_every || a->resume ? (p.master_bytes ? p.master_bytes : p.weight_bytes) + p.optim_bytes : 0;
+        uint64_t free_out, free_ck, fs_out, fs_ck;
+        if (cli_free_bytes(r->out, &free_out, &fs_out) == 0 &&
+            (cli_free_bytes(r->ck.dir, &free_ck, &fs_ck) == 0 || (free_ck = free_out, fs_ck = fs_out, 1))) {
+            const uint64_t need_out = model + (fs_ck == fs_out ? ck : 0);
+            char b1[32], b2[32], b3[32];
+            if (need_out > free_out)
+                cli_die("--out %s: the model (%s)%s need%s %s, but its file system has %s free: free some space or "
+                        "give another --out", r->out, fmt_bytes(b1, sizeof b1, model),
+                        fs_ck == fs_out && ck ? " and a checkpoint of it" : "", fs_ck == fs_out && ck ? "" : "s",
+                        fmt_bytes(b2, sizeof b2, need_out), fmt_bytes(b3, sizeof b3, free_out));
+            if (fs_ck != fs_out && ck > free_ck)
+                cli_die("%s %s: a checkpoint needs %s, but its file system has %s free: free some space or give "
+                        "another folder", ck_what, r->ck.dir, fmt_bytes(b1, sizeof b1, ck),
+                        fmt_bytes(b2, sizeof b2, free_ck));
+        }
+    }
+    run_ckpt_prepare(&r->ck, a->resume, a->restart, a->force);
 }
 
 static mt_offload_policy policy_of(const train_args *a)
@@ -617,8 +779,8 @@ static int train_demo(train_args *a)
     cfg.max_position_embeddings = (uint32_t)r.S;
     cfg.precision = a->precision;
     cfg.seed = a->seed;
-    run_ckpt_prepare(&r.ck, a->resume, a->checkpoints, r.out, a->restart, a->force);
     mt_offload_policy pol = policy_of(a);
+    guard_outputs(&r, &cfg, &pol);
     if (mt_model_create(&r.m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
     /* lr 3e-3 on both backends: 1e-2 learned faster when it worked but was
      * fragile (one CPU run 95.8%, another 3.8%; the GPU's bf16 run 44%).
@@ -676,17 +838,25 @@ static int train_data(train_args *a)
     mt_model_config_init(&cfg);
     if (a->model_dir) cli_config_load(&cfg, a->model_dir);
     else if (a->config) cli_config_load(&cfg, a->config);
+    /* the vocabulary of a new model: --vocab, else the tokenizer's, else
+     * --config's, else the default (docs/fine-tuning.md) */
+    if (a->vocab > 0 && !a->model_dir) cfg.vocab_size = (uint32_t)a->vocab;
     if (a->tokenizer) {
         mt_tokenizer *t;
         if (mt_tokenizer_load(&t, a->tokenizer) != MT_OK) cli_die("%s", mt_last_errmsg());
-        if (a->vocab < 0 && !a->config) cfg.vocab_size = mt_tokenizer_vocab_size(t);
-        else if (cfg.vocab_size < mt_tokenizer_vocab_size(t))
-            cli_die("train: the tokenizer has %u ids, more than the model's vocab_size %u", mt_tokenizer_vocab_size(t),
-                    cfg.vocab_size);
+        const uint32_t ids = mt_tokenizer_vocab_size(t);
         mt_tokenizer_free(t);
+        if (a->vocab > 0 && (uint32_t)a->vocab < ids)
+            cli_die("train: --vocab %d is smaller than the tokenizer's %u ids (%s): the model could not take them",
+                    a->vocab, ids, a->tokenizer);
+        if (a->vocab < 0) {
+            if (a->config && cfg.vocab_size != ids)
+                printf("the vocabulary is the tokenizer's %u ids, not the %u of --config %s (give --vocab %u to keep "
+                       "that)\n", ids, cfg.vocab_size, a->config, cfg.vocab_size);
+            cfg.vocab_size = ids;
+        }
     }
     if (!a->model_dir) {
-        if (a->vocab > 0) cfg.vocab_size = (uint32_t)a->vocab;
         if (a->hidden > 0) cfg.hidden_size = (uint32_t)a->hidden;
         if (a->layers > 0) cfg.num_hidden_layers = (uint32_t)a->layers;
         if (a->heads > 0) cfg.num_attention_heads = cfg.num_key_value_heads = (uint32_t)a->heads;
@@ -704,14 +874,15 @@ static int train_data(train_args *a)
     dopt.seq_len = (uint32_t)r.S;
     dopt.seed = a->seed;
     if (mt_dataset_open(&r.src.ds, a->data, &dopt) != MT_OK) cli_die("%s", mt_last_errmsg());
-    run_ckpt_prepare(&r.ck, a->resume, a->checkpoints, r.out, a->restart, a->force);
+    mt_offload_policy pol = policy_of(a);
+    guard_outputs(&r, &cfg, &pol);
     const mt_optim_config o = optim_of(a, r.steps, 3e-4, r.steps / 20);
     r.identity = identity_of(a, &cfg, &o, r.steps, r.M, r.B, r.S);
-    mt_offload_policy pol = policy_of(a);
     if (mt_model_create(&r.m, &cfg, &pol) != MT_OK) cli_die("%s", mt_last_errmsg());
     if (a->model_dir && mt_model_load(r.m, a->model_dir) != MT_OK) cli_die("%s", mt_model_errmsg(r.m));
-    printf("training %.1f M parameters on %s: %llu tokens, %llu training and %llu held-out windows of %d\n",
-           mt_model_num_params(r.m) / 1e6, a->data, (unsigned long long)mt_dataset_num_tokens(r.src.ds),
+    char params[32];
+    cli_fmt_params(params, sizeof params, mt_model_num_params(r.m));
+    printf("training %s parameters on %s: %llu tokens, %llu training and %llu held-out windows of %d\n", params, a->data, (unsigned long long)mt_dataset_num_tokens(r.src.ds),
            (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_TRAIN),
            (unsigned long long)mt_dataset_num_windows(r.src.ds, MT_SPLIT_HELDOUT), r.S);
     if (mt_dataset_num_documents(r.src.ds)) {

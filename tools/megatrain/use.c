@@ -165,6 +165,11 @@ int cmd_sample(int argc, char **argv)
         else if (argv[i][0] == '-' && argv[i][1] == '-') cli_die("sample: unknown option '%s'", argv[i]);
         else prompt = argv[i];
     }
+    cli_inputs in = {0};
+    cli_input_add(&in, "--model", dir);
+    cli_input_add(&in, "--chat-template", chat_named);
+    cli_std_check(&in);
+    cli_inputs_free(&in);
     const int text = !ids && has_tokenizer(dir);
     if (!ids && !text && !is_demo(dir))
         cli_die("sample: %s has no tokenizer.json and is not the arithmetic demo; give the prompt as token ids with "
@@ -212,7 +217,33 @@ static long last_number(const char *s)
 
 /* Exact match on a JSONL file's answers: each assistant turn (or completion)
  * generated greedily from what comes before it, compared with the file's. */
-static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char *chat_named, int show)
+/* The answers a JSONL file asks for: its assistant turns, or its completions. */
+static long count_answers(const char *path)
+{
+    FILE *in = fopen(path, "r");
+    if (!in) cli_die("cannot open %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long n = 0;
+    while (getline(&line, &cap, in) > 0) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages"), *e;
+        if (cJSON_IsArray(msgs)) {
+            cJSON_ArrayForEach(e, msgs) {
+                const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+                n += cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
+            }
+        } else {
+            n += cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "completion"));
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(in);
+    return n;
+}
+
+static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char *chat_named, int show, int max_new)
 {
     mt_tokenizer *t;
     if (mt_tokenizer_load(&t, dir) != MT_OK) cli_die("%s", mt_last_errmsg());
@@ -226,7 +257,14 @@ static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char
     char *line = NULL;
     size_t cap = 0;
     long no = 0, n = 0, exact = 0, answer = 0;
-    gen_options o = {.max_new = 256, .top_p = 1, .stop = {-1, -1}};
+    gen_options o = {.max_new = max_new, .top_p = 1, .stop = {-1, -1}};
+    /* generation takes seconds an answer on the CPU: a progress line on
+     * stderr, redrawn on a terminal, else one at the first answer and then
+     * every 10 seconds */
+    const long total = count_answers(path);
+    const int tty = isatty(2);
+    const double t0 = cli_now();
+    double shown_at = -1;
     while (getline(&line, &cap, in) > 0) {
         no++;
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
@@ -251,6 +289,14 @@ static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char
             n++;
             exact += !strcmp(got, want);
             answer += last_number(got) == last_number(want) && last_number(want) >= 0;
+            const double now = cli_now() - t0;
+            if (tty || shown_at < 0 || now - shown_at >= 10 || n == total) {
+                char took[32];
+                cli_fmt_duration(took, sizeof took, now);
+                fprintf(stderr, "%seval: answer %ld of %ld, %ld exact so far, %s elapsed%s", tty ? "\r" : "", n, total,
+                        exact, took, tty && n < total ? "" : "\n");
+                shown_at = now;
+            }
             if (show && n <= show) printf("  %s\n    -> %s%s\n", want, got, strcmp(got, want) ? "   (differs)" : "");
             free(got);
             free(text);
@@ -270,18 +316,20 @@ static int eval_jsonl(mt_model *m, const char *dir, const char *path, const char
 int cmd_eval(int argc, char **argv)
 {
     const char *dir = "megatrain-demo", *data = NULL, *jsonl = NULL;
-    int cpu = 0, seq_len = 1024, batches = 16, show = 3;
+    int cpu = 0, seq_len = 1024, batches = 16, show = 3, max_new = 256;
     uint32_t format = MT_TOKENS_AUTO;
     const char *chat = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
             puts("usage: megatrain eval [--model DIR] [--data FILE [--format F] [--seq-len N] [--batches N]] [--cpu]\n"
-                 "       megatrain eval --model DIR --jsonl FILE [--chat-template NAME|FILE] [--show N] [--cpu]\n\n"
+                 "       megatrain eval --model DIR --jsonl FILE [--chat-template NAME|FILE] [--show N] [--max-new N]\n"
+                 "                      [--cpu]\n\n"
                  "With --data: the mean loss of the model in DIR on the file's held-out windows.\n"
                  "With --jsonl: exact-match accuracy of the answers the model writes (greedily) to a file of\n"
                  "conversations or prompt/completion pairs, each assistant turn generated from what comes\n"
-                 "before it by the model's chat template; --show N prints the first N answers (default 3).\n"
+                 "before it by the model's chat template; --show N prints the first N answers (default 3);\n"
+                 "--max-new N caps the tokens of each answer (default 256); a progress line goes to stderr.\n"
                  "Without either: the arithmetic demo's exact-match accuracy on its held-out problems.");
             return 0;
         } else if (cli_opt(argc, argv, &i, "--model", &v)) dir = v;
@@ -289,6 +337,7 @@ int cmd_eval(int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--format", &v)) format = cli_token_format(v);
         else if (cli_opt(argc, argv, &i, "--jsonl", &v)) jsonl = v;
         else if (cli_opt(argc, argv, &i, "--show", &v)) show = (int)cli_int("--show", v, 0, 1 << 20);
+        else if (cli_opt(argc, argv, &i, "--max-new", &v)) max_new = (int)cli_int("--max-new", v, 1, 1 << 20);
         else if (cli_opt(argc, argv, &i, "--chat-template", &v) || cli_opt(argc, argv, &i, "--chat-format", &v))
             chat = v;
         else if (cli_opt(argc, argv, &i, "--seq-len", &v)) seq_len = (int)cli_int("--seq-len", v, 2, 1 << 20);
@@ -296,10 +345,18 @@ int cmd_eval(int argc, char **argv)
         else if (cli_flag(argv, i, "--cpu")) cpu = 1;
         else cli_die("eval: unknown option '%s'", argv[i]);
     }
+    /* eval writes only its standard output and error: neither may be an input */
+    cli_inputs in = {0};
+    cli_input_add(&in, "--model", dir);
+    cli_input_add(&in, "--data", data);
+    cli_input_add(&in, "--jsonl", jsonl);
+    cli_input_add(&in, "--chat-template", chat);
+    cli_std_check(&in);
+    cli_inputs_free(&in);
     mt_model *m = open_model(dir, cpu);
     int rc = 0;
     if (jsonl) {
-        rc = eval_jsonl(m, dir, jsonl, chat, show);
+        rc = eval_jsonl(m, dir, jsonl, chat, show, max_new);
     } else if (!data) {
         if (!is_demo(dir)) cli_die("eval: %s is not a demo model: give --data", dir);
         demo_data d;
@@ -401,7 +458,7 @@ static int print_families(void)
             const uint64_t state = p.weight_bytes + p.grad_bytes + p.master_bytes + p.optim_bytes;
             host[k] = gib(state), bpp[k] = (double)state / (double)p.num_params, params = (double)p.num_params;
         }
-        printf("%-*s %-*s %-*s %-*s %8.2f B %9.1f %7.1f %9.1f %7.1f %9.1f %7.2f\n", w[0], f.display_name, w[1],
+        printf("%-*s %-*s %-*s %-*s %8.2f B %9.1f %7.2f %9.1f %7.2f %9.1f %7.2f\n", w[0], f.display_name, w[1],
                f.architecture, w[2], f.particular, w[3], f.example, params / 1e9, host[0], bpp[0], host[1], bpp[1],
                host[2], bpp[2]);
     }
