@@ -722,9 +722,9 @@ static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const vo
 // device) or the loop of one cuBLASLt GEMM per expert (sizes from the host offsets, no wait). The rule
 // comes from bench/cuda_grouped_gemm on an H100 (12-06, docs/moe.md): the weight gradient is faster
 // through the loop at every shape measured (263-623 TFLOP/s against the kernel's 151-387); the input
-// gradient through the kernel where the experts' row blocks are short (Qwen3-30B-A3B, ~1024 rows an
-// expert; DeepSeek-V2-Lite ~1536: a tie), through the loop where they are long (Mixtral 4096, GPT-OSS
-// 2048: 554-714 against 412-492). Without host offsets: the kernel, else the loop (which then reads
+// gradient through the kernel where the experts' row blocks are short (128 experts of ~1024 rows; ~1536
+// rows: a tie), through the loop where they are long (2048 and 4096 rows an expert: 554-714 against
+// 412-492). Without host offsets: the kernel, else the loop (which then reads
 // them back). cuBLAS's grouped GEMM was measured too and is not used: slower than both where it runs
 // (240-290), and it refuses fp32 outputs with bf16 operands.
 enum { EP_KERNEL, EP_LOOP };
@@ -1189,7 +1189,7 @@ static mt_status cu_needs(const mt_be_request *r, mt_be_needs *n, mt_err err)
 // ---- set-up ------------------------------------------------------------------------------
 
 // A model with experts, training: the host's copies of the forward's routings (offs_h), E + 1 int32 a
-// unit and micro-batch (50 KB for Qwen3-30B-A3B at 8 micro-batches).
+// unit and micro-batch (50 KB for 128 experts, 48 layers and 8 micro-batches).
 static mt_status alloc_routing_copies(cu_be *b, mt_err err)
 {
     const int E = b->run.d.E;
