@@ -319,3 +319,35 @@ def fsencode(path) -> bytes:
 def text(b) -> str:
     """A string from the library (UTF-8 as the header promises; never fails)."""
     return b.decode("utf-8", "replace") if b else ""
+
+
+class Handle:
+    """An owner of one library handle: close() frees it once (closing twice is
+    harmless), ``with`` closes it, and so does garbage collection. A subclass
+    sets _what (for the error a closed handle's calls raise) and _release(handle)."""
+
+    _what = "handle"
+    _handle = None
+
+    def _release(self, handle) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            self._release(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def _h(self):
+        if self._handle is None:
+            raise ValueError("the %s is closed" % self._what)
+        return self._handle

@@ -20,7 +20,7 @@ _I32P = ctypes.POINTER(ctypes.c_int32)
 SplitLike = Union[Split, str, int]
 
 
-class Dataset:
+class Dataset(_lib.Handle):
     """A token file cut into windows (mt_dataset_open): training windows in a
     seeded order reshuffled every epoch, held-out ones in file order.
 
@@ -45,26 +45,11 @@ class Dataset:
         self.seq_len: int = opt.seq_len
         self.options = opt
 
-    def close(self) -> None:
-        """Unmaps the file (mt_dataset_close); closing twice is harmless."""
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _lib.lib.mt_dataset_close(handle)
+    _what = "dataset"
 
-    def __enter__(self) -> "Dataset":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def _h(self):
-        if self._handle is None:
-            raise ValueError("the dataset is closed")
-        return self._handle
+    def _release(self, handle) -> None:
+        """close() unmaps the file (mt_dataset_close)."""
+        _lib.lib.mt_dataset_close(handle)
 
     @property
     def num_tokens(self) -> int:

@@ -31,7 +31,7 @@ def _sized(fn, *args) -> bytes:
     return buf.raw[:n.value]
 
 
-class Tokenizer:
+class Tokenizer(_lib.Handle):
     """A Hugging Face tokenizer.json (mt_tokenizer_load): byte-level BPE and
     SentencePiece-style BPE. path: the file, or a model folder holding it.
     Read-only once loaded: one tokenizer may serve several threads."""
@@ -42,25 +42,10 @@ class Tokenizer:
         self._handle = handle
         self.path = path
 
-    def close(self) -> None:
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _lib.lib.mt_tokenizer_free(handle)
+    _what = "tokenizer"
 
-    def __enter__(self) -> "Tokenizer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def _h(self):
-        if self._handle is None:
-            raise ValueError("the tokenizer is closed")
-        return self._handle
+    def _release(self, handle) -> None:
+        _lib.lib.mt_tokenizer_free(handle)
 
     def encode_bytes(self, text: bytes, *, special_tokens: bool = True, add_special_tokens: bool = False) -> np.ndarray:
         """encode() of UTF-8 bytes."""
@@ -127,7 +112,7 @@ class LearntText:
     spans: List[Tuple[int, int]]
 
 
-class ChatTemplate:
+class ChatTemplate(_lib.Handle):
     """A model's chat template (mt_chat_template_load), rendered as
     transformers' apply_chat_template renders it.
 
@@ -144,25 +129,10 @@ class ChatTemplate:
         self._handle = handle
         self.path = path
 
-    def close(self) -> None:
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _lib.lib.mt_chat_template_free(handle)
+    _what = "chat template"
 
-    def __enter__(self) -> "ChatTemplate":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def _h(self):
-        if self._handle is None:
-            raise ValueError("the chat template is closed")
-        return self._handle
+    def _release(self, handle) -> None:
+        _lib.lib.mt_chat_template_free(handle)
 
     @staticmethod
     def _json(messages, variables) -> Tuple[bytes, Optional[bytes]]:
