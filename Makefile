@@ -15,8 +15,13 @@ BINDIR ?= $(PREFIX)/bin
 MANDIR ?= $(PREFIX)/share/man
 
 CC ?= cc
-# the interpreter of the Python package's checks (Debian's python3 with python3-numpy and python3-pytest)
-PYTHON ?= python3
+# The interpreter of the Python package's checks: Debian's python3, with the
+# python3-numpy, python3-pytest and python3-venv that tools/setup.sh installs.
+# A `python3` earlier on PATH (a pyenv or conda one) usually lacks those
+# modules, so the first of python3 and /usr/bin/python3 that has them is taken.
+PYTHON ?= $(shell for p in python3 /usr/bin/python3; do \
+  $$p -c 'import numpy, pytest, venv, ensurepip' >/dev/null 2>&1 && { echo $$p; exit 0; }; \
+  done; echo python3)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # CUDA=1 where nvcc exists, unless the caller says CUDA=0.
