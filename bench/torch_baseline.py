@@ -82,6 +82,7 @@ import time
 import traceback
 
 # name: (arch, vocab, hidden, ffn, layers, heads, kv heads), exactly bench/step.c's table.
+# The mixture-of-experts presets add (head_dim, experts, experts a token, expert width) below.
 PRESETS = {
     "tiny": ("llama", 8192, 256, 768, 8, 8, 4),
     "1b": ("llama", 32000, 2048, 5632, 22, 32, 4),  # TinyLlama-1.1B
@@ -89,7 +90,12 @@ PRESETS = {
     "7b": ("llama", 32000, 4096, 11008, 32, 32, 32),  # Llama-2-7B
     "qwen7b": ("qwen2", 152064, 3584, 18944, 28, 28, 4),  # Qwen2.5-7B: q/k/v bias
     "8b": ("llama", 128256, 4096, 14336, 32, 32, 8),  # Llama-3-8B
+    # Qwen3-30B-A3B: 128 experts top-8 of width 768, renormalised; head_dim 128 (q width 4096)
+    "qwen3-30b-a3b": ("qwen3_moe", 151936, 2048, 6144, 48, 32, 4),
+    # Mixtral-8x7B: 8 experts top-2 of width 14336
+    "mixtral-8x7b": ("mixtral", 32000, 4096, 14336, 32, 32, 8),
 }
+MOE = {"qwen3-30b-a3b": (128, 128, 8, 768), "mixtral-8x7b": (0, 8, 2, 14336)}
 SYSTEMS = {"gpu": "pytorch-gpu", "fsdp2": "pytorch-fsdp2-cpuoffload"}
 GIB = 1 << 30
 
@@ -110,6 +116,10 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=sorted(SYSTEMS), default="gpu")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny")
+    p.add_argument("--layers", type=int, default=0, help="the preset's first N layers (0: all)")
+    p.add_argument("--experts", choices=["grouped_mm", "eager", "batched_mm"], default="grouped_mm",
+                   help="mixture-of-experts presets: transformers' experts backend (grouped_mm: "
+                        "torch's grouped GEMM, its fastest for training)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--grad-accum", type=int, default=1)
@@ -131,7 +141,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tag", default="", help="free text copied into the record")
     a = p.parse_args(argv)
-    if a.seq_len < 2 or a.micro_batch < 1 or a.grad_accum < 1 or a.steps < 1 or a.warmup < 0:
+    if a.seq_len < 2 or a.layers < 0 or a.micro_batch < 1 or a.grad_accum < 1 or a.steps < 1 or a.warmup < 0:
         p.error("bad arguments")
     return a
 
@@ -177,10 +187,18 @@ def pow2ceil(x):
     return 1 << (x - 1).bit_length() if x > 1 else 1
 
 
+def shape(args):
+    """The preset's numbers as bench/step.c takes them, --layers applied."""
+    arch, V, C, F, L, H, Hkv = PRESETS[args.preset]
+    D, E, K, FE = MOE.get(args.preset, (0, 0, 0, 0))
+    return dict(arch=arch, V=V, C=C, F=F, L=args.layers or L, H=H, Hkv=Hkv, D=D or C // H, E=E, K=K, FE=FE)
+
+
 def make_config(args):
     import transformers
 
-    arch, V, C, F, L, H, Hkv = PRESETS[args.preset]
+    sh = shape(args)
+    arch, V, C, F, L, H, Hkv = (sh[k] for k in ("arch", "V", "C", "F", "L", "H", "Hkv"))
     common = dict(
         vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L,
         num_attention_heads=H, num_key_value_heads=Hkv, max_position_embeddings=args.seq_len,
@@ -190,6 +208,16 @@ def make_config(args):
     if arch == "llama":
         cfg = transformers.LlamaConfig(rms_norm_eps=1e-5, rope_theta=10000.0, attention_bias=False,
                                        mlp_bias=False, **common)
+    elif arch == "qwen3_moe":  # every layer sparse, no router loss (bench/step.c trains none)
+        cfg = transformers.Qwen3MoeConfig(rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=sh["D"],
+                                          num_experts=sh["E"], num_experts_per_tok=sh["K"],
+                                          moe_intermediate_size=sh["FE"], norm_topk_prob=True,
+                                          decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
+                                          use_sliding_window=False, **common)
+    elif arch == "mixtral":
+        cfg = transformers.MixtralConfig(rms_norm_eps=1e-5, rope_theta=1000000.0, num_local_experts=sh["E"],
+                                         num_experts_per_tok=sh["K"], output_router_logits=False,
+                                         router_jitter_noise=0.0, sliding_window=None, **common)
     else:
         cfg = transformers.Qwen2Config(rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
                                        **common)
@@ -205,6 +233,26 @@ def build_model(cfg, dtype):
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
     except TypeError:  # transformers before `dtype` replaced `torch_dtype`
         return AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa")
+
+
+def set_experts(model, args, rec):
+    """transformers' own experts code, with the backend --experts names (its ExpertsInterface)."""
+    if not MOE.get(args.preset):
+        return
+    setter = getattr(model, "set_experts_implementation", None)
+    if setter is None:
+        if args.experts != "eager":
+            raise RuntimeError(f"this transformers has no set_experts_implementation: --experts {args.experts} "
+                               "cannot be had (--experts eager runs its per-expert loop)")
+    else:
+        setter(args.experts)
+    get = getattr(model, "get_experts_implementation", None)
+    rec["experts"] = get() if get is not None else "eager"
+
+
+def active_params(P, sh):
+    """bench/step.c's count: every parameter but the experts a token does not use, (E - k) of each layer's E."""
+    return P - sh["L"] * (sh["E"] - sh["K"]) * 3 * sh["FE"] * sh["C"] if sh["E"] else P
 
 
 def enable_checkpointing(model, args):
@@ -308,6 +356,7 @@ def setup_gpu(args, cfg, rec, dev):
         if p.dtype != torch.bfloat16:
             p.data = p.data.to(torch.bfloat16)
     rec["params"] = sum(p.numel() for p in params)
+    set_experts(model, args, rec)
     model.train()
     enable_checkpointing(model, args)
     rec["precision"] = "bf16 parameters, gradients and AdamW moments"
@@ -345,6 +394,7 @@ def setup_fsdp2(args, cfg, rec, dev):
 
     with torch.device("meta"):
         model = build_model(cfg, torch.float32)
+    set_experts(model, args, rec)
     params = list(model.parameters())
     rec["params"] = sum(p.numel() for p in params)
     pin = not args.no_pin
@@ -423,7 +473,8 @@ def run(args, rec):
     rec["cpu_threads"] = torch.get_num_threads()
     torch.manual_seed(args.seed)
 
-    arch, V, C, _, L, _, _ = PRESETS[args.preset]
+    sh = shape(args)
+    arch, V, L = sh["arch"], sh["V"], sh["L"]
     S, B, M = args.seq_len, args.micro_batch, args.grad_accum
     n = M * B * S
     cfg = make_config(args)
@@ -440,11 +491,13 @@ def run(args, rec):
     y = torch.tensor(tok[1:] + tok[:1], dtype=torch.long).view(M, B, S).to(dev)
     torch.cuda.synchronize()
     rec["setup_seconds"] = time.perf_counter() - t0
-    P = rec["params"]
-    flop = 6.0 * P * n + 12.0 * L * C * S * n
-    log(f"{SYSTEMS[args.mode]}: {args.preset} ({arch}), {P / 1e9:.2f} B parameters, {M} x {B} x {S} = {n} tokens "
-        f"per step, setup {rec['setup_seconds']:.1f} s, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, {rec['gpu']}")
+    P = active_params(rec["params"], sh)  # all of them for a dense model
+    rec["active_params"] = P
+    flop = 6.0 * P * n + 12.0 * L * sh["H"] * sh["D"] * S * n
+    active = f" ({P / 1e9:.2f} B active, experts {rec['experts']})" if sh["E"] else ""
+    log(f"{SYSTEMS[args.mode]}: {args.preset} ({arch}), {rec['params'] / 1e9:.2f} B parameters{active}, "
+        f"{M} x {B} x {S} = {n} tokens per step, setup {rec['setup_seconds']:.1f} s, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, {rec['gpu']}")
 
     fsdp = args.mode == "fsdp2"
 
@@ -483,7 +536,7 @@ def run(args, rec):
     rec["median_step_s"] = med
     rec["tokens_per_s"] = n / med
     rec["model_tflops"] = flop / med / 1e12
-    log(f"{args.preset} {SYSTEMS[args.mode]}, {P / 1e9:.2f} B parameters, {M} x {B} x {S} = {n} tokens per step: "
+    log(f"{args.preset} {SYSTEMS[args.mode]}, {rec['params'] / 1e9:.2f} B parameters{active}, {M} x {B} x {S} = {n} tokens per step: "
         f"median {med:.3f} s, {n / med:.0f} tokens/s, {flop / med / 1e12:.1f} model TFLOP/s")
 
 
@@ -511,7 +564,8 @@ def finish_memory(rec):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    arch, V, C, F, L, H, Hkv = PRESETS[args.preset]
+    sh = shape(args)
+    arch, V, C, F, L, H, Hkv = (sh[k] for k in ("arch", "V", "C", "F", "L", "H", "Hkv"))
     n = args.grad_accum * args.micro_batch * args.seq_len
     rec = {
         "system": SYSTEMS[args.mode], "mode": args.mode, "preset": args.preset, "arch": arch,
@@ -519,6 +573,7 @@ def main(argv=None):
         "seq_len": args.seq_len, "micro_batch": args.micro_batch, "grad_accum": args.grad_accum,
         "tokens_per_step": n, "warmup": args.warmup, "steps": args.steps,
         "grad_ckpt": not args.no_grad_ckpt, "grad_clip": args.grad_clip, "lr": args.lr,
+        "head_dim": sh["D"], "experts_total": sh["E"], "experts_per_token": sh["K"], "expert_width": sh["FE"],
         "attention": "sdpa", "status": "error",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": platform.node(), "python": platform.python_version(),

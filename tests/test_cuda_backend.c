@@ -662,6 +662,43 @@ Test(cuda_backend, mlp_in_pieces_matches_whole)
     mt_model_destroy(pieces);
 }
 
+/* The head's logits in chunks of 16 tokens with one weight-gradient GEMM per
+ * 48 (the backend's rule groups whole chunks within 512 MiB of dlogits; the
+ * last group here 58 tokens of a 154-token micro-batch: 16, 16, 16 and a short
+ * 10) against one chunk of all 154: fp32, the same sums in another order, so
+ * the loss to 1e-6 relative and every gradient to 1e-5 of its tensor's largest,
+ * as for the MLP's pieces above. */
+Test(cuda_backend, head_gradient_groups_match_one_chunk)
+{
+    mt_model_config c = cfg_of(MT_PRECISION_FP32, 1, 0, 64);
+    mt_model *whole = make(&c, MT_BACKEND_CUDA, 2), *grouped = make(&c, MT_BACKEND_CUDA, 2);
+    whole->head_chunk_tokens = 1000;
+    grouped->head_chunk_tokens = 16;
+    grouped->head_dw_tokens = 48;
+    enum { B = 2, S = 77, M = 2, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 13);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    double lw, nw, lg, ng;
+    cr_assert_eq(mt_engine_grads(whole, &b, count_targets(tg, N), &lw, &nw, NULL), MT_OK, "%s", mt_model_errmsg(whole));
+    cr_assert_eq(mt_engine_grads(grouped, &b, count_targets(tg, N), &lg, &ng, NULL), MT_OK, "%s",
+                 mt_model_errmsg(grouped));
+    cr_assert(fabs(lg - lw) <= 1e-6 * fabs(lw), "loss %.9f (grouped) vs %.9f (whole)", lg, lw);
+    float *gg = grads(grouped), *gw = grads(whole);
+    uint64_t off = 0;
+    for (int u = 0; u < whole->layout.n_units; u++)
+        for (int i = 0; i < whole->layout.units[u].n_tensors; i++) {
+            const mt_tensor_desc *td = &whole->layout.units[u].tensors[i];
+            double max_rel, l2_rel;
+            compare(gg + off, gw + off, td->numel, &max_rel, &l2_rel);
+            cr_assert(max_rel <= 1e-5, "%s: gradients differ by %.3g of the largest", td->name, max_rel);
+            off += td->numel;
+        }
+    free(gg), free(gw);
+    mt_model_destroy(whole);
+    mt_model_destroy(grouped);
+}
+
 /* The library works on the policy's device and leaves the calling thread's
  * current device as it found it: a caller whose own work is on device 1
  * trains a model on device 0 and one on device 1 and finds device 1 current

@@ -374,6 +374,50 @@ Test(engine, micro_batches_match_one_large_batch)
     mt_model_destroy(b1);
 }
 
+/* The head in chunks of 5 tokens, its weight gradient once per chunk or once per
+ * 3 chunks (the last group 13 tokens: 5, 5 and a short 3), against one chunk
+ * of all 58: the same sums in another order (the head's weight gradient over
+ * 5, 15 or 58 rows at a time, dx row by row as before), so fp32 agreement: the
+ * loss to 1e-6 relative, every gradient to 1e-5 of the largest. A group
+ * multiplied with the wrong rows of the normed input, or a chunk's dlogits
+ * left out of its group, is off by the gradient's own size. */
+Test(engine, head_gradient_groups_match_one_chunk)
+{
+    mt_model_config c = cfg_of(1, 1, 0, MT_PRECISION_FP32);
+    mt_model *whole = make(&c, 2), *per_chunk = make(&c, 2), *grouped = make(&c, 2);
+    whole->head_chunk_tokens = 1000;
+    per_chunk->head_chunk_tokens = 5;
+    grouped->head_chunk_tokens = 5;
+    grouped->head_dw_tokens = 15;
+    enum { N = 2 * 29 };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, 5, 4);
+    mt_batch b = batch_of(tok, tg, 2, 29, 1);
+    const uint64_t nt = count_targets(tg, N), P = whole->layout.num_params;
+    double lw, nw;
+    cr_assert_eq(mt_engine_grads(whole, &b, nt, &lw, &nw, NULL), MT_OK, "%s", mt_model_errmsg(whole));
+    float *gw = malloc(P * sizeof *gw), *g = malloc(P * sizeof *g);
+    copy_grads(whole, gw);
+    float gmax = 0;
+    for (uint64_t i = 0; i < P; i++) gmax = fmaxf(gmax, fabsf(gw[i]));
+    cr_assert(gmax > 0);
+    mt_model *other[] = {per_chunk, grouped};
+    for (int k = 0; k < 2; k++) {
+        double l, n;
+        cr_assert_eq(mt_engine_grads(other[k], &b, nt, &l, &n, NULL), MT_OK, "%s", mt_model_errmsg(other[k]));
+        cr_assert(fabs(l - lw) <= 1e-6 * fabs(lw), "%s: loss %.9g vs %.9g", k ? "grouped" : "per chunk", l, lw);
+        copy_grads(other[k], g);
+        for (uint64_t i = 0; i < P; i++)
+            cr_assert(fabsf(g[i] - gw[i]) <= 1e-5f * gmax, "%s: grad %llu: %g vs %g", k ? "grouped" : "per chunk",
+                      (unsigned long long)i, g[i], gw[i]);
+    }
+    free(gw);
+    free(g);
+    mt_model_destroy(whole);
+    mt_model_destroy(per_chunk);
+    mt_model_destroy(grouped);
+}
+
 static int tiles_equal(const mt_model *a, const mt_model *b)
 {
     for (int ui = 0; ui < a->layout.n_units; ui++)

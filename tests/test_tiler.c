@@ -230,6 +230,31 @@ Test(tiler, mlp_pieces_cover_the_tokens_within_the_cap)
             }
 }
 
+/* The head's tokens per weight-gradient GEMM (model/runner.h): whole chunks
+ * within the byte cap (the CUDA backend's 512 MiB of dlogits: 4 chunks of
+ * Qwen3's 441 tokens at vocabulary 151936 in bf16, all of a 7B micro-batch of
+ * 16384 tokens in 2 groups), at least one chunk, never past T; a test's count
+ * rounded up to whole chunks. */
+Test(tiler, head_gradient_groups_are_whole_chunks_within_the_cap)
+{
+    const uint64_t cap = (uint64_t)512 << 20;
+    cr_assert_eq(mt_head_dw_rows(16384, 441, 0, 151936, 2, cap), 4 * 441);
+    cr_assert_eq(mt_head_dw_rows(16384, 2097, 0, 32000, 2, cap), 4 * 2097);
+    cr_assert_eq(mt_head_dw_rows(16384, 2097, 0, 32000, 4, cap), 2 * 2097, "fp32 dlogits: half as many");
+    cr_assert_eq(mt_head_dw_rows(1000, 300, 0, 32000, 2, cap), 1000, "never past T");
+    cr_assert_eq(mt_head_dw_rows(16384, 441, 0, 151936, 2, 0), 441, "no cap: one chunk");
+    cr_assert_eq(mt_head_dw_rows(16384, 441, 0, 1u << 30, 4, cap), 441, "a chunk past the cap: still one");
+    cr_assert_eq(mt_head_dw_rows(58, 5, 15, 37, 4, 0), 15);
+    cr_assert_eq(mt_head_dw_rows(58, 5, 16, 37, 4, 0), 20, "a test's count rounded up to whole chunks");
+    cr_assert_eq(mt_head_dw_rows(58, 5, 1000, 37, 4, 0), 58);
+    for (int T = 1; T < 3000; T += 97)
+        for (int chunk = 1; chunk <= T; chunk += 61) {
+            const int g = mt_head_dw_rows(T, chunk, 0, 151936, 2, cap);
+            cr_assert(g >= chunk && g <= T && (g % chunk == 0 || g == T), "T %d chunk %d: %d", T, chunk, g);
+            cr_assert((uint64_t)g * 151936 * 2 <= cap || g == chunk, "T %d chunk %d: %d rows past the cap", T, chunk, g);
+        }
+}
+
 /* The plan of the CUDA backend counts its buffers as the backend lays them
  * out: a 262144-token sequence of the Llama-2-7B shape (the MLP in three
  * pieces) keeps its checkpoints on a 139 GiB GPU, so the host holds the

@@ -82,9 +82,14 @@ extern "C" { // the library's own (C) headers
 // MLP_PIECE_BYTES (mt_mlp_piece_tokens): a 262144-token micro-batch of the
 // 7B shape (d 4096, F 11008) would otherwise need six 5.4 GiB buffers, and T * F
 // elements past 2^31. The head computes the logits in chunks of
-// LOGITS_CHUNK_BYTES of fp32.
+// LOGITS_CHUNK_BYTES of fp32, and keeps the chunks' dlogits until
+// DLOGITS_GROUP_BYTES of them can share one weight-gradient GEMM: per
+// chunk, a vocabulary of 151936 (chunks of 441 tokens) read and wrote the
+// 1.2 GB fp32 gradient of Qwen3's head for 0.27 TFLOP of arithmetic, and
+// that GEMM ran at 300 TFLOP/s (docs/benchmarks.md).
 #define MLP_PIECE_BYTES ((uint64_t)2 << 30)
 #define LOGITS_CHUNK_BYTES ((uint64_t)256 << 20)
+#define DLOGITS_GROUP_BYTES ((uint64_t)512 << 20)
 
 struct cu_be {
     mt_be base;
@@ -920,7 +925,10 @@ static mt_status set_dims(cu_be *b, mt_err err)
     d->FT = b->req.mlp_piece_tokens ? MT_MIN(d->T, (int)b->req.mlp_piece_tokens)
                                     : (int)mt_mlp_piece_tokens((uint64_t)d->T, (uint64_t)MT_MAX(d->F, d->FS), b->es,
                                                               MLP_PIECE_BYTES);
-    d->chunk = (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
+    d->chunk = b->req.head_chunk_tokens
+                   ? MT_MIN(d->T, (int)b->req.head_chunk_tokens)
+                   : (int)MT_MAX((size_t)1, MT_MIN((size_t)d->T, LOGITS_CHUNK_BYTES / ((size_t)d->V * 4)));
+    d->dw_rows = mt_head_dw_rows(d->T, d->chunk, b->req.head_dw_tokens, (uint64_t)d->V, b->es, DLOGITS_GROUP_BYTES);
     return MT_OK;
 }
 

@@ -372,7 +372,10 @@ static mt_status set_dims(cpu_be *b, mt_err err)
     mt_dims *d = &b->run.d;
     d->es = sizeof(float);
     d->FT = d->T; /* the whole MLP at once */
-    d->chunk = MT_MIN(d->T, HEAD_CHUNK);
+    d->chunk = MT_MIN(d->T, b->req.head_chunk_tokens ? (int)b->req.head_chunk_tokens : HEAD_CHUNK);
+    /* one weight-gradient GEMM per chunk unless a test asks: on the CPU the (V, C) gradient's traffic is
+     * small beside the GEMM's arithmetic */
+    d->dw_rows = mt_head_dw_rows(d->T, d->chunk, b->req.head_dw_tokens, (uint64_t)d->V, d->es, 0);
     b->L = (int)b->req.cfg->num_hidden_layers;
     /* the CPU backend keeps every checkpoint unless a test asks */
     b->rc = s->want_grad ? (int)MT_MIN(b->req.recomputed_checkpoints, (uint32_t)b->L / 2) : 0;

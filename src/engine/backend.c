@@ -25,6 +25,8 @@ mt_be_request mt_be_request_of(const mt_model *m, const mt_be_shape *s)
                              .shape = *s,
                              .threads = mt_pool_size(m->pool),
                              .mlp_piece_tokens = m->mlp_piece_tokens,
+                             .head_chunk_tokens = m->head_chunk_tokens,
+                             .head_dw_tokens = m->head_dw_tokens,
                              .keep_layers_cap = m->keep_layers_cap,
                              .host_checkpoints = m->host_checkpoints,
                              .recomputed_checkpoints = m->recomputed_checkpoints,

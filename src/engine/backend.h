@@ -55,6 +55,9 @@ typedef struct mt_be_request {
                                 * budget is assumed free) */
     int threads;               /* the CPU threads that compute (the CPU backend's scratch is per thread) */
     uint32_t mlp_piece_tokens; /* tests: the MLP's tokens per piece (0: the backend's own rule) */
+    uint32_t head_chunk_tokens; /* tests: the head's tokens per logits chunk (0: the backend's own rule) */
+    uint32_t head_dw_tokens;    /* tests: the head's tokens per weight-gradient GEMM, rounded up to whole chunks
+                                 * (0: the backend's own rule; mt_head_dw_rows) */
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
     uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
     uint32_t recomputed_checkpoints; /* tests: this many checkpoints recomputed (mt_ck_recomputed; 0: the backend's

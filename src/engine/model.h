@@ -31,6 +31,8 @@ struct mt_model {
     double trace_after;    /* and after it */
     int trace_valid;       /* the last step left a whole FULL trace */
     uint32_t mlp_piece_tokens; /* tests: the CUDA backend's MLP tokens per piece (0: its own choice) */
+    uint32_t head_chunk_tokens; /* tests: the head's tokens per logits chunk (0: the backend's choice) */
+    uint32_t head_dw_tokens;    /* tests: the head's tokens per weight-gradient GEMM (0: the backend's choice) */
     uint32_t keep_layers_cap;  /* tests: at most this many layers keep activations (0: as many as fit) */
     uint32_t host_checkpoints; /* tests: this many activation checkpoints in host memory (0: the backend's rule) */
     uint32_t recomputed_checkpoints; /* tests: this many checkpoints recomputed in the backward (0: the backend's rule) */

@@ -9,7 +9,8 @@ int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
 {
     const uint64_t T = (uint64_t)d->T, C = (uint64_t)d->C, Q = (uint64_t)d->Q, KV = (uint64_t)d->KV;
     /* the MLP's pieces; a shared expert's run in the same buffers */
-    const uint64_t FT = (uint64_t)d->FT * (uint64_t)MT_MAX(d->F, d->FS), chunk = (uint64_t)d->chunk * (uint64_t)d->V;
+    const uint64_t FT = (uint64_t)d->FT * (uint64_t)MT_MAX(d->F, d->FS);
+    const uint64_t dlogits = (uint64_t)MT_MAX(d->dw_rows, d->chunk) * (uint64_t)d->V;
     /* the logits buffer also takes head_logits' n_seq rows */
     const uint64_t logits = (uint64_t)MT_MAX(d->chunk, d->n_seq) * (uint64_t)d->V;
     int k = 0;
@@ -38,7 +39,7 @@ int mt_block_work(const mt_dims *d, int want_grad, mt_work_buf *out)
         BUF(dk, T * KV, 0);
         BUF(dv, T * KV, 0);
         BUF(dxn, T * C, 1);
-        BUF(dlogits, chunk, 0);
+        BUF(dlogits, dlogits, 0);
     }
     if (d->mla) {
         const uint64_t Rq = (uint64_t)d->Rq, Rkv = (uint64_t)d->Rkv, Dr = (uint64_t)d->Dr;
@@ -386,14 +387,22 @@ void mt_block_head(const mt_exec *x, void *const *w, const void *lm, float *cons
     const int T = d->T, C = d->C, V = d->V;
     k->rmsnorm(kc, b->xn1, b->rstd1, in, w[MT_T_FINAL_NORM], T, C, d->eps, d->norm_offset);
     if (dy) k->zero(kc, b->dxn, (size_t)T * C * sizeof(float));
-    for (int t0 = 0; t0 < T; t0 += d->chunk) {
+    /* The chunks' dlogits stay side by side in b->dlogits until dw_rows tokens (or T) have them; then one
+     * GEMM adds their weight gradient: a chunk of a few hundred tokens of a large vocabulary would
+     * otherwise read and write the whole fp32 (V, C) gradient for little arithmetic. */
+    const int G = MT_MAX(d->dw_rows, d->chunk);
+    for (int t0 = 0, g0 = 0; t0 < T; t0 += d->chunk) {
         const int n = MT_MIN(d->chunk, T - t0);
         const void *xc = mt_at(d, b->xn1, (size_t)t0 * C);
+        void *dl = dy ? mt_at(d, b->dlogits, (size_t)(t0 - g0) * V) : NULL;
         k->linear(kc, b->logits, 1, xc, lm, NULL, n, C, V, 0);
-        k->cross_entropy(kc, dy ? b->dlogits : NULL, b->logits, targets + t0, n, V, loss_scale, d->final_softcap);
+        k->cross_entropy(kc, dl, b->logits, targets + t0, n, V, loss_scale, d->final_softcap);
         if (dy) {
-            k->linear_dx(kc, b->dxn + (size_t)t0 * C, 1, b->dlogits, lm, n, C, V, 0);
-            k->linear_dw(kc, glm, NULL, b->dlogits, xc, n, C, V);
+            k->linear_dx(kc, b->dxn + (size_t)t0 * C, 1, dl, lm, n, C, V, 0);
+            if (t0 + n - g0 >= G || t0 + n == T) {
+                k->linear_dw(kc, glm, NULL, b->dlogits, mt_at(d, b->xn1, (size_t)g0 * C), t0 + n - g0, C, V);
+                g0 = t0 + n;
+            }
         }
     }
     if (dy) {

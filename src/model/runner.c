@@ -115,6 +115,14 @@ void mt_run_head_logits(const mt_runner *r, int mb, const mt_unit_io *io, float 
     r->tpl->head_logits(&x, w, lm, io->in, out);
 }
 
+int mt_head_dw_rows(int T, int chunk, uint64_t want, uint64_t V, uint64_t es, uint64_t max_bytes)
+{
+    const uint64_t c = (uint64_t)MT_MAX(chunk, 1);
+    uint64_t n = want ? (want + c - 1) / c : max_bytes / (c * MT_MAX(V, (uint64_t)1) * MT_MAX(es, (uint64_t)1));
+    n = MT_MAX(n, (uint64_t)1);
+    return (int)MT_MIN((uint64_t)MT_MAX(T, 1), n * c);
+}
+
 uint64_t mt_mlp_piece_tokens(uint64_t T, uint64_t F, uint64_t es, uint64_t max_bytes)
 {
     const uint64_t row = F * es;

@@ -86,6 +86,11 @@ void mt_run_head(const mt_runner *r, int mb, const mt_unit_io *io, float loss_sc
 /* The next-token logits at the last position of each sequence of mb: out[n_seq * V] (host). */
 void mt_run_head_logits(const mt_runner *r, int mb, const mt_unit_io *io, float *out);
 
+/* The head's tokens per weight-gradient GEMM (mt_dims.dw_rows) for T tokens in logits chunks of chunk
+ * tokens: want (a test's count, 0: none) rounded up to whole chunks, else as many whole chunks as keep
+ * their (rows, V) dlogits of es-byte elements within max_bytes; at least one chunk, at most T. */
+int mt_head_dw_rows(int T, int chunk, uint64_t want, uint64_t V, uint64_t es, uint64_t max_bytes);
+
 /* The tokens of each MLP piece for T tokens of an F-wide MLP of es-byte
  * elements whose (tokens, F) buffers stay within max_bytes: all T, or equal
  * pieces, a multiple of 128 tokens (never fewer than 128). */

@@ -236,6 +236,9 @@ typedef struct mt_dims {
     size_t es; /* bytes of an act element: the template's only view of types (buffer offsets) */
     int FT;    /* MLP tokens per piece: T, or fewer to keep (FT, F) buffers small */
     int chunk; /* head tokens per logits chunk: the head never holds (T, V) */
+    int dw_rows; /* head tokens per weight-gradient GEMM: whole chunks (or the rest of T) whose dlogits are kept
+                  * until their one GEMM, so that the (V, C) fp32 gradient is read and written once per dw_rows
+                  * tokens instead of once per chunk */
     float eps, attn_scale;
     int qk_norm; /* RMSNorm of each head of q and k before RoPE (Qwen3, Gemma 3) */
     int qk_l2;   /* Llama 4: on the layers with RoPE, each head of q and k divided by its root mean square
@@ -285,7 +288,7 @@ typedef enum mt_glu_act {
 #define MT_GPTOSS_ALPHA 1.702f
 #define MT_GPTOSS_LIMIT 7.0f
 
-/* The model's part of d (everything but es, FT and chunk, which the backend
+/* The model's part of d (everything but es, FT, chunk and dw_rows, which the backend
  * sets) for micro-batches of n_seq sequences of seq_len. */
 void mt_dims_init(mt_dims *d, const mt_model_config *cfg, int n_seq, int seq_len);
 
