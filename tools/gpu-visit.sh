@@ -93,6 +93,12 @@ done
 # what the MoE step's optimizer idle is made of
 run adamw_2g build/bench/adamw --params 2G --threads 8,16 --iters 3 --grad bf16
 run step_moe_csv build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline --timeline-csv "$OUT/step_moe_visits.csv"
+# the MoE steps against PyTorch with transformers' own experts (grouped_mm), the whole model on the GPU, same
+# layers and tokens; and the per-kernel times of one Qwen3-30B-A3B micro-batch (docs/benchmarks.md)
+MOE_ARGS="--seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2"
+run torch_moe sh -c "python3 bench/torch_baseline.py --mode gpu --preset qwen3-30b-a3b --layers 12 $MOE_ARGS; python3 bench/torch_baseline.py --mode gpu --preset mixtral-8x7b --layers 5 $MOE_ARGS"
+run step_mixtral build/bench/step --preset mixtral-8x7b --layers 5 $MOE_ARGS --host-budget 118 --timeline
+run profile_moe tools/profile-layer.sh --preset qwen3-30b-a3b --layers 1 --seq-len 4096 --micro-batch 4 --grad-accum 1
 # the experts' GEMMs of one layer and micro-batch: the grouped Hopper kernels against the per-expert loop
 # (docs/moe.md), at each MoE preset's shape
 run grouped_bench build/bench/cuda_grouped_gemm
