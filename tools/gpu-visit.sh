@@ -83,6 +83,9 @@ done
 for i in 1 2; do
   [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
   run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+  # Mixtral-8x7B at 5 layers (98 GiB pinned; 6 would need 116.95 of the 118)
+  [ -n "${PREV_STEP:-}" ] && run step_mixtral_prev$i "$PREV_STEP" --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+  run step_mixtral_now$i build/bench/step --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
 done
 # the GPT-OSS-20B shape with as many layers as the host holds (megatrain plan: 22 layers 108.5 GiB pinned, 23
 # 113.2, 24 117.8 of a 118 GiB budget), lean, issue 33 part 7
