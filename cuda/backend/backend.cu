@@ -84,9 +84,9 @@ extern "C" { // the library's own (C) headers
 // elements past 2^31. The head computes the logits in chunks of
 // LOGITS_CHUNK_BYTES of fp32, and keeps the chunks' dlogits until
 // DLOGITS_GROUP_BYTES of them can share one weight-gradient GEMM: per
-// chunk, a vocabulary of 151936 (chunks of 441 tokens) read and wrote the
-// 1.2 GB fp32 gradient of Qwen3's head for 0.27 TFLOP of arithmetic, and
-// that GEMM ran at 300 TFLOP/s (docs/benchmarks.md).
+// chunk, a vocabulary of 151936 and hidden 2048 (chunks of 441 tokens)
+// read and wrote the head's 1.2 GB fp32 gradient for 0.27 TFLOP of
+// arithmetic, and that GEMM ran at 300 TFLOP/s (docs/benchmarks.md).
 #define MLP_PIECE_BYTES ((uint64_t)2 << 30)
 #define LOGITS_CHUNK_BYTES ((uint64_t)256 << 20)
 #define DLOGITS_GROUP_BYTES ((uint64_t)512 << 20)
