@@ -6,15 +6,19 @@ sequence length, micro-batch, gradient accumulation and tokens per optimizer
 step as `build/bench/step`, the same token stream (its LCG, targets = the next
 token), the same optimizer settings (AdamW, betas 0.9/0.95, eps 1e-8, weight
 decay 0.1 on matrices only, gradient clipping at 1.0, lr 1e-5), and the same
-figures: model TFLOP/s = (6 * params * tokens + 12 * layers * hidden * seq *
-tokens) / step time, the recompute not counted, median of the timed steps
+figures: model TFLOP/s = (6 * params * tokens + 12 * layers * heads * head_dim *
+seq * tokens) / step time (params: the active ones of a mixture of experts,
+every parameter but the experts a token does not use, as bench/step counts), the recompute not counted, median of the timed steps
 after the warm-up (the median as bench/step.c takes it: sorted[n // 2]).
 
     python3 bench/torch_baseline.py --mode gpu --preset 7b --seq-len 4096 \\
         --micro-batch 4 --grad-accum 8 --steps 3 --json out/torch.jsonl
 
-Models are built from a LlamaConfig / Qwen2Config with random weights (nothing
-is downloaded), attention through SDPA (`attn_implementation="sdpa"`, its
+Models are built from a LlamaConfig / Qwen2Config (Qwen3MoeConfig, MixtralConfig
+for the mixture-of-experts presets, whose --layers N keeps the first N layers
+and whose experts run on transformers' own experts code with the backend
+--experts names: grouped_mm, torch's grouped GEMM, by default) with random
+weights (nothing is downloaded), attention through SDPA (`attn_implementation="sdpa"`, its
 flash kernel: causal, no mask), activation checkpointing of every decoder layer
 (non-reentrant), loss = mean cross-entropy over fp32 logits, computed here.
 
