@@ -1028,8 +1028,8 @@ Test(data, damaged_document_magic_is_not_read_raw)
         cr_assert_eq(mt_dataset_num_tokens(ds), n / 2);
         mt_dataset_close(ds);
     }
-    /* the same header one byte longer describes no file: raw uint16, as any other */
-    b[n] = 0;
+    /* the same header two bytes longer describes no file: raw uint16, as any other */
+    b[n] = b[n + 1] = 0;
     write_bytes(p, b, n + 2);
     mt_dataset_options o = options(MT_TOKENS_AUTO, 4, 0.0f);
     o.vocab_size = 65536;
