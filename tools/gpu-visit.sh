@@ -43,6 +43,8 @@ run roundtrip_families sh -c 'python3 -c "import random, struct; random.seed(1);
 run hf_src sh -c 'd=$(python3 -c "import transformers, os; print(os.path.dirname(transformers.__file__))"); python3 -c "import transformers, torch; print(transformers.__version__, torch.__version__)"; cd "$d" && tar czf "$0/hf_src.tgz" modeling_rope_utils.py masking_utils.py integrations/sdpa_attention.py integrations/flex_attention.py models/gpt_oss models/deepseek_v3 models/deepseek_v2 models/llama4 models/qwen2_moe' "$OUT"
 run gpu_tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'cuda_*/*'
 run gpu_backend env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter 'backend/*'
+# the GPU tests of the MoE path, the norms and the head alone (a few minutes, where gpu_tests takes many)
+run gpu_tests_moe env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 1 --verbose --filter '@(cuda_kernels/rmsnorm*|cuda_kernels/moe*|cuda_grouped/*|cuda_backend/moe*|cuda_backend/head*|cuda_backend/mlp*|cuda_backend/qwen3*|cuda_backend/step_matches_cpu_bf16)'
 # the bits of the same runs from an earlier build (PREV_FP) and this one
 for fp in fingerprint:cuda fingerprint_fx:fixtures,tests/fixtures,cuda fingerprint_7b:7b; do
   [ -n "${PREV_FP:-}" ] && run ${fp%%:*}_prev sh -c "\"$PREV_FP\" $(echo ${fp#*:} | tr , ' ') > \"$OUT/${fp%%:*}_prev.txt\""
