@@ -626,6 +626,34 @@ Test(cuda_backend, kept_attention_is_bit_identical)
     mt_model_destroy(f);
 }
 
+/* whole and other, the same model with other knobs, on one batch: fp32 sums in another order, so
+ * the loss to 1e-6 relative and every gradient to 1e-5 of its tensor's largest. Destroys both. */
+static void same_sums_as_whole(mt_model *whole, mt_model *other, const char *what, unsigned seed)
+{
+    enum { B = 2, S = 77, M = 2, N = B * S * M };
+    int32_t tok[N], tg[N];
+    fill(tok, tg, N, seed);
+    mt_batch b = batch_of(tok, tg, B, S, M);
+    double lw, nw, lo, no;
+    cr_assert_eq(mt_engine_grads(whole, &b, count_targets(tg, N), &lw, &nw, NULL), MT_OK, "%s", mt_model_errmsg(whole));
+    cr_assert_eq(mt_engine_grads(other, &b, count_targets(tg, N), &lo, &no, NULL), MT_OK, "%s",
+                 mt_model_errmsg(other));
+    cr_assert(fabs(lo - lw) <= 1e-6 * fabs(lw), "loss %.9f (%s) vs %.9f (whole)", lo, what, lw);
+    float *go = grads(other), *gw = grads(whole);
+    uint64_t off = 0;
+    for (int u = 0; u < whole->layout.n_units; u++)
+        for (int i = 0; i < whole->layout.units[u].n_tensors; i++) {
+            const mt_tensor_desc *td = &whole->layout.units[u].tensors[i];
+            double max_rel, l2_rel;
+            compare(go + off, gw + off, td->numel, &max_rel, &l2_rel);
+            cr_assert(max_rel <= 1e-5, "%s (%s): gradients differ by %.3g of the largest", td->name, what, max_rel);
+            off += td->numel;
+        }
+    free(go), free(gw);
+    mt_model_destroy(whole);
+    mt_model_destroy(other);
+}
+
 /* The MLP in pieces of tokens (what a 262144-token micro-batch of a 7B model
  * needs) computes what it computes whole: the same kernels on fewer rows, the
  * weight gradients summed piece by piece in fp32. In fp32 the only difference
@@ -638,28 +666,7 @@ Test(cuda_backend, mlp_in_pieces_matches_whole)
     mt_model_config c = cfg_of(MT_PRECISION_FP32, 1, 0, 64);
     mt_model *whole = make(&c, MT_BACKEND_CUDA, 2), *pieces = make(&c, MT_BACKEND_CUDA, 2);
     pieces->mlp_piece_tokens = 48;
-    enum { B = 2, S = 77, M = 2, N = B * S * M };
-    int32_t tok[N], tg[N];
-    fill(tok, tg, N, 9);
-    mt_batch b = batch_of(tok, tg, B, S, M);
-    double lw, nw, lp, np;
-    cr_assert_eq(mt_engine_grads(whole, &b, count_targets(tg, N), &lw, &nw, NULL), MT_OK, "%s", mt_model_errmsg(whole));
-    cr_assert_eq(mt_engine_grads(pieces, &b, count_targets(tg, N), &lp, &np, NULL), MT_OK, "%s",
-                 mt_model_errmsg(pieces));
-    cr_assert(fabs(lp - lw) <= 1e-6 * fabs(lw), "loss %.9f (pieces) vs %.9f (whole)", lp, lw);
-    float *gp = grads(pieces), *gw = grads(whole);
-    uint64_t off = 0;
-    for (int u = 0; u < whole->layout.n_units; u++)
-        for (int i = 0; i < whole->layout.units[u].n_tensors; i++) {
-            const mt_tensor_desc *td = &whole->layout.units[u].tensors[i];
-            double max_rel, l2_rel;
-            compare(gp + off, gw + off, td->numel, &max_rel, &l2_rel);
-            cr_assert(max_rel <= 1e-5, "%s: gradients differ by %.3g of the largest", td->name, max_rel);
-            off += td->numel;
-        }
-    free(gp), free(gw);
-    mt_model_destroy(whole);
-    mt_model_destroy(pieces);
+    same_sums_as_whole(whole, pieces, "pieces", 9);
 }
 
 /* The head's logits in chunks of 16 tokens with one weight-gradient GEMM per
@@ -675,28 +682,7 @@ Test(cuda_backend, head_gradient_groups_match_one_chunk)
     whole->head_chunk_tokens = 1000;
     grouped->head_chunk_tokens = 16;
     grouped->head_dw_tokens = 48;
-    enum { B = 2, S = 77, M = 2, N = B * S * M };
-    int32_t tok[N], tg[N];
-    fill(tok, tg, N, 13);
-    mt_batch b = batch_of(tok, tg, B, S, M);
-    double lw, nw, lg, ng;
-    cr_assert_eq(mt_engine_grads(whole, &b, count_targets(tg, N), &lw, &nw, NULL), MT_OK, "%s", mt_model_errmsg(whole));
-    cr_assert_eq(mt_engine_grads(grouped, &b, count_targets(tg, N), &lg, &ng, NULL), MT_OK, "%s",
-                 mt_model_errmsg(grouped));
-    cr_assert(fabs(lg - lw) <= 1e-6 * fabs(lw), "loss %.9f (grouped) vs %.9f (whole)", lg, lw);
-    float *gg = grads(grouped), *gw = grads(whole);
-    uint64_t off = 0;
-    for (int u = 0; u < whole->layout.n_units; u++)
-        for (int i = 0; i < whole->layout.units[u].n_tensors; i++) {
-            const mt_tensor_desc *td = &whole->layout.units[u].tensors[i];
-            double max_rel, l2_rel;
-            compare(gg + off, gw + off, td->numel, &max_rel, &l2_rel);
-            cr_assert(max_rel <= 1e-5, "%s: gradients differ by %.3g of the largest", td->name, max_rel);
-            off += td->numel;
-        }
-    free(gg), free(gw);
-    mt_model_destroy(whole);
-    mt_model_destroy(grouped);
+    same_sums_as_whole(whole, grouped, "grouped", 13);
 }
 
 /* The library works on the policy's device and leaves the calling thread's
