@@ -9,7 +9,8 @@
 #   RUN_TIMEOUT=580 tools/gpu-visit.sh long_7b   each part's time limit (300 s)
 #   PREV_STEP=old/step tools/gpu-visit.sh step_7b_prev1 step_7b_now1 step_7b_prev2 step_7b_now2
 #                                      the 7B step of an earlier build against this one's
-#                                      (step_moe_prev1 .. step_moe_now2: Qwen3-30B-A3B, 12 layers)
+#                                      (step_moe_prev1 .. step_moe_now2: Qwen3-30B-A3B, 12 layers;
+#                                      step_mixtral_prev1 ..: Mixtral-8x7B, 5 layers; STEP_ARGS=--lean: lean)
 #   PREV_FP=old/fingerprint tools/gpu-visit.sh fingerprint_prev fingerprint fingerprint_cmp
 #                                      the bits of short runs (and of three 7B steps) of an
 #                                      earlier build against this one's: a refactor must print the same
@@ -83,11 +84,11 @@ for i in 1 2; do
 done
 # the Qwen3-30B-A3B shape (12 of its 48 layers: 113 GB of host state) the same way
 for i in 1 2; do
-  [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
-  run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+  [ -n "${PREV_STEP:-}" ] && run step_moe_prev$i "$PREV_STEP" --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline ${STEP_ARGS:-}
+  run step_moe_now$i build/bench/step --preset qwen3-30b-a3b --layers 12 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline ${STEP_ARGS:-}
   # Mixtral-8x7B at 5 layers (98 GiB pinned; 6 would need 116.95 of the 118)
-  [ -n "${PREV_STEP:-}" ] && run step_mixtral_prev$i "$PREV_STEP" --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
-  run step_mixtral_now$i build/bench/step --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline
+  [ -n "${PREV_STEP:-}" ] && run step_mixtral_prev$i "$PREV_STEP" --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline ${STEP_ARGS:-}
+  run step_mixtral_now$i build/bench/step --preset mixtral-8x7b --layers 5 --seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2 --host-budget 118 --timeline ${STEP_ARGS:-}
 done
 # the GPT-OSS-20B shape with as many layers as the host holds (megatrain plan: 22 layers 108.5 GiB pinned, 23
 # 113.2, 24 117.8 of a 118 GiB budget), lean, issue 33 part 7
