@@ -220,6 +220,14 @@ Test(cuda_kernels, rmsnorm_forward)
                 check_rmsnorm_fwd(norm_shapes[si].T, norm_shapes[si].C, norm_dts[di][0], norm_dts[di][1],
                                   emins[ei] ? &tu : NULL, 0.0f);
     }
+    /* rows of at most 256 (several rows a block, G lanes a row): 1 to 32 lanes, a last block part
+     * full, the per-head q/k norms of Qwen3 (128) and Gemma 3 (256) */
+    const shape2 rows[] = {{77, 8}, {300, 16}, {129, 32}, {4099, 64}, {4099, 128}, {1000, 256}, {33, 200}};
+    for (size_t si = 0; si < sizeof rows / sizeof *rows; si++)
+        for (size_t di = 0; di < 3; di++) {
+            check_rmsnorm_fwd(rows[si].T, rows[si].C, norm_dts[di][0], norm_dts[di][1], NULL, 0.0f);
+            check_rmsnorm_fwd(rows[si].T, rows[si].C, norm_dts[di][0], norm_dts[di][1], NULL, 1.0f);
+        }
 }
 
 /* Gemma's (1 + w) against mt_cpu_rmsnorm(..., 1.0f), every shape and dtype pair */
@@ -338,6 +346,9 @@ Test(cuda_kernels, rmsnorm_backward)
     check_rmsnorm_bwd(4099, 96, MT_CU_BF16, MT_CU_BF16, 1, NULL);
     check_rmsnorm_bwd(2053, 104, MT_CU_F32, MT_CU_F32, 0, NULL);
     check_rmsnorm_bwd(37, 4096, MT_CU_BF16, MT_CU_BF16, 0, NULL);
+    /* the per-head q/k norms: many short rows (512 tokens x 32 heads of 128), 16 times the chunks */
+    check_rmsnorm_bwd(16384, 128, MT_CU_BF16, MT_CU_BF16, 1, NULL);
+    check_rmsnorm_bwd(16384, 64, MT_CU_BF16, MT_CU_F32, 1, NULL);
 }
 
 Test(cuda_kernels, rmsnorm_backward_variants)

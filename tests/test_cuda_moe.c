@@ -129,13 +129,15 @@ static void route_check(int T, int E, int k, int norm)
 }
 
 /* Shapes: a few tokens among many experts (most get none), E above a warp (several experts a lane),
- * k = 1, and the 30B-A3B's 128 experts top-8 over more tokens than a block's pass */
+ * k = 1, and the 30B-A3B's 128 experts top-8 over more tokens than a block's pass (placement: 4096
+ * slots a pass; 1100 x 8 = 8800 slots, three passes, the last one partial) */
 Test(cuda_kernels, moe_route)
 {
     route_check(5, 64, 2, 1);
     route_check(37, 8, 2, 1);
     route_check(300, 128, 8, 1);
     route_check(300, 128, 8, 0);
+    route_check(1100, 128, 8, 1);
     route_check(70, 40, 1, 0);
     route_check(1, 1024, 3, 1);
 }
@@ -388,11 +390,12 @@ Test(cuda_kernels, moe_route_sigmoid_masks_and_ties)
     mt_device_free(drows), mt_device_free(dsr), mt_device_free(doffs);
 }
 
-/* gather, combine and dot_scale in both activation types against the CPU ops on the same values */
-static void rows_check(int dt_bf16)
+/* gather, combine and dot_scale in both activation types against the CPU ops on the same values; C 200
+ * takes the 16-byte paths of gather and combine, C 203 the element-wise ones */
+static void rows_check(int dt_bf16, int C)
 {
     NEED_GPU();
-    enum { T = 29, E = 6, K = 3, R = T * K, C = 200 };
+    enum { T = 29, E = 6, K = 3, R = T * K };
     const mt_cu_dtype dt = dt_bf16 ? MT_CU_BF16 : MT_CU_F32;
     const size_t es = dt_bf16 ? 2 : 4;
     unsigned s = 5;
@@ -471,8 +474,8 @@ static void rows_check(int dt_bf16)
     mt_device_free(dout), mt_device_free(df), mt_device_free(dxf), mt_device_free(dy), mt_device_free(dd);
 }
 
-Test(cuda_kernels, moe_rows_fp32) { rows_check(0); }
-Test(cuda_kernels, moe_rows_bf16) { rows_check(1); }
+Test(cuda_kernels, moe_rows_fp32) { rows_check(0, 200), rows_check(0, 203); }
+Test(cuda_kernels, moe_rows_bf16) { rows_check(1, 200), rows_check(1, 203); }
 
 /* The load-balancing loss: E * sum_e c_e p_e over L rows, added to the device's loss sum */
 Test(cuda_kernels, moe_aux_loss)

@@ -698,8 +698,13 @@ template <typename F> static void grouped_by_loop(cu_be *b, const int32_t *offs,
     }
 }
 
+static int expert_path(const cu_be *b, int dw, const int32_t *offs, int E, int R, int K, int N);
+enum { EP_KERNEL, EP_LOOP };
+
 // y[r, :N] = x[r, :K] W_e^T (+ bias_e) (+ y) over each expert's rows: a few outputs a row (a bias's
-// products, N = 1) on the kernel that reads offs on the device, the others by the loop.
+// products, N = 1) on the kernel that reads offs on the device; the others on the grouped kernel or the
+// loop as expert_path says (the recompute of the backward has the forward's offsets on the host, and
+// runs long row blocks on the loop as the input gradient does).
 static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const void *W, const void *bias,
                          const int32_t *offs, int E, int R, int K, int N, int accumulate)
 {
@@ -710,7 +715,7 @@ static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const vo
            "expert GEMM");
         return;
     }
-    if (b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N)) {
+    if (expert_path(b, 0, offs, E, R, K, N) == EP_KERNEL) {
         OK(b, mt_cu_gg_linear(b->gg, b->comp, y, out_f32, x, W, bias, offs, E, R, K, N, accumulate), "expert GEMM");
         return;
     }
@@ -722,17 +727,17 @@ static void k_moe_linear(void *kc, void *y, int out_f32, const void *x, const vo
     });
 }
 
-// Which way an expert product of the backward runs. With the forward's offsets on the host (the
-// backward's products after its recompute routed), either can: the grouped kernel (offsets on the
+// Which way an expert product of the backward (its recompute's included) runs. With the forward's
+// offsets on the host (the backward's products after its recompute routed), either can: the grouped kernel (offsets on the
 // device) or the loop of one cuBLASLt GEMM per expert (sizes from the host offsets, no wait). The rule
 // comes from bench/cuda_grouped_gemm on an H100 (12-06, docs/moe.md): the weight gradient is faster
 // through the loop at every shape measured (263-623 TFLOP/s against the kernel's 151-387); the input
 // gradient through the kernel where the experts' row blocks are short (128 experts of ~1024 rows; ~1536
 // rows: a tie), through the loop where they are long (2048 and 4096 rows an expert: 554-714 against
-// 412-492). Without host offsets: the kernel, else the loop (which then reads
+// 412-492); the recompute's forward products the same way (long blocks: the loop's 630-728 against the
+// kernel's 402-531). Without host offsets: the kernel, else the loop (which then reads
 // them back). cuBLAS's grouped GEMM was measured too and is not used: slower than both where it runs
 // (240-290), and it refuses fp32 outputs with bf16 operands.
-enum { EP_KERNEL, EP_LOOP };
 static int expert_path(const cu_be *b, int dw, const int32_t *offs, int E, int R, int K, int N)
 {
     const int kernel = b->gg && b->dt == MT_CU_BF16 && mt_cu_gg_fits(K, N);

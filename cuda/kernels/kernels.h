@@ -68,7 +68,8 @@ typedef enum mt_cu_knob {
     MT_CU_TUNE_RMS_FWD_EMIN = 1,     /* RMSNorm forward: at least this many 8-wide accesses per thread (1, 2, 4; default 2) */
     MT_CU_TUNE_RMS_BWD_EMIN = 2,     /* the same for the backward (default 1) */
     MT_CU_TUNE_RMS_BWD_PREFETCH = 3, /* backward: dx loaded with x and dy (default 0) */
-    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,   /* backward: at most this many row chunks, i.e. dw partials (>= 1, default 512) */
+    MT_CU_TUNE_RMS_BWD_CHUNKS = 4,   /* backward: at most this many row chunks, i.e. dw partials (>= 1, default 512),
+                                      * for rows of 2048 or more; rows of C < 2048 get 2048 / C times as many */
     MT_CU_TUNE_CE_THREADS = 5,       /* cross-entropy: threads per row (32..1024, multiples of 32; default 1024) */
     MT_CU_TUNE_CE_SMEM = 6,          /* cross-entropy: shared memory bytes per block, to limit rows in flight */
                                      /* (0..200 KiB, default 0) */
