@@ -477,6 +477,80 @@ static void rows_check(int dt_bf16, int C)
 Test(cuda_kernels, moe_rows_fp32) { rows_check(0, 200), rows_check(0, 203); }
 Test(cuda_kernels, moe_rows_bf16) { rows_check(1, 200), rows_check(1, 203); }
 
+/* dot_scale at the widths of each of its paths (bf16: one, two, four and eight groups of eight a thread,
+ * and past them; fp32: up to four, and past them; widths not a multiple of 8), with and without the dot
+ * and y: each against the element-wise kernel on the same rows (reached through rows that are not 16-byte
+ * aligned), whose scaled rows it must match bit for bit and whose dot within one float ulp (the same
+ * exact double products summed in another order), and the dot against the CPU op within 2^-23. */
+static void dot_scale_paths(int dt_bf16, int n, int with_y, int with_dw)
+{
+    enum { R = 5 };
+    const mt_cu_dtype dt = dt_bf16 ? MT_CU_BF16 : MT_CU_F32;
+    const size_t es = dt_bf16 ? 2 : 4, rowb = (size_t)R * n * es;
+    unsigned s = 11u + (unsigned)n;
+    const int32_t rows[R] = {3, 0, 4, 1, 2};
+    float w[R], *x = malloc((size_t)R * n * 4), *y = malloc((size_t)R * n * 4), d[R];
+    for (int i = 0; i < R; i++) w[i] = uni(&s) * 2.0f;
+    for (int i = 0; i < R * n; i++) {
+        x[i] = mt_bf16_to_f32(mt_f32_to_bf16(uni(&s)));
+        y[i] = mt_bf16_to_f32(mt_f32_to_bf16(uni(&s)));
+    }
+    unsigned char *hx = malloc(rowb), *hy = malloc(rowb), *got[2][2];
+    for (int i = 0; i < R * n; i++) {
+        if (dt_bf16) ((uint16_t *)hx)[i] = mt_f32_to_bf16(x[i]), ((uint16_t *)hy)[i] = mt_f32_to_bf16(y[i]);
+        else ((float *)hx)[i] = x[i], ((float *)hy)[i] = y[i];
+    }
+    float gd[2][R];
+    int32_t *drows = up(rows, sizeof rows);
+    float *dw = up(w, sizeof w);
+    for (int path = 0; path < 2; path++) { /* 0: aligned rows, 1: rows one element past a 16-byte boundary */
+        unsigned char *bx = up(NULL, rowb + 16), *by = up(NULL, rowb + 16);
+        const size_t off = path ? es : 0;
+        cr_assert(mt_device_copy_h2d(bx + off, hx, rowb, why, sizeof why) == 0, "%s", why);
+        cr_assert(mt_device_copy_h2d(by + off, hy, rowb, why, sizeof why) == 0, "%s", why);
+        float *dd = up(NULL, sizeof(float) * R);
+        cr_assert(mt_device_memset(dd, 0, sizeof(float) * R, why, sizeof why) == 0, "%s", why);
+        cr_assert_eq(mt_cu_moe_dot_scale(NULL, dt, with_dw ? dd : NULL, bx + off, with_y ? by + off : NULL, dw,
+                                         drows, R, n),
+                     0);
+        got[path][0] = malloc(rowb), got[path][1] = malloc(rowb);
+        down(got[path][0], bx + off, rowb), down(got[path][1], by + off, rowb), down(gd[path], dd, sizeof gd[path]);
+        mt_device_free(bx), mt_device_free(by), mt_device_free(dd);
+    }
+    const char *tag = dt_bf16 ? "bf16" : "fp32";
+    cr_assert_eq(memcmp(got[0][0], got[1][0], rowb), 0, "%s n %d: scaled x as the element-wise kernel's", tag, n);
+    cr_assert_eq(memcmp(got[0][1], got[1][1], rowb), 0, "%s n %d: y as the element-wise kernel's", tag, n);
+    if (!with_y) cr_assert_eq(memcmp(got[0][1], hy, rowb), 0, "%s n %d: y untouched without it", tag, n);
+    mt_cpu_moe_dot_scale(with_dw ? d : NULL, x, with_y ? y : NULL, w, rows, R, n);
+    for (int r = 0; r < R && with_dw && with_y; r++) {
+        const float a = gd[0][rows[r]], b = gd[1][rows[r]];
+        cr_assert(fabsf(a - b) <= 2 * U24 * fabsf(b), "%s n %d: dw[%d] %.9g against %.9g", tag, n, r, a, b);
+        cr_assert(fabsf(a - d[rows[r]]) <= 2 * U24 * fabsf(d[rows[r]]), "%s n %d: dw[%d] against the CPU", tag, n, r);
+    }
+    for (int i = 0; i < R * n; i++) { /* the CPU's fp32 products, rounded to bf16 where the rows are */
+        const float gx = dt_bf16 ? mt_bf16_to_f32(((uint16_t *)got[0][0])[i]) : ((float *)got[0][0])[i];
+        const float wx = dt_bf16 ? mt_bf16_to_f32(mt_f32_to_bf16(x[i])) : x[i];
+        cr_assert(gx == wx, "%s n %d: x[%d] %.9g, the CPU %.9g", tag, n, i, gx, wx);
+    }
+    for (int p = 0; p < 2; p++) free(got[p][0]), free(got[p][1]);
+    free(x), free(y), free(hx), free(hy);
+    mt_device_free(drows), mt_device_free(dw);
+}
+
+Test(cuda_kernels, moe_dot_scale_paths)
+{
+    NEED_GPU();
+    const int bf16_n[] = {200, 2056, 4104, 14336, 16392, 203}, f32_n[] = {200, 2056, 8192, 8200, 203};
+    for (size_t i = 0; i < sizeof bf16_n / sizeof *bf16_n; i++) {
+        dot_scale_paths(1, bf16_n[i], 1, 1);
+        dot_scale_paths(1, bf16_n[i], 0, 0);
+    }
+    for (size_t i = 0; i < sizeof f32_n / sizeof *f32_n; i++) {
+        dot_scale_paths(0, f32_n[i], 1, 1);
+        dot_scale_paths(0, f32_n[i], 1, 0);
+    }
+}
+
 /* The load-balancing loss: E * sum_e c_e p_e over L rows, added to the device's loss sum */
 Test(cuda_kernels, moe_aux_loss)
 {
