@@ -105,6 +105,11 @@ MOE_ARGS="--seq-len 4096 --micro-batch 4 --grad-accum 8 --steps 2"
 run torch_moe sh -c "python3 bench/torch_baseline.py --mode gpu --preset qwen3-30b-a3b --layers 12 $MOE_ARGS; python3 bench/torch_baseline.py --mode gpu --preset mixtral-8x7b --layers 5 $MOE_ARGS"
 run step_mixtral build/bench/step --preset mixtral-8x7b --layers 5 $MOE_ARGS --host-budget 118 --timeline
 run profile_moe tools/profile-layer.sh --preset qwen3-30b-a3b --layers 1 --seq-len 4096 --micro-batch 4 --grad-accum 1
+# the same for Mixtral (one layer) and DeepSeek-V2-Lite (its dense layer and one MoE layer); the lean kernel at
+# 16 threads on this host (docs/moe.md)
+run profile_mixtral tools/profile-layer.sh --preset mixtral-8x7b --layers 1 --seq-len 4096 --micro-batch 4 --grad-accum 1
+run profile_dsv2 tools/profile-layer.sh --preset deepseek-v2-lite --layers 2 --seq-len 4096 --micro-batch 4 --grad-accum 1
+run lean_16 build/bench/lean --params 512M --threads 16 --iters 3 --isa avx512
 # the experts' GEMMs of one layer and micro-batch: the grouped Hopper kernels against the per-expert loop
 # (docs/moe.md), at each MoE preset's shape
 run grouped_bench build/bench/cuda_grouped_gemm
