@@ -4,6 +4,7 @@
 // reductions in shared memory, warp sums broadcast from lane 0), never with
 // floating-point atomics, so every result is the same from run to run.
 #include "cuda/kernels/moe.h"
+#include "cuda/kernels/vec.cuh"
 #include "model/template.h"
 
 #include <cuda_bf16.h>
@@ -11,7 +12,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 #include <type_traits>
 
 typedef __nv_bfloat16 bf16;
@@ -26,37 +26,6 @@ __device__ __forceinline__ float ld(const float *p) { return *p; }
 __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void st(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
-
-// Eight elements through 16-byte accesses (p aligned to 16 bytes), as ld and st convert them one by one.
-__device__ __forceinline__ void ld8(const float *p, float (&v)[8])
-{
-    const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void ld8(const bf16 *p, float (&v)[8])
-{
-    const uint4 a = *reinterpret_cast<const uint4 *>(p);
-    const uint32_t u[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) v[2 * q] = __uint_as_float(u[q] << 16), v[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
-}
-__device__ __forceinline__ void st8(float *p, const float (&v)[8])
-{
-    reinterpret_cast<float4 *>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4 *>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-__device__ __forceinline__ void st8(bf16 *p, const float (&v)[8])
-{
-    uint32_t u[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]); // v[2q] at the lower address
-        memcpy(&u[q], &h, sizeof u[q]);
-    }
-    *reinterpret_cast<uint4 *>(p) = make_uint4(u[0], u[1], u[2], u[3]);
-}
-
-bool al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // The routing's order: the larger probability first, then the lower index (a total order, so
 // every lane of a warp picks the same expert, and the CPU op the same as the GPU).
@@ -374,14 +343,14 @@ __global__ void combine8_k(TO *out, const TS *src, const float *w, const int32_t
         for (int j = 0; j < k; j++) {
             const size_t s = t * k + j;
             const float ws = w ? w[s] : 1.0f;
-            ld8(src + (size_t)slot_row[s] * C + c, v);
+            load<8>(src + (size_t)slot_row[s] * C + c, v);
 #pragma unroll
             for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], __fmul_rn(ws, v[q]));
         }
-        ld8(out + t * C + c, o);
+        load<8>(out + t * C + c, o);
 #pragma unroll
         for (int q = 0; q < 8; q++) o[q] = __fadd_rn(o[q], acc[q]);
-        st8(out + t * C + c, o);
+        store<8>(out + t * C + c, o);
     }
 }
 
@@ -418,9 +387,9 @@ __global__ void __launch_bounds__(BLOCK) dot_scale8_k(float *dw, TD *x, TD *y, c
     for (int j = 0; j < V; j++) {
         const int g = threadIdx.x + j * BLOCK;
         if (g >= groups) continue;
-        ld8(xr + (size_t)8 * g, xv[j]);
+        load<8>(xr + (size_t)8 * g, xv[j]);
         if (yr) {
-            ld8(yr + (size_t)8 * g, yv[j]);
+            load<8>(yr + (size_t)8 * g, yv[j]);
             if (dw)
 #pragma unroll
                 for (int q = 0; q < 8; q++) d += (double)xv[j][q] * yv[j][q];
@@ -437,11 +406,11 @@ __global__ void __launch_bounds__(BLOCK) dot_scale8_k(float *dw, TD *x, TD *y, c
         if (g >= groups) continue;
 #pragma unroll
         for (int q = 0; q < 8; q++) xv[j][q] *= s;
-        st8(xr + (size_t)8 * g, xv[j]);
+        store<8>(xr + (size_t)8 * g, xv[j]);
         if (yr) {
 #pragma unroll
             for (int q = 0; q < 8; q++) yv[j][q] *= s;
-            st8(yr + (size_t)8 * g, yv[j]);
+            store<8>(yr + (size_t)8 * g, yv[j]);
         }
     }
 }
