@@ -755,6 +755,116 @@ Test(cuda_attention, cudnn_deterministic)
     mt_cudnn_attn_destroy(a);
 }
 
+/* ---- the Hopper kernels (attention_sm90.cu) ----------------------------------
+ * The forward against the CPU with the bf16 tolerances of the file's top: the
+ * same products (bf16 inputs, fp32 accumulation, P rounded to bf16 before
+ * P V), summed in another order. Its tiles are 128 queries by 128 keys:
+ * S 1 and 17 fill part of one block, 77 a block with rows and keys past S,
+ * 256 two blocks exactly, 1000 eight blocks (both stages of the key ring
+ * used four times each, the causal mask on each block's diagonal and keys
+ * past S in the last); one to seven query heads a kv head; B up to 3. */
+static void need_sm90(void)
+{
+    need_gpu();
+    if (!mt_cuattn_sm90_device_ok()) MT_GPU_MISSING("the device is not compute capability 9.0 (Hopper)");
+}
+
+static void check_sm90(shape sh, uint64_t s)
+{
+    need_sm90();
+    const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D;
+    const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
+    const float scale = 1.0f / sqrtf((float)D);
+    fprintf(stderr, "sm90 bf16 B=%d S=%d H=%d Hkv=%d D=%d\n", B, S, H, Hkv, D);
+    seed(s);
+    float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1);
+    float *out = malloc(nq * 4), *lse = malloc(nl * 4);
+    void *ws = malloc(mt_cpu_ws_size(1, S));
+    cr_assert(out && lse && ws);
+    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
+    void *gq = upload(q, nq, MT_CUATTN_BF16), *gk = upload(k, nkv, MT_CUATTN_BF16), *gv = upload(v, nkv, MT_CUATTN_BF16);
+    void *gout = alloc_poisoned(nq, 2), *glse = alloc_poisoned(nl, 4);
+    const int rc = mt_cuattn_sm90_forward(NULL, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale);
+    cr_assert_eq(rc, 0, "sm90 forward: %s", mt_cuattn_strerror(rc));
+    dev_sync();
+    float *r_out = download(gout, nq, MT_CUATTN_BF16), *r_lse = download(glse, nl, MT_CUATTN_FP32);
+    compare("sm90 forward out", r_out, out, nq, 2e-2, 1e-2);
+    compare("sm90 forward lse", r_lse, lse, nl, 1e-4, 1e-4);
+    void *dev[] = {gq, gk, gv, gout, glse};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
+    float *host[] = {q, k, v, out, lse, r_out, r_lse};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    free(ws);
+}
+
+Test(cuda_attention, sm90_fwd_gqa_s77_d64) { check_sm90(GQA_SMALL, 41); }
+Test(cuda_attention, sm90_fwd_mha_s256_d128) { check_sm90(MHA_128, 42); }
+Test(cuda_attention, sm90_fwd_mqa_s1000_d64) { check_sm90(MQA_LONG, 43); }
+Test(cuda_attention, sm90_fwd_edges)
+{
+    check_sm90(ONE, 44);
+    check_sm90(QWEN, 45);
+}
+Test(cuda_attention, sm90_fwd_gqa_s1000_d128)
+{
+    const shape sh = {2, 1000, 8, 2, 128};
+    check_sm90(sh, 46);
+}
+
+/* Two forwards on the same inputs give the same bits. */
+Test(cuda_attention, sm90_fwd_deterministic)
+{
+    need_sm90();
+    const shape sh = {2, 1000, 8, 2, 128};
+    const size_t nq = (size_t)sh.B * sh.S * sh.H * sh.D, nkv = (size_t)sh.B * sh.S * sh.Hkv * sh.D,
+                 nl = (size_t)sh.B * sh.H * sh.S;
+    void *t[3];
+    const size_t n[3] = {nq, nkv, nkv};
+    for (int i = 0; i < 3; i++) {
+        t[i] = dev_alloc(n[i] * 2);
+        cr_assert_eq(mt_cuattn_fill_random(NULL, MT_CUATTN_BF16, t[i], n[i], 300 + (uint64_t)i, 1.0f), 0);
+    }
+    unsigned char *h[2][2];
+    const size_t bytes[2] = {nq * 2, nl * 4};
+    for (int run = 0; run < 2; run++) {
+        void *g[2] = {alloc_poisoned(nq, 2), alloc_poisoned(nl, 4)};
+        cr_assert_eq(mt_cuattn_sm90_forward(NULL, g[0], g[1], t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D,
+                                            1.0f / sqrtf((float)sh.D)),
+                     0);
+        dev_sync();
+        for (int i = 0; i < 2; i++) {
+            h[run][i] = malloc(bytes[i]);
+            cr_assert(h[run][i]);
+            cr_assert_eq(mt_device_copy_d2h(h[run][i], g[i], bytes[i], why, sizeof why), 0, "%s", why);
+            mt_device_free(g[i]);
+        }
+    }
+    cr_expect(memcmp(h[0][0], h[1][0], bytes[0]) == 0, "sm90 out differs between two runs");
+    cr_expect(memcmp(h[0][1], h[1][1], bytes[1]) == 0, "sm90 lse differs between two runs");
+    for (int i = 0; i < 2; i++) free(h[0][i]), free(h[1][i]);
+    for (int i = 0; i < 3; i++) mt_device_free(t[i]);
+}
+
+/* The argument checks come before any device call: they run without a GPU. Nothing is launched, so the
+ * pointers need not be device memory. */
+Test(cuda_attention, sm90_argument_checks)
+{
+    _Alignas(16) static unsigned char buf[256];
+    void *p = buf;
+    float *l = (float *)buf;
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 3, 64, 0.125f), MT_CUATTN_EINVAL); /* H % Hkv */
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 2, 64, 0.0f), MT_CUATTN_EINVAL);  /* scale */
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, NULL, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 2, 96, 0.125f), MT_CUATTN_EUNSUPPORTED);
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, buf + 8, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EALIGN);
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f), MT_CUATTN_OK); /* empty */
+    cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 70000, 1 << 20, 32, 8, 128, 0.125f), MT_CUATTN_ETOOBIG);
+    cr_expect(mt_cuattn_sm90_head_dim_ok(64) && mt_cuattn_sm90_head_dim_ok(128));
+    cr_expect(!mt_cuattn_sm90_head_dim_ok(256) && !mt_cuattn_sm90_head_dim_ok(32) && !mt_cuattn_sm90_head_dim_ok(0));
+    cr_expect_str_not_empty(mt_cuattn_strerror(MT_CUATTN_EUNSUPPORTED));
+    cr_expect_str_neq(mt_cuattn_strerror(MT_CUATTN_EUNSUPPORTED), mt_cuattn_strerror(-1000));
+}
+
 #else /* built without CUDA */
 
 Test(cuda_attention, built_without_cuda) { MT_GPU_MISSING("this library was built without CUDA"); }

@@ -58,6 +58,8 @@ enum {
     MT_CUATTN_ELAUNCH = -6,    /* a launch failed (cudaGetLastError after it; no device, bad context, ...) */
     /* -7 is retired (a runtime helper failed; those helpers are now device/device.h) */
     MT_CUATTN_ETOOBIG = -8,    /* B*H > INT_MAX or S > 1048560 (grid dimensions) */
+    MT_CUATTN_EUNSUPPORTED = -9, /* the Hopper kernels: not a compute capability 9.0 device, or a head size
+                                    (mt_cuattn_sm90_head_dim_ok) they do not take */
 };
 
 /* A static string describing a return code; never NULL. */
@@ -112,6 +114,21 @@ int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void
                                const void *out, const float *lse, const void *q, const void *k, const void *v,
                                const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale,
                                float softcap, void *workspace, size_t workspace_bytes);
+
+/* ---- the Hopper kernels (attention_sm90.cu, docs/attention.md) ------------------
+ * bf16 only, on compute capability 9.0 devices, D 64 or 128; the same
+ * contract, layouts and math as the calls above (a different order of the
+ * sums: not the same bits). Deterministic: each output element is written
+ * once, its sums in an order fixed by the shapes. */
+
+/* Nonzero when the Hopper kernels take head size D. */
+int mt_cuattn_sm90_head_dim_ok(int D);
+/* Nonzero when the current device runs them (compute capability 9.0). */
+int mt_cuattn_sm90_device_ok(void);
+/* mt_cuattn_forward in bf16; MT_CUATTN_EUNSUPPORTED (launching nothing) on
+ * another device or head size. */
+int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                           int S, int H, int Hkv, int D, float scale);
 
 /* ---- for tests and benchmarks ----------------------------------------------------
  * Device memory, copies and synchronisation are the device layer's
