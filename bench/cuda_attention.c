@@ -1,14 +1,16 @@
 /* Throughput of the GPU attention (cuda/kernels/attention.h).
  *
  *   cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] [--dtype bf16|fp32]
- *                  [--impl kernels|sm90|cudnn [--nondeterministic]] [--window W]
+ *                  [--impl kernels|mma|sm90|cudnn [--nondeterministic]] [--window W]
  *
  * LISTs are comma-separated. Defaults: S 1024,2048,4096,8192; D 64,128;
  * B*H = 128 with H = 32 query heads (B = 4) and Hkv = H (no grouping); 20
  * timed calls after 3 warm-up calls, the median reported; bf16; the
- * library's own kernels. --impl sm90 times the library's Hopper forward
- * (mt_cuattn_sm90_forward; the backward column stays the mma.sync kernels'
- * until the Hopper backward exists). --impl cudnn times cuDNN's fused attention instead
+ * library's own kernels as the calls choose them (the Hopper forward where it
+ * runs, attention.h). --impl mma: the mma.sync kernels whatever the device;
+ * --impl sm90: the Hopper kernels alone (mt_cuattn_sm90_forward and
+ * _backward; a shape they do not take fails). The backward column of
+ * kernels and mma is the mma.sync kernels'. --impl cudnn times cuDNN's fused attention instead
  * (cuda/kernels/cudnn_attention.h, bf16 only; a shape cuDNN refuses is
  * reported as such), with its deterministic backward unless
  * --nondeterministic. --window W: a sliding window of W keys (the kernels
@@ -93,7 +95,7 @@ typedef struct {
     int32_t *st;           /* with a window: each query's first key (device), else NULL */
     size_t wsb, fws, bws;  /* workspace: allocated; cuDNN's forward and backward needs */
     mt_cudnn_attn *cudnn; /* NULL: the library's kernels */
-    int sm90;             /* the Hopper forward */
+    int impl;             /* the library's: 0 as the calls choose, 1 mma.sync, 2 the Hopper forward */
 } problem;
 
 static int run_fwd(problem *p)
@@ -101,7 +103,10 @@ static int run_fwd(problem *p)
     if (p->cudnn)
         return mt_cudnn_attn_forward(p->cudnn, NULL, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
                                      p->scale, p->ws, p->fws, cudnn_why, sizeof cudnn_why);
-    if (p->sm90)
+    if (p->impl == 1)
+        return mt_cuattn_forward_mma(NULL, p->dtype, p->out, p->lse, p->q, p->k, p->v, p->st, p->B, p->S, p->H,
+                                     p->Hkv, p->D, p->scale, 0.0f);
+    if (p->impl == 2)
         return mt_cuattn_sm90_forward(NULL, p->out, p->lse, p->q, p->k, p->v, p->B, p->S, p->H, p->Hkv, p->D,
                                       p->scale);
     return mt_cuattn_forward_docs(NULL, p->dtype, p->out, p->lse, p->q, p->k, p->v, p->st, p->B, p->S, p->H, p->Hkv,
@@ -114,6 +119,9 @@ static int run_bwd(problem *p)
         return mt_cudnn_attn_backward(p->cudnn, NULL, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v,
                                       p->B, p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->bws, cudnn_why,
                                       sizeof cudnn_why);
+    if (p->impl == 2)
+        return mt_cuattn_sm90_backward(NULL, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v, p->B,
+                                       p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->wsb);
     return mt_cuattn_backward_docs(NULL, p->dtype, p->dq, p->dk, p->dv, p->dout, p->out, p->lse, p->q, p->k, p->v,
                                    p->st, p->B, p->S, p->H, p->Hkv, p->D, p->scale, p->ws, p->wsb);
 }
@@ -138,7 +146,7 @@ static double time_it(int (*fn)(problem *), problem *p, int iters)
 int main(int argc, char **argv)
 {
     int Ss[MAX_LIST] = {1024, 2048, 4096, 8192}, nS = 4, Ds[MAX_LIST] = {64, 128}, nD = 2;
-    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0, nondet = 0, window = 0, sm90 = 0;
+    int bh = 128, H = 32, Hkv = -1, iters = 20, dtype = 0, use_cudnn = 0, nondet = 0, window = 0, impl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--S") && val) nS = parse_list(argv[++i], Ss);
@@ -149,22 +157,24 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters") && val) iters = atoi(argv[++i]);
         else if (!strcmp(a, "--dtype") && val) dtype = !strcmp(argv[++i], "fp32");
         else if (!strcmp(a, "--impl") && val) {
-            use_cudnn = !strcmp(argv[++i], "cudnn");
-            sm90 = !strcmp(argv[i], "sm90");
+            const char *n = argv[++i];
+            use_cudnn = !strcmp(n, "cudnn");
+            impl = !strcmp(n, "mma") ? 1 : !strcmp(n, "sm90") ? 2 : 0;
+            if (!use_cudnn && !impl && strcmp(n, "kernels")) impl = -1;
         }
         else if (!strcmp(a, "--nondeterministic")) nondet = 1;
         else if (!strcmp(a, "--window") && val) window = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: cuda_attention [--S LIST] [--D LIST] [--bh N] [--H N] [--Hkv N] [--iters K] "
-                            "[--dtype bf16|fp32] [--impl kernels|sm90|cudnn] [--nondeterministic] [--window W]\n");
+                            "[--dtype bf16|fp32] [--impl kernels|mma|sm90|cudnn] [--nondeterministic] [--window W]\n");
             return 2;
         }
     }
     if (Hkv < 0) Hkv = H;
     if (nS <= 0 || nD <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || bh % H || iters <= 0 || window < 0 ||
-        (window && (use_cudnn || sm90)) || (sm90 && dtype)) {
+        impl < 0 || (window && (use_cudnn || impl == 2)) || (impl == 2 && dtype)) {
         fprintf(stderr, "cuda_attention: bad arguments (B*H must be a multiple of H, H of Hkv; --window is for the "
-                        "mma.sync kernels; --impl sm90 is bf16 only)\n");
+                        "library's mma.sync kernels; --impl sm90 is bf16 only)\n");
         return 2;
     }
     if (mt_device_count(why, sizeof why) <= 0) {
@@ -190,15 +200,18 @@ int main(int argc, char **argv)
                mt_cudnn_attn_deterministic(cudnn) ? "deterministic" : "non-deterministic");
     }
     printf("%s, %s, B*H = %d (H %d, Hkv %d), median of %d calls, %s", name, dtype ? "fp32" : "bf16", bh, H, Hkv,
-           iters, cudnn ? "cuDNN" : sm90 ? "the library's Hopper forward (backward: its mma.sync kernels)"
-                                         : "the library's kernels");
+           iters,
+           cudnn         ? "cuDNN"
+           : impl == 2   ? "the library's Hopper kernels"
+           : impl == 1   ? "the library's mma.sync kernels"
+                         : "the library's kernels as the calls choose them");
     if (window) printf(", a sliding window of %d keys", window);
     printf("\n");
     printf("%5s %6s | %9s %9s | %9s %9s | %s\n", "D", "S", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "workspace GiB");
     for (int di = 0; di < nD; di++)
         for (int si = 0; si < nS; si++) {
             problem p = {.dtype = dtype, .B = bh / H, .S = Ss[si], .H = H, .Hkv = Hkv, .D = Ds[di], .cudnn = cudnn,
-                         .sm90 = sm90};
+                         .impl = impl};
             p.scale = 1.0f / sqrtf((float)p.D);
             if (cudnn && (mt_cudnn_attn_forward_workspace(cudnn, p.B, p.S, p.H, p.Hkv, p.D, &p.fws, cudnn_why,
                                                           sizeof cudnn_why) ||
@@ -229,7 +242,8 @@ int main(int argc, char **argv)
                 free(h);
                 p.st = st;
             }
-            p.wsb = mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
+            p.wsb = impl == 2 ? mt_cuattn_sm90_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D)
+                              : mt_cuattn_workspace_bytes(p.B, p.S, p.H, p.Hkv, p.D);
             if (p.fws > p.wsb) p.wsb = p.fws;
             if (p.bws > p.wsb) p.wsb = p.bws;
             if (mt_device_malloc(&p.ws, p.wsb, why, sizeof why) != 0) {

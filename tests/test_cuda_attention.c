@@ -225,6 +225,17 @@ static void check_cap(shape sh, int dtype, uint64_t s, int docs, float softcap)
     float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
     compare("forward out", r_out, out, nq, tol, tol_norm);
     compare("forward lse", r_lse, lse, nl, tol_lse, tol_lse);
+    if (bf) { /* the call above runs the Hopper kernel where it can: the mma.sync kernel stays tested there too */
+        void *mout = alloc_poisoned(nq, elem), *mlse = alloc_poisoned(nl, 4);
+        rc = mt_cuattn_forward_mma(NULL, dtype, mout, mlse, gq, gk, gv, gst, B, S, H, Hkv, D, scale, softcap);
+        cr_assert_eq(rc, 0, "mma.sync forward: %s", mt_cuattn_strerror(rc));
+        dev_sync();
+        float *m_out = download(mout, nq, dtype), *m_lse = download(mlse, nl, MT_CUATTN_FP32);
+        compare("mma.sync forward out", m_out, out, nq, tol, tol_norm);
+        compare("mma.sync forward lse", m_lse, lse, nl, tol_lse, tol_lse);
+        mt_device_free(mout), mt_device_free(mlse);
+        free(m_out), free(m_lse);
+    }
 
     void *gdout = upload(dout, nq, dtype), *gout_in = upload(out_in, nq, dtype), *glse_in = upload(lse, nl, 1);
     void *gdq = alloc_poisoned(nq, elem), *gdk = alloc_poisoned(nkv, elem), *gdv = alloc_poisoned(nkv, elem);
@@ -756,9 +767,12 @@ Test(cuda_attention, cudnn_deterministic)
 }
 
 /* ---- the Hopper kernels (attention_sm90.cu) ----------------------------------
- * The forward against the CPU with the bf16 tolerances of the file's top: the
- * same products (bf16 inputs, fp32 accumulation, P rounded to bf16 before
- * P V), summed in another order. Its tiles are 128 queries by 128 keys:
+ * The forward and the backward against the CPU with the bf16 tolerances of
+ * the file's top: the same products (bf16 inputs, fp32 accumulation, P and dS
+ * rounded to bf16 before their products), summed in another order. The
+ * backward's blocks are 128 keys by 64 queries, so the same S cover one to
+ * eight key blocks and one to sixteen query blocks; its workspace starts as
+ * garbage (all bits set). Its tiles are 128 queries by 128 keys:
  * S 1 and 17 fill part of one block, 77 a block with rows and keys past S,
  * 256 two blocks exactly, 1000 eight blocks (both stages of the key ring
  * used four times each, the causal mask on each block's diagonal and keys
@@ -790,9 +804,31 @@ static void check_sm90(shape sh, uint64_t s)
     float *r_out = download(gout, nq, MT_CUATTN_BF16), *r_lse = download(glse, nl, MT_CUATTN_FP32);
     compare("sm90 forward out", r_out, out, nq, 2e-2, 1e-2);
     compare("sm90 forward lse", r_lse, lse, nl, 1e-4, 1e-4);
-    void *dev[] = {gq, gk, gv, gout, glse};
+
+    /* the backward, given the CPU forward's out (rounded to bf16) and lse, as the mma.sync tests */
+    float *dout = randn(nq, 1), *dq = malloc(nq * 4), *dk = malloc(nkv * 4), *dv = malloc(nkv * 4);
+    cr_assert(dq && dk && dv);
+    for (size_t i = 0; i < nq; i++) out[i] = mt_bf16_to_f32(mt_f32_to_bf16(out[i]));
+    mt_cpu_attention_bwd_docs(NULL, ws, dq, dk, dv, dout, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
+    void *gdout = upload(dout, nq, MT_CUATTN_BF16), *gout_in = upload(out, nq, MT_CUATTN_BF16),
+         *glse_in = upload(lse, nl, MT_CUATTN_FP32);
+    void *gdq = alloc_poisoned(nq, 2), *gdk = alloc_poisoned(nkv, 2), *gdv = alloc_poisoned(nkv, 2);
+    const size_t wsb = mt_cuattn_sm90_workspace_bytes(B, S, H, Hkv, D);
+    cr_assert_gt(wsb, 0);
+    void *gws = alloc_poisoned(wsb, 1); /* garbage in the workspace: the kernels must not read it unwritten */
+    const int rb = mt_cuattn_sm90_backward(NULL, gdq, gdk, gdv, gdout, gout_in, glse_in, gq, gk, gv, B, S, H, Hkv, D,
+                                           scale, gws, wsb);
+    cr_assert_eq(rb, 0, "sm90 backward: %s", mt_cuattn_strerror(rb));
+    dev_sync();
+    float *r_dq = download(gdq, nq, MT_CUATTN_BF16), *r_dk = download(gdk, nkv, MT_CUATTN_BF16),
+          *r_dv = download(gdv, nkv, MT_CUATTN_BF16);
+    compare("sm90 backward dq", r_dq, dq, nq, 2e-2, 1e-2);
+    compare("sm90 backward dk", r_dk, dk, nkv, 2e-2, 1e-2);
+    compare("sm90 backward dv", r_dv, dv, nkv, 2e-2, 1e-2);
+
+    void *dev[] = {gq, gk, gv, gout, glse, gdout, gout_in, glse_in, gdq, gdk, gdv, gws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
-    float *host[] = {q, k, v, out, lse, r_out, r_lse};
+    float *host[] = {q, k, v, out, lse, r_out, r_lse, dout, dq, dk, dv, r_dq, r_dk, r_dv};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(ws);
 }
@@ -811,8 +847,8 @@ Test(cuda_attention, sm90_fwd_gqa_s1000_d128)
     check_sm90(sh, 46);
 }
 
-/* Two forwards on the same inputs give the same bits. */
-Test(cuda_attention, sm90_fwd_deterministic)
+/* Two forwards, and two backwards, on the same inputs give the same bits. */
+Test(cuda_attention, sm90_deterministic)
 {
     need_sm90();
     const shape sh = {2, 1000, 8, 2, 128};
@@ -842,6 +878,36 @@ Test(cuda_attention, sm90_fwd_deterministic)
     cr_expect(memcmp(h[0][0], h[1][0], bytes[0]) == 0, "sm90 out differs between two runs");
     cr_expect(memcmp(h[0][1], h[1][1], bytes[1]) == 0, "sm90 lse differs between two runs");
     for (int i = 0; i < 2; i++) free(h[0][i]), free(h[1][i]);
+
+    /* the backward twice: dq's sums cross key blocks (in the semaphores' order), dk's and dv's the group's
+     * heads; the same bits both times */
+    void *out = dev_alloc(nq * 2), *lse = dev_alloc(nl * 4), *dout = dev_alloc(nq * 2);
+    const float scale = 1.0f / sqrtf((float)sh.D);
+    cr_assert_eq(mt_cuattn_sm90_forward(NULL, out, lse, t[0], t[1], t[2], sh.B, sh.S, sh.H, sh.Hkv, sh.D, scale), 0);
+    cr_assert_eq(mt_cuattn_fill_random(NULL, MT_CUATTN_BF16, dout, nq, 310, 1.0f), 0);
+    const size_t wsb = mt_cuattn_sm90_workspace_bytes(sh.B, sh.S, sh.H, sh.Hkv, sh.D);
+    void *ws = dev_alloc(wsb);
+    unsigned char *g[2][3];
+    const size_t gb[3] = {nq * 2, nkv * 2, nkv * 2};
+    for (int run = 0; run < 2; run++) {
+        void *d[3] = {alloc_poisoned(nq, 2), alloc_poisoned(nkv, 2), alloc_poisoned(nkv, 2)};
+        cr_assert_eq(mt_cuattn_sm90_backward(NULL, d[0], d[1], d[2], dout, out, lse, t[0], t[1], t[2], sh.B, sh.S,
+                                             sh.H, sh.Hkv, sh.D, scale, ws, wsb),
+                     0);
+        dev_sync();
+        for (int i = 0; i < 3; i++) {
+            g[run][i] = malloc(gb[i]);
+            cr_assert(g[run][i]);
+            cr_assert_eq(mt_device_copy_d2h(g[run][i], d[i], gb[i], why, sizeof why), 0, "%s", why);
+            mt_device_free(d[i]);
+        }
+    }
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        cr_expect(memcmp(g[0][i], g[1][i], gb[i]) == 0, "sm90 %s differs between two runs", names[i]);
+        free(g[0][i]), free(g[1][i]);
+    }
+    mt_device_free(out), mt_device_free(lse), mt_device_free(dout), mt_device_free(ws);
     for (int i = 0; i < 3; i++) mt_device_free(t[i]);
 }
 
@@ -859,6 +925,25 @@ Test(cuda_attention, sm90_argument_checks)
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, buf + 8, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EALIGN);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f), MT_CUATTN_OK); /* empty */
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 70000, 1 << 20, 32, 8, 128, 0.125f), MT_CUATTN_ETOOBIG);
+    const size_t wsb = mt_cuattn_sm90_workspace_bytes(1, 8, 4, 2, 64);
+    cr_expect_gt(wsb, 0);
+    cr_expect_eq(mt_cuattn_sm90_workspace_bytes(1, 8, 4, 2, 96), 0);
+    /* linear in S: twice the rows, twice the bytes (S a multiple of 64, each part rounded to 256 bytes) */
+    cr_expect_eq(mt_cuattn_sm90_workspace_bytes(2, 4096, 32, 8, 128), 2 * mt_cuattn_sm90_workspace_bytes(1, 4096, 32, 8, 128));
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 1, 8, 4, 3, 64, 0.125f, p, wsb),
+                 MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, NULL, p, p, p, 1, 8, 4, 2, 64, 0.125f, p, wsb),
+                 MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 96, 0.125f, p, wsb),
+                 MT_CUATTN_EUNSUPPORTED);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, buf + 8, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, 0.125f, p, wsb),
+                 MT_CUATTN_EALIGN);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, 0.125f, p, wsb - 1),
+                 MT_CUATTN_EWORKSPACE);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 64, 0.125f, NULL, wsb),
+                 MT_CUATTN_EWORKSPACE);
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f, NULL, 0),
+                 MT_CUATTN_OK);
     cr_expect(mt_cuattn_sm90_head_dim_ok(64) && mt_cuattn_sm90_head_dim_ok(128));
     cr_expect(!mt_cuattn_sm90_head_dim_ok(256) && !mt_cuattn_sm90_head_dim_ok(32) && !mt_cuattn_sm90_head_dim_ok(0));
     cr_expect_str_not_empty(mt_cuattn_strerror(MT_CUATTN_EUNSUPPORTED));

@@ -1200,9 +1200,9 @@ extern "C" const char *mt_cuattn_strerror(int code)
     }
 }
 
-extern "C" int mt_cuattn_forward_softcap(void *stream, int dtype, void *out, float *lse, const void *q,
-                                         const void *k, const void *v, const int32_t *doc_start, int B, int S, int H,
-                                         int Hkv, int D, float scale, float softcap)
+extern "C" int mt_cuattn_forward_mma(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,
+                                     const void *v, const int32_t *doc_start, int B, int S, int H, int Hkv, int D,
+                                     float scale, float softcap)
 {
     if (int e = check_shape(dtype, B, S, H, Hkv, D, scale)) return e;
     if (!(softcap >= 0.f) || isinf(softcap)) return MT_CUATTN_EINVAL;
@@ -1215,6 +1215,18 @@ extern "C" int mt_cuattn_forward_softcap(void *stream, int dtype, void *out, flo
         BY_TILE(fwd_bf16, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
     }
     BY_TILE(fwd_f32, st, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
+}
+
+// The Hopper forward where it runs (bf16, one document a sequence, no cap, its head sizes, a compute
+// capability 9.0 device), else the mma.sync (or fp32) kernels.
+extern "C" int mt_cuattn_forward_softcap(void *stream, int dtype, void *out, float *lse, const void *q,
+                                         const void *k, const void *v, const int32_t *doc_start, int B, int S, int H,
+                                         int Hkv, int D, float scale, float softcap)
+{
+    if (dtype == MT_CUATTN_BF16 && !doc_start && softcap == 0.f && mt_cuattn_sm90_head_dim_ok(D) &&
+        check_shape(dtype, B, S, H, Hkv, D, scale) == MT_CUATTN_OK && B > 0 && S > 0 && mt_cuattn_sm90_device_ok())
+        return mt_cuattn_sm90_forward(stream, out, lse, q, k, v, B, S, H, Hkv, D, scale);
+    return mt_cuattn_forward_mma(stream, dtype, out, lse, q, k, v, doc_start, B, S, H, Hkv, D, scale, softcap);
 }
 
 extern "C" int mt_cuattn_forward_docs(void *stream, int dtype, void *out, float *lse, const void *q, const void *k,

@@ -67,7 +67,10 @@ const char *mt_cuattn_strerror(int code);
 /* Nonzero when the kernels take head size D. */
 int mt_cuattn_head_dim_ok(int D);
 
-/* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. */
+/* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. In bf16
+ * on a compute capability 9.0 device, with D 64 or 128, one document a
+ * sequence and no soft cap, the forward calls run the Hopper kernel
+ * (mt_cuattn_sm90_forward, below); everywhere else the mma.sync kernels. */
 int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
                       int B, int S, int H, int Hkv, int D, float scale);
 
@@ -121,6 +124,11 @@ int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void
  * sums: not the same bits). Deterministic: each output element is written
  * once, its sums in an order fixed by the shapes. */
 
+/* The forward of mt_cuattn_forward_softcap on the mma.sync (bf16) or CUDA-core
+ * (fp32) kernels whatever the device: what the other forward calls run where
+ * the Hopper kernel does not. For tests and benchmarks. */
+int mt_cuattn_forward_mma(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
+                          const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale, float softcap);
 /* Nonzero when the Hopper kernels take head size D. */
 int mt_cuattn_sm90_head_dim_ok(int D);
 /* Nonzero when the current device runs them (compute capability 9.0). */
@@ -129,6 +137,21 @@ int mt_cuattn_sm90_device_ok(void);
  * another device or head size. */
 int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                            int S, int H, int Hkv, int D, float scale);
+
+/* Bytes of device workspace mt_cuattn_sm90_backward needs (0 for a head
+ * size it does not take): the rows' Dq and lse in log2 units, a semaphore
+ * per 64 query rows and the fp32 sums of dq, (B, H, S rounded up to 64, D):
+ * linear in S. */
+size_t mt_cuattn_sm90_workspace_bytes(int B, int S, int H, int Hkv, int D);
+/* mt_cuattn_backward in bf16: dq, dk, dv from dout, out and lse. workspace
+ * 256-byte aligned, at least mt_cuattn_sm90_workspace_bytes, contents garbage
+ * before and after; B * H at most 65535. dq's sums run in the order of the
+ * key blocks (a semaphore per query block), so the result is deterministic.
+ * MT_CUATTN_EUNSUPPORTED (launching nothing) on another device or head
+ * size. */
+int mt_cuattn_sm90_backward(void *stream, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int B, int S, int H,
+                            int Hkv, int D, float scale, void *workspace, size_t workspace_bytes);
 
 /* ---- for tests and benchmarks ----------------------------------------------------
  * Device memory, copies and synchronisation are the device layer's
