@@ -805,6 +805,14 @@ static void check_sm90(shape sh, uint64_t s)
     compare("sm90 forward out", r_out, out, nq, 2e-2, 1e-2);
     compare("sm90 forward lse", r_lse, lse, nl, 1e-4, 1e-4);
 
+    if (!mt_cuattn_sm90_bwd_head_dim_ok(D)) { /* the forward alone (D 192, 256) */
+        void *dev[] = {gq, gk, gv, gout, glse};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
+        float *host[] = {q, k, v, out, lse, r_out, r_lse};
+        for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+        free(ws);
+        return;
+    }
     /* the backward, given the CPU forward's out (rounded to bf16) and lse, as the mma.sync tests */
     float *dout = randn(nq, 1), *dq = malloc(nq * 4), *dk = malloc(nkv * 4), *dv = malloc(nkv * 4);
     cr_assert(dq && dk && dv);
@@ -845,6 +853,20 @@ Test(cuda_attention, sm90_fwd_gqa_s1000_d128)
 {
     const shape sh = {2, 1000, 8, 2, 128};
     check_sm90(sh, 46);
+}
+
+/* Head sizes 192 (DeepSeek's latent attention pads v to it) and 256 (Gemma) run the forward in key blocks of
+ * 112 and 80: several blocks cross a query block's diagonal, and the first one visited can hold no key a
+ * row sees (its rows' maxima stay -inf until the next). */
+Test(cuda_attention, sm90_fwd_d192)
+{
+    const shape sh = {1, 300, 4, 1, 192};
+    check_sm90(sh, 47);
+}
+Test(cuda_attention, sm90_fwd_d256)
+{
+    const shape sh = {2, 200, 4, 2, 256};
+    check_sm90(sh, 48);
 }
 
 /* Two forwards, and two backwards, on the same inputs give the same bits. */
@@ -922,6 +944,7 @@ Test(cuda_attention, sm90_argument_checks)
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 2, 64, 0.0f), MT_CUATTN_EINVAL);  /* scale */
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, NULL, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EINVAL);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 2, 96, 0.125f), MT_CUATTN_EUNSUPPORTED);
+    cr_expect_eq(mt_cuattn_sm90_workspace_bytes(1, 8, 4, 2, 192), 0);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, buf + 8, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EALIGN);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f), MT_CUATTN_OK); /* empty */
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 70000, 1 << 20, 32, 8, 128, 0.125f), MT_CUATTN_ETOOBIG);
@@ -944,8 +967,13 @@ Test(cuda_attention, sm90_argument_checks)
                  MT_CUATTN_EWORKSPACE);
     cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f, NULL, 0),
                  MT_CUATTN_OK);
-    cr_expect(mt_cuattn_sm90_head_dim_ok(64) && mt_cuattn_sm90_head_dim_ok(128));
-    cr_expect(!mt_cuattn_sm90_head_dim_ok(256) && !mt_cuattn_sm90_head_dim_ok(32) && !mt_cuattn_sm90_head_dim_ok(0));
+    cr_expect(mt_cuattn_sm90_head_dim_ok(64) && mt_cuattn_sm90_head_dim_ok(128) && mt_cuattn_sm90_head_dim_ok(192) &&
+              mt_cuattn_sm90_head_dim_ok(256));
+    cr_expect(!mt_cuattn_sm90_head_dim_ok(96) && !mt_cuattn_sm90_head_dim_ok(32) && !mt_cuattn_sm90_head_dim_ok(0));
+    cr_expect(mt_cuattn_sm90_bwd_head_dim_ok(64) && mt_cuattn_sm90_bwd_head_dim_ok(128));
+    cr_expect(!mt_cuattn_sm90_bwd_head_dim_ok(192) && !mt_cuattn_sm90_bwd_head_dim_ok(256));
+    cr_expect_eq(mt_cuattn_sm90_backward(NULL, p, p, p, p, p, l, p, p, p, 1, 8, 4, 2, 256, 0.125f, p, wsb),
+                 MT_CUATTN_EUNSUPPORTED);
     cr_expect_str_not_empty(mt_cuattn_strerror(MT_CUATTN_EUNSUPPORTED));
     cr_expect_str_neq(mt_cuattn_strerror(MT_CUATTN_EUNSUPPORTED), mt_cuattn_strerror(-1000));
 }

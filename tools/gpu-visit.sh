@@ -57,6 +57,12 @@ run tests build/tests/mt_tests --jobs 8
 # not), and PyTorch's cuDNN and flash backends on the same shapes, one visit
 ATT="--S 4096,32768 --D 64,128 --bh 128 --H 32"
 run attn_kernels build/bench/cuda_attention $ATT
+# the Hopper kernels (issue 36): their tests first, in a short time (a hang in a new kernel costs the limit),
+# then their speed beside cuDNN's at the targets' lengths; MLA's and Gemma's head sizes (forward only)
+RUN_TIMEOUT=40 run sm90_tests env MT_REQUIRE_GPU=1 build/tests/mt_tests --jobs 4 --verbose --filter 'cuda_attention/sm90*'
+run attn_sm90 build/bench/cuda_attention --impl sm90 --S 4096,32768 --D 64,128 --bh 128 --H 32 --iters 10
+run attn_sm90_long build/bench/cuda_attention --impl sm90 --S 131072 --D 128 --bh 32 --H 32 --iters 3
+run attn_sm90_wide build/bench/cuda_attention --impl sm90 --S 4096 --D 192,256 --bh 128 --H 32 --iters 10
 run attn_cudnn build/bench/cuda_attention --impl cudnn $ATT
 run attn_cudnn_nondet build/bench/cuda_attention --impl cudnn --nondeterministic $ATT
 # the same through the cuDNN that PyTorch ships (often newer than the system's)

@@ -1195,7 +1195,7 @@ extern "C" const char *mt_cuattn_strerror(int code)
     case MT_CUATTN_ECONFIG: return "could not set the kernel's shared-memory size";
     case MT_CUATTN_ELAUNCH: return "kernel launch failed";
     case MT_CUATTN_ETOOBIG: return "shape too large for the grid";
-    case MT_CUATTN_EUNSUPPORTED: return "the Hopper kernels do not run here (a compute capability 9.0 device, D 64 or 128)";
+    case MT_CUATTN_EUNSUPPORTED: return "the Hopper kernels do not run here (they need a compute capability 9.0 device; the forward takes D 64, 128, 192 and 256, the backward 64 and 128)";
     default: return "unknown error code";
     }
 }

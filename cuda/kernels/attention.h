@@ -68,7 +68,7 @@ const char *mt_cuattn_strerror(int code);
 int mt_cuattn_head_dim_ok(int D);
 
 /* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. In bf16
- * on a compute capability 9.0 device, with D 64 or 128, one document a
+ * on a compute capability 9.0 device, with D 64, 128, 192 or 256, one document a
  * sequence and no soft cap, the forward calls run the Hopper kernel
  * (mt_cuattn_sm90_forward, below); everywhere else the mma.sync kernels. */
 int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
@@ -119,7 +119,8 @@ int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void
                                float softcap, void *workspace, size_t workspace_bytes);
 
 /* ---- the Hopper kernels (attention_sm90.cu, docs/attention.md) ------------------
- * bf16 only, on compute capability 9.0 devices, D 64 or 128; the same
+ * bf16 only, on compute capability 9.0 devices, D 64, 128, 192 or 256 (the
+ * backward: 64 or 128); the same
  * contract, layouts and math as the calls above (a different order of the
  * sums: not the same bits). Deterministic: each output element is written
  * once, its sums in an order fixed by the shapes. */
@@ -129,8 +130,10 @@ int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void
  * the Hopper kernel does not. For tests and benchmarks. */
 int mt_cuattn_forward_mma(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale, float softcap);
-/* Nonzero when the Hopper kernels take head size D. */
+/* Nonzero when the Hopper forward takes head size D (64, 128, 192, 256). */
 int mt_cuattn_sm90_head_dim_ok(int D);
+/* Nonzero when the Hopper backward takes head size D (64, 128). */
+int mt_cuattn_sm90_bwd_head_dim_ok(int D);
 /* Nonzero when the current device runs them (compute capability 9.0). */
 int mt_cuattn_sm90_device_ok(void);
 /* mt_cuattn_forward in bf16; MT_CUATTN_EUNSUPPORTED (launching nothing) on

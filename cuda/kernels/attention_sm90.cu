@@ -38,9 +38,12 @@
 
 namespace {
 
-constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 2;
+constexpr int BM = 128, THREADS = 384, STAGES = 2;
 
+/* The forward's key block for head size D: 128 keys, fewer where Q and two stages of K and V would not fit
+ * in shared memory (D 192: 112, D 256: 80, FlashAttention-3's choices) */
 template <int D> struct fcfg {
+    static constexpr int BN = D == 192 ? 112 : D == 256 ? 80 : 128;
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;
     static constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * STAGES * KV_BYTES + (1 + 4 * STAGES) * 8;
@@ -83,7 +86,7 @@ __device__ __forceinline__ float quad_sum(float x)
 }
 
 /* S = Q K^T over D: 64 rows of this warpgroup (cw) against the stage's BN keys */
-template <int D>
+template <int D, int BN>
 __device__ __forceinline__ void qk(float (&s)[BN / 2], const uint8_t *sQ, const uint8_t *sK, int cw)
 {
 #pragma unroll
@@ -96,7 +99,7 @@ __device__ __forceinline__ void qk(float (&s)[BN / 2], const uint8_t *sQ, const 
 }
 
 /* O += P V over the stage's BN keys: P from registers, V (keys x D) MN-major, 64-column chunks BN rows apart */
-template <int D>
+template <int D, int BN>
 __device__ __forceinline__ void pv(float (&o)[D / 2], const uint32_t (&p)[BN / 16][4], const uint8_t *sV)
 {
 #pragma unroll
@@ -109,6 +112,7 @@ __device__ __forceinline__ void pv(float (&o)[D / 2], const uint32_t (&p)[BN / 1
 /* The online softmax of one key block's scores s (scaled in place to the probabilities): per thread rows
  * lane/4 (r = 0) and lane/4 + 8 (r = 1) of its warp; m, l the running max and this thread's partial
  * sums; alpha the factor by which the previous O rows shrink. */
+template <int BN>
 __device__ __forceinline__ void softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                         float scale_log2)
 {
@@ -130,6 +134,18 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], float (&m)[2], float
         }
         l[r] = l[r] * alpha[r] + sum;
     }
+}
+
+/* The causal mask on a block of scores whose first key is key0: keys past a row (which include the keys
+ * past S) get -inf */
+template <int BN> __device__ __forceinline__ void mask(float (&s)[BN / 2], int key0, int row, int lane)
+{
+    const int k0 = key0 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (k0 + 8 * j + (e & 1) > row + 8 * (e >> 1)) s[4 * j + e] = -INFINITY;
 }
 
 /* O's rows times the factors of their softmax step */
@@ -163,7 +179,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 {
 #ifdef MT_SM90A
     using C = fcfg<D>;
-    constexpr int CH = D / 64; /* 64-column chunks of a row */
+    constexpr int CH = D / 64, BN = C::BN; /* 64-column chunks of a row; keys a block */
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sQ = smem, *sK = sQ + C::Q_BYTES, *sV = sK + STAGES * C::KV_BYTES;
@@ -231,21 +247,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     bar_sync(my_turn, 256);
     acc_fence(s);
     wg_fence();
-    qk<D>(s, sQ, sK + st * C::KV_BYTES, cw);
+    qk<D, BN>(s, sQ, sK + st * C::KV_BYTES, cw);
     wg_commit();
     bar_arrive(other_turn, 256);
     wg_wait<0>();
     acc_fence(s);
     if (t == 0) mbar_arrive(&kempty[st]);
-    {
-        const int key0 = (nkb - 1) * BN + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (key0 + 8 * j + (e & 1) > row + 8 * (e >> 1)) s[4 * j + e] = -INFINITY;
-    }
-    softmax(s, m, l, alpha, a.scale_log2);
+    mask<BN>(s, (nkb - 1) * BN, row, lane);
+    softmax<BN>(s, m, l, alpha, a.scale_log2);
     to_frags<BN>(p, s);
 
     /* Each turn: S of this block, then O (rescaled by the previous block's alpha while S runs) += P V of
@@ -261,19 +270,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         reg_fence(p);
         acc_fence(s);
         wg_fence();
-        qk<D>(s, sQ, sK + st * C::KV_BYTES, cw);
+        qk<D, BN>(s, sQ, sK + st * C::KV_BYTES, cw);
         wg_commit();
         rescale(o, alpha);
         mbar_wait(&vfull[sp], pp);
         acc_fence(o);
         wg_fence();
-        pv<D>(o, p, sV + sp * C::KV_BYTES);
+        pv<D, BN>(o, p, sV + sp * C::KV_BYTES);
         wg_commit();
         bar_arrive(other_turn, 256);
         wg_wait<1>(); /* S is in; P V may still run */
         acc_fence(s);
         if (t == 0) mbar_arrive(&kempty[st]);
-        softmax(s, m, l, alpha, a.scale_log2);
+        if ((nkb - it) * BN - 1 > m0) mask<BN>(s, (nkb - 1 - it) * BN, row, lane); /* keys past the block's first row */
+        softmax<BN>(s, m, l, alpha, a.scale_log2);
         wg_wait<0>();
         acc_fence(o);
         reg_fence(p);
@@ -286,7 +296,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     acc_fence(o);
     reg_fence(p);
     wg_fence();
-    pv<D>(o, p, sV + st * C::KV_BYTES);
+    pv<D, BN>(o, p, sV + st * C::KV_BYTES);
     wg_commit();
     if (cw == 0) bar_arrive(other_turn, 256);
     wg_wait<0>();
@@ -638,8 +648,8 @@ int fwd_run(cudaStream_t st, PFN_cuTensorMapEncodeTiled_v12000 encode, void *out
             const void *k, const void *v, int B, int S, int H, int Hkv, float scale)
 {
     CUtensorMap mq, mk, mv;
-    if (tmap(encode, &mq, q, B, S, H, D, BM) || tmap(encode, &mk, k, B, S, Hkv, D, BN) ||
-        tmap(encode, &mv, v, B, S, Hkv, D, BN))
+    if (tmap(encode, &mq, q, B, S, H, D, BM) || tmap(encode, &mk, k, B, S, Hkv, D, fcfg<D>::BN) ||
+        tmap(encode, &mv, v, B, S, Hkv, D, fcfg<D>::BN))
         return MT_CUATTN_EINVAL;
     constexpr int smem = fcfg<D>::SMEM;
     if (cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
@@ -721,7 +731,9 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder()
 
 } // namespace
 
-extern "C" int mt_cuattn_sm90_head_dim_ok(int D) { return D == 64 || D == 128; }
+extern "C" int mt_cuattn_sm90_head_dim_ok(int D) { return D == 64 || D == 128 || D == 192 || D == 256; }
+
+extern "C" int mt_cuattn_sm90_bwd_head_dim_ok(int D) { return D == 64 || D == 128; }
 
 extern "C" int mt_cuattn_sm90_device_ok(void)
 {
@@ -750,14 +762,18 @@ extern "C" int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const
     const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
     if (!encode) return MT_CUATTN_EUNSUPPORTED;
     cudaStream_t st = (cudaStream_t)stream;
-    return D == 64 ? fwd_run<64>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale)
-                   : fwd_run<128>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    switch (D) {
+    case 64: return fwd_run<64>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    case 128: return fwd_run<128>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    case 192: return fwd_run<192>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    default: return fwd_run<256>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    }
 }
 
 extern "C" size_t mt_cuattn_sm90_workspace_bytes(int B, int S, int H, int Hkv, int D)
 {
     (void)Hkv;
-    if (B <= 0 || S <= 0 || H <= 0 || !mt_cuattn_sm90_head_dim_ok(D)) return 0;
+    if (B <= 0 || S <= 0 || H <= 0 || !mt_cuattn_sm90_bwd_head_dim_ok(D)) return 0;
     return ws_layout(B, S, H, D).total;
 }
 
@@ -768,7 +784,7 @@ extern "C" int mt_cuattn_sm90_backward(void *stream, void *dq, void *dk, void *d
     if (B < 0 || S < 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || !(scale > 0.0f) || isinf(scale))
         return MT_CUATTN_EINVAL;
     if (!dq || !dk || !dv || !dout || !out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
-    if (!mt_cuattn_sm90_head_dim_ok(D)) return MT_CUATTN_EUNSUPPORTED;
+    if (!mt_cuattn_sm90_bwd_head_dim_ok(D)) return MT_CUATTN_EUNSUPPORTED;
     if (misaligned(dq, 16) || misaligned(dk, 16) || misaligned(dv, 16) || misaligned(dout, 16) ||
         misaligned(out, 16) || misaligned(q, 16) || misaligned(k, 16) || misaligned(v, 16) || misaligned(lse, 4))
         return MT_CUATTN_EALIGN;
