@@ -177,6 +177,23 @@ typedef struct {
  * sliding window of 37 keys (mt_window_starts), which the kernels take as they take document starts */
 enum { WINDOWED = 2, WINDOW = 37 };
 
+/* Each token's first key for docs (NULL for 0): documents of lengths 1, 37, 70, 5, 90, 12 in turn (the last
+ * cut by the end), and for WINDOWED the sliding window over them (malloc'ed) */
+static int32_t *make_starts(int B, int S, int docs)
+{
+    if (!docs) return NULL;
+    int32_t *st = malloc((size_t)B * S * sizeof *st);
+    cr_assert(st);
+    static const int lens[] = {1, 37, 70, 5, 90, 12};
+    for (int b = 0, d = 0; b < B; b++)
+        for (int i = 0, first = 0, left = lens[d]; i < S; i++, left--) {
+            if (i && left == 0) first = i, d = (d + 1) % 6, left = lens[d];
+            st[(size_t)b * S + i] = first;
+        }
+    if (docs == WINDOWED) mt_window_starts(st, st, B, S, WINDOW); /* in place: each entry reads only itself */
+    return st;
+}
+
 /* softcap > 0: Gemma 2's soft-capped scores, through mt_cuattn_*_softcap against
  * mt_cpu_attention_docs(..., softcap); 0: the plain calls. */
 static void check_cap(shape sh, int dtype, uint64_t s, int docs, float softcap)
@@ -195,15 +212,8 @@ static void check_cap(shape sh, int dtype, uint64_t s, int docs, float softcap)
     float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nkv * 4),
           *dv = malloc(nkv * 4);
     void *ws = malloc(mt_cpu_ws_size(1, S));
-    int32_t *st = docs ? malloc((size_t)B * S * sizeof *st) : NULL;
-    cr_assert(out && lse && dq && dk && dv && ws && (st || !docs));
-    static const int lens[] = {1, 37, 70, 5, 90, 12};
-    for (int b = 0, d = 0; docs && b < B; b++)
-        for (int i = 0, first = 0, left = lens[d]; i < S; i++, left--) {
-            if (i && left == 0) first = i, d = (d + 1) % 6, left = lens[d];
-            st[(size_t)b * S + i] = first;
-        }
-    if (docs == WINDOWED) mt_window_starts(st, st, B, S, WINDOW); /* in place: each entry reads only itself */
+    int32_t *st = make_starts(B, S, docs);
+    cr_assert(out && lse && dq && dk && dv && ws);
     mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, softcap);
     float *out_in = malloc(nq * 4); /* the forward output both backwards get */
     cr_assert(out_in);
@@ -783,29 +793,39 @@ static void need_sm90(void)
     if (!mt_cuattn_sm90_device_ok()) MT_GPU_MISSING("the device is not compute capability 9.0 (Hopper)");
 }
 
-static void check_sm90(shape sh, uint64_t s)
+/* docs as check_cap's; softcap > 0 Gemma 2's cap. The backward runs where the Hopper backward takes the
+ * case (D 64 and 128, one document a sequence, no cap). */
+static void check_sm90_ex(shape sh, uint64_t s, int docs, float softcap)
 {
     need_sm90();
     const int B = sh.B, S = sh.S, H = sh.H, Hkv = sh.Hkv, D = sh.D;
     const size_t nq = (size_t)B * S * H * D, nkv = (size_t)B * S * Hkv * D, nl = (size_t)B * H * S;
     const float scale = 1.0f / sqrtf((float)D);
-    fprintf(stderr, "sm90 bf16 B=%d S=%d H=%d Hkv=%d D=%d\n", B, S, H, Hkv, D);
+    fprintf(stderr, "sm90 bf16 B=%d S=%d H=%d Hkv=%d D=%d docs %d softcap %g\n", B, S, H, Hkv, D, docs, softcap);
     seed(s);
     float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1);
     float *out = malloc(nq * 4), *lse = malloc(nl * 4);
     void *ws = malloc(mt_cpu_ws_size(1, S));
+    int32_t *st = make_starts(B, S, docs);
     cr_assert(out && lse && ws);
-    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
+    mt_cpu_attention_docs(NULL, ws, out, lse, q, k, v, st, B, S, H, Hkv, D, scale, softcap);
     void *gq = upload(q, nq, MT_CUATTN_BF16), *gk = upload(k, nkv, MT_CUATTN_BF16), *gv = upload(v, nkv, MT_CUATTN_BF16);
     void *gout = alloc_poisoned(nq, 2), *glse = alloc_poisoned(nl, 4);
-    const int rc = mt_cuattn_sm90_forward(NULL, gout, glse, gq, gk, gv, B, S, H, Hkv, D, scale);
+    void *gst = NULL;
+    if (st) {
+        gst = dev_alloc((size_t)B * S * 4);
+        cr_assert_eq(mt_device_copy_h2d(gst, st, (size_t)B * S * 4, why, sizeof why), 0, "%s", why);
+    }
+    const int rc = mt_cuattn_sm90_forward_ex(NULL, gout, glse, gq, gk, gv, gst, B, S, H, Hkv, D, scale, softcap);
     cr_assert_eq(rc, 0, "sm90 forward: %s", mt_cuattn_strerror(rc));
     dev_sync();
     float *r_out = download(gout, nq, MT_CUATTN_BF16), *r_lse = download(glse, nl, MT_CUATTN_FP32);
     compare("sm90 forward out", r_out, out, nq, 2e-2, 1e-2);
     compare("sm90 forward lse", r_lse, lse, nl, 1e-4, 1e-4);
 
-    if (!mt_cuattn_sm90_bwd_head_dim_ok(D)) { /* the forward alone (D 192, 256) */
+    mt_device_free(gst);
+    free(st);
+    if (!mt_cuattn_sm90_bwd_head_dim_ok(D) || docs || softcap > 0.0f) { /* the forward alone */
         void *dev[] = {gq, gk, gv, gout, glse};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) mt_device_free(dev[i]);
         float *host[] = {q, k, v, out, lse, r_out, r_lse};
@@ -841,6 +861,8 @@ static void check_sm90(shape sh, uint64_t s)
     free(ws);
 }
 
+static void check_sm90(shape sh, uint64_t s) { check_sm90_ex(sh, s, 0, 0.0f); }
+
 Test(cuda_attention, sm90_fwd_gqa_s77_d64) { check_sm90(GQA_SMALL, 41); }
 Test(cuda_attention, sm90_fwd_mha_s256_d128) { check_sm90(MHA_128, 42); }
 Test(cuda_attention, sm90_fwd_mqa_s1000_d64) { check_sm90(MQA_LONG, 43); }
@@ -867,6 +889,34 @@ Test(cuda_attention, sm90_fwd_d256)
 {
     const shape sh = {2, 200, 4, 2, 256};
     check_sm90(sh, 48);
+}
+
+/* Documents, sliding windows over them and the soft cap (the forward): key blocks before a query block's
+ * first key are skipped, blocks that cross a row's first key are masked; at each head size (key blocks of
+ * 128, 112 and 80 against the documents of 1 to 90 tokens), alone and together. */
+Test(cuda_attention, sm90_fwd_docs)
+{
+    check_sm90_ex(DOCS_LONG, 51, 1, 0.0f);
+    check_sm90_ex(DOCS_128, 52, 1, 0.0f);
+    const shape d192 = {1, 300, 4, 1, 192}, d256 = {2, 200, 4, 2, 256};
+    check_sm90_ex(d192, 53, 1, 0.0f);
+    check_sm90_ex(d256, 54, 1, 0.0f);
+}
+Test(cuda_attention, sm90_fwd_window)
+{
+    check_sm90_ex(DOCS_LONG, 55, WINDOWED, 0.0f);
+    check_sm90_ex(DOCS_128, 56, WINDOWED, 0.0f);
+    const shape d256 = {2, 200, 4, 2, 256}, long_ = {1, 1000, 4, 2, 128};
+    check_sm90_ex(d256, 57, WINDOWED, 0.0f);
+    check_sm90_ex(long_, 58, WINDOWED, 0.0f);
+}
+Test(cuda_attention, sm90_fwd_softcap)
+{
+    check_sm90_ex(MHA_128, 59, 0, 50.0f);
+    const shape d256 = {2, 200, 4, 2, 256};
+    check_sm90_ex(d256, 60, 0, 50.0f);
+    check_sm90_ex(d256, 61, WINDOWED, 50.0f);
+    check_sm90_ex(GQA_SMALL, 62, 1, 2.0f); /* a cap that bites: scores of O(1) against 2 */
 }
 
 /* Two forwards, and two backwards, on the same inputs give the same bits. */
@@ -945,6 +995,12 @@ Test(cuda_attention, sm90_argument_checks)
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, NULL, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EINVAL);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 1, 8, 4, 2, 96, 0.125f), MT_CUATTN_EUNSUPPORTED);
     cr_expect_eq(mt_cuattn_sm90_workspace_bytes(1, 8, 4, 2, 192), 0);
+    cr_expect_eq(mt_cuattn_sm90_forward_ex(NULL, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, 0.125f, -1.0f), MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_sm90_forward_ex(NULL, p, l, p, p, p, NULL, 1, 8, 4, 2, 64, 0.125f, INFINITY),
+                 MT_CUATTN_EINVAL);
+    cr_expect_eq(mt_cuattn_sm90_forward_ex(NULL, p, l, p, p, p, (const int32_t *)(buf + 2), 1, 8, 4, 2, 64, 0.125f,
+                                           0.0f),
+                 MT_CUATTN_EALIGN);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, buf + 8, l, p, p, p, 1, 8, 4, 2, 64, 0.125f), MT_CUATTN_EALIGN);
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 0, 8, 4, 2, 64, 0.125f), MT_CUATTN_OK); /* empty */
     cr_expect_eq(mt_cuattn_sm90_forward(NULL, p, l, p, p, p, 70000, 1 << 20, 32, 8, 128, 0.125f), MT_CUATTN_ETOOBIG);

@@ -68,9 +68,9 @@ const char *mt_cuattn_strerror(int code);
 int mt_cuattn_head_dim_ok(int D);
 
 /* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. In bf16
- * on a compute capability 9.0 device, with D 64, 128, 192 or 256, one document a
- * sequence and no soft cap, the forward calls run the Hopper kernel
- * (mt_cuattn_sm90_forward, below); everywhere else the mma.sync kernels. */
+ * on a compute capability 9.0 device, with D 64, 128, 192 or 256, the
+ * forward calls (documents and caps included) run the Hopper kernel
+ * (mt_cuattn_sm90_forward_ex, below); everywhere else the mma.sync kernels. */
 int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
                       int B, int S, int H, int Hkv, int D, float scale);
 
@@ -140,6 +140,13 @@ int mt_cuattn_sm90_device_ok(void);
  * another device or head size. */
 int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                            int S, int H, int Hkv, int D, float scale);
+/* The same with each query's first key (starts, (B, S) on the device, as
+ * doc_start of mt_cuattn_forward_docs: documents, sliding windows, chunks)
+ * and Gemma 2's soft cap (0: none), as mt_cuattn_forward_softcap: key blocks
+ * before a query block's first row's first key are not visited, so packing
+ * and windows save work. */
+int mt_cuattn_sm90_forward_ex(void *stream, void *out, float *lse, const void *q, const void *k, const void *v,
+                              const int32_t *starts, int B, int S, int H, int Hkv, int D, float scale, float softcap);
 
 /* Bytes of device workspace mt_cuattn_sm90_backward needs (0 for a head
  * size it does not take): the rows' Dq and lse in log2 units, a semaphore

@@ -52,9 +52,11 @@ template <int D> struct fcfg {
 struct fwd_args {
     __nv_bfloat16 *out;
     float *lse;
-    int S, H, group; /* group: query heads per kv head */
-    int n_mb, BH;    /* query blocks per sequence, B * H */
-    float scale_log2;
+    const int32_t *starts; /* (B, S): each query's first key (documents, windows), or NULL */
+    int S, H, group;       /* group: query heads per kv head */
+    int n_mb, BH;          /* query blocks per sequence, B * H */
+    float scale_log2;      /* log2 e times the scale (with a cap: log2 e, the capped scores being scaled) */
+    float cap, cap_arg;    /* the soft cap and scale / cap (CAP) */
 };
 
 __device__ __forceinline__ float ex2(float x)
@@ -148,6 +150,24 @@ template <int BN> __device__ __forceinline__ void mask(float (&s)[BN / 2], int k
             if (k0 + 8 * j + (e & 1) > row + 8 * (e >> 1)) s[4 * j + e] = -INFINITY;
 }
 
+/* The same for keys before each row's first key (st[0] for row, st[1] for row + 8) */
+template <int BN> __device__ __forceinline__ void mask_starts(float (&s)[BN / 2], int key0, const int (&st)[2], int lane)
+{
+    const int k0 = key0 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (k0 + 8 * j + (e & 1) < st[e >> 1]) s[4 * j + e] = -INFINITY;
+}
+
+/* Gemma 2's cap on the scaled scores, in place: c = cap tanh(scale s / cap) */
+template <int BN> __device__ __forceinline__ void softcap(float (&s)[BN / 2], float cap, float arg)
+{
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) s[i] = tanhf(s[i] * arg) * cap;
+}
+
 /* O's rows times the factors of their softmax step */
 template <int N> __device__ __forceinline__ void rescale(float (&o)[N], const float (&alpha)[2])
 {
@@ -172,7 +192,7 @@ template <int N> __device__ __forceinline__ void to_frags(uint32_t (&p)[N / 16][
 }
 #endif
 
-template <int D>
+template <int D, bool STARTS, bool CAP>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                const __grid_constant__ CUtensorMap tmV, const fwd_args a)
@@ -190,7 +210,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int mb = a.n_mb - 1 - (int)(blockIdx.x / a.BH), bh = (int)(blockIdx.x % a.BH);
     const int b = bh / a.H, h = bh % a.H, g = h / a.group;
     const int m0 = mb * BM;
-    const int nkb = min(m0 + BM - 1, a.S - 1) / BN + 1; /* key blocks 0 .. nkb - 1 */
+    const int last = min(m0 + BM - 1, a.S - 1);
+    const int nkb = last / BN + 1; /* key blocks kb_lo .. nkb - 1: the first holds the block's first row's first key */
+    const int32_t *starts = STARTS ? a.starts + (size_t)b * a.S : nullptr;
+    const int kb_lo = STARTS ? starts[m0] / BN : 0, smax = STARTS ? starts[last] : 0;
 
     if (threadIdx.x == 0) {
         mbar_init(qfull, 1);
@@ -210,7 +233,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int c = 0; c < CH; c++) tma4(sQ + c * BM * 128, &tmQ, qfull, 64 * c, h, m0, b);
         int s = 0, ph = 0;
-        for (int j = nkb - 1; j >= 0; j--) {
+        for (int j = nkb - 1; j >= kb_lo; j--) {
             mbar_wait(&kempty[s], ph ^ 1);
             mbar_expect_tx(&kfull[s], C::KV_BYTES);
 #pragma unroll
@@ -229,6 +252,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int cw = wg - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const int row = m0 + cw * 64 + warp * 16 + lane / 4; /* this thread's rows: row and row + 8 */
     float o[D / 2], s[BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    int st_row[2] = {0, 0}; /* the rows' first keys (STARTS) */
+    if (STARTS) st_row[0] = starts[min(row, a.S - 1)], st_row[1] = starts[min(row + 8, a.S - 1)];
     uint32_t p[BN / 16][4];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
@@ -253,7 +278,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     wg_wait<0>();
     acc_fence(s);
     if (t == 0) mbar_arrive(&kempty[st]);
+    if (CAP) softcap<BN>(s, a.cap, a.cap_arg);
     mask<BN>(s, (nkb - 1) * BN, row, lane);
+    if (STARTS && (nkb - 1) * BN < smax) mask_starts<BN>(s, (nkb - 1) * BN, st_row, lane);
     softmax<BN>(s, m, l, alpha, a.scale_log2);
     to_frags<BN>(p, s);
 
@@ -261,7 +288,8 @@ __global__ void __launch_bounds__(THREADS, 1)
      * the previous block. Operand fences (acc_fence, reg_fence) around every wgmma: the compiler neither
      * moves the making of O's and P's values past the wgmma.fence that publishes them nor reuses their
      * registers before the wait, which would have ptxas serialise the products (its warning C7519). */
-    for (int it = 1; it < nkb; it++) {
+    const int nvis = nkb - kb_lo; /* key blocks visited */
+    for (int it = 1; it < nvis; it++) {
         const int sp = st, pp = ph; /* the previous block's stage: its V goes with p */
         if (++st == STAGES) st = 0, ph ^= 1;
         mbar_wait(&kfull[st], ph);
@@ -282,7 +310,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         wg_wait<1>(); /* S is in; P V may still run */
         acc_fence(s);
         if (t == 0) mbar_arrive(&kempty[st]);
+        if (CAP) softcap<BN>(s, a.cap, a.cap_arg);
         if ((nkb - it) * BN - 1 > m0) mask<BN>(s, (nkb - 1 - it) * BN, row, lane); /* keys past the block's first row */
+        if (STARTS && (nkb - 1 - it) * BN < smax) mask_starts<BN>(s, (nkb - 1 - it) * BN, st_row, lane);
         softmax<BN>(s, m, l, alpha, a.scale_log2);
         wg_wait<0>();
         acc_fence(o);
@@ -643,23 +673,37 @@ int tmap(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *m, const void *p
                : -1;
 }
 
+template <int D, bool STARTS, bool CAP>
+int fwd_launch(cudaStream_t st, const CUtensorMap &mq, const CUtensorMap &mk, const CUtensorMap &mv, const fwd_args &a,
+               long long blocks)
+{
+    constexpr int smem = fcfg<D>::SMEM;
+    if (cudaFuncSetAttribute(fwd_kernel<D, STARTS, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        return MT_CUATTN_ECONFIG;
+    }
+    fwd_kernel<D, STARTS, CAP><<<(unsigned)blocks, THREADS, smem, st>>>(mq, mk, mv, a);
+    return cudaGetLastError() == cudaSuccess ? MT_CUATTN_OK : MT_CUATTN_ELAUNCH;
+}
+
 template <int D>
 int fwd_run(cudaStream_t st, PFN_cuTensorMapEncodeTiled_v12000 encode, void *out, float *lse, const void *q,
-            const void *k, const void *v, int B, int S, int H, int Hkv, float scale)
+            const void *k, const void *v, const int32_t *starts, int B, int S, int H, int Hkv, float scale, float cap)
 {
     CUtensorMap mq, mk, mv;
     if (tmap(encode, &mq, q, B, S, H, D, BM) || tmap(encode, &mk, k, B, S, Hkv, D, fcfg<D>::BN) ||
         tmap(encode, &mv, v, B, S, Hkv, D, fcfg<D>::BN))
         return MT_CUATTN_EINVAL;
-    constexpr int smem = fcfg<D>::SMEM;
-    if (cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-        cudaGetLastError();
-        return MT_CUATTN_ECONFIG;
-    }
     const int n_mb = (S + BM - 1) / BM;
-    const fwd_args a = {(__nv_bfloat16 *)out, lse, S, H, H / Hkv, n_mb, B * H, scale * 1.4426950408889634f};
-    fwd_kernel<D><<<(unsigned)((long long)n_mb * B * H), THREADS, smem, st>>>(mq, mk, mv, a);
-    return cudaGetLastError() == cudaSuccess ? MT_CUATTN_OK : MT_CUATTN_ELAUNCH;
+    const float log2e = 1.4426950408889634f;
+    const fwd_args a = {(__nv_bfloat16 *)out, lse,   starts,      S, H, H / Hkv, n_mb, B * H,
+                        cap > 0.f ? log2e : scale * log2e, cap, cap > 0.f ? scale / cap : 0.f};
+    const long long blocks = (long long)n_mb * B * H;
+    if (starts) return cap > 0.f ? fwd_launch<D, true, true>(st, mq, mk, mv, a, blocks)
+                                 : fwd_launch<D, true, false>(st, mq, mk, mv, a, blocks);
+    return cap > 0.f ? fwd_launch<D, false, true>(st, mq, mk, mv, a, blocks)
+                     : fwd_launch<D, false, false>(st, mq, mk, mv, a, blocks);
 }
 
 /* The backward's workspace: Dq and lse2 (B, H, Sp) floats, the semaphores (B, H, Sp / BMB) ints, dQ
@@ -747,14 +791,17 @@ extern "C" int mt_cuattn_sm90_device_ok(void)
     return major == 9 && minor == 0;
 }
 
-extern "C" int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const void *q, const void *k,
-                                      const void *v, int B, int S, int H, int Hkv, int D, float scale)
+extern "C" int mt_cuattn_sm90_forward_ex(void *stream, void *out, float *lse, const void *q, const void *k,
+                                         const void *v, const int32_t *starts, int B, int S, int H, int Hkv, int D,
+                                         float scale, float softcap)
 {
     if (B < 0 || S < 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || !(scale > 0.0f) || isinf(scale))
         return MT_CUATTN_EINVAL;
+    if (!(softcap >= 0.f) || isinf(softcap)) return MT_CUATTN_EINVAL;
     if (!out || !lse || !q || !k || !v) return MT_CUATTN_EINVAL;
     if (!mt_cuattn_sm90_head_dim_ok(D)) return MT_CUATTN_EUNSUPPORTED;
-    if (misaligned(out, 16) || misaligned(q, 16) || misaligned(k, 16) || misaligned(v, 16) || misaligned(lse, 4))
+    if (misaligned(out, 16) || misaligned(q, 16) || misaligned(k, 16) || misaligned(v, 16) || misaligned(lse, 4) ||
+        misaligned(starts, 4))
         return MT_CUATTN_EALIGN;
     if ((long long)((S + BM - 1) / BM) * B * H > 0x7fffffffLL) return MT_CUATTN_ETOOBIG;
     if (B == 0 || S == 0) return MT_CUATTN_OK;
@@ -763,11 +810,17 @@ extern "C" int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const
     if (!encode) return MT_CUATTN_EUNSUPPORTED;
     cudaStream_t st = (cudaStream_t)stream;
     switch (D) {
-    case 64: return fwd_run<64>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
-    case 128: return fwd_run<128>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
-    case 192: return fwd_run<192>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
-    default: return fwd_run<256>(st, encode, out, lse, q, k, v, B, S, H, Hkv, scale);
+    case 64: return fwd_run<64>(st, encode, out, lse, q, k, v, starts, B, S, H, Hkv, scale, softcap);
+    case 128: return fwd_run<128>(st, encode, out, lse, q, k, v, starts, B, S, H, Hkv, scale, softcap);
+    case 192: return fwd_run<192>(st, encode, out, lse, q, k, v, starts, B, S, H, Hkv, scale, softcap);
+    default: return fwd_run<256>(st, encode, out, lse, q, k, v, starts, B, S, H, Hkv, scale, softcap);
     }
+}
+
+extern "C" int mt_cuattn_sm90_forward(void *stream, void *out, float *lse, const void *q, const void *k,
+                                      const void *v, int B, int S, int H, int Hkv, int D, float scale)
+{
+    return mt_cuattn_sm90_forward_ex(stream, out, lse, q, k, v, NULL, B, S, H, Hkv, D, scale, 0.0f);
 }
 
 extern "C" size_t mt_cuattn_sm90_workspace_bytes(int B, int S, int H, int Hkv, int D)
