@@ -235,7 +235,7 @@ static void check_cap(shape sh, int dtype, uint64_t s, int docs, float softcap)
     float *r_out = download(gout, nq, dtype), *r_lse = download(glse, nl, MT_CUATTN_FP32);
     compare("forward out", r_out, out, nq, tol, tol_norm);
     compare("forward lse", r_lse, lse, nl, tol_lse, tol_lse);
-    if (bf) { /* the call above runs the Hopper kernel where it can: the mma.sync kernel stays tested there too */
+    if (bf) { /* the mma.sync forward by name: it stays tested on Hopper when the calls above run the Hopper kernel */
         void *mout = alloc_poisoned(nq, elem), *mlse = alloc_poisoned(nl, 4);
         rc = mt_cuattn_forward_mma(NULL, dtype, mout, mlse, gq, gk, gv, gst, B, S, H, Hkv, D, scale, softcap);
         cr_assert_eq(rc, 0, "mma.sync forward: %s", mt_cuattn_strerror(rc));

@@ -67,10 +67,9 @@ const char *mt_cuattn_strerror(int code);
 /* Nonzero when the kernels take head size D. */
 int mt_cuattn_head_dim_ok(int D);
 
-/* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. In bf16
- * on a compute capability 9.0 device, with D 64, 128, 192 or 256, the
- * forward calls (documents and caps included) run the Hopper kernel
- * (mt_cuattn_sm90_forward_ex, below); everywhere else the mma.sync kernels. */
+/* Forward: out and lse from q, k, v. B == 0 or S == 0 is a no-op. The
+ * forward calls run the mma.sync kernels (the Hopper kernel, below, is reached
+ * through its own calls until it has been measured against them). */
 int mt_cuattn_forward(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
                       int B, int S, int H, int Hkv, int D, float scale);
 
@@ -126,8 +125,9 @@ int mt_cuattn_backward_softcap(void *stream, int dtype, void *dq, void *dk, void
  * once, its sums in an order fixed by the shapes. */
 
 /* The forward of mt_cuattn_forward_softcap on the mma.sync (bf16) or CUDA-core
- * (fp32) kernels whatever the device: what the other forward calls run where
- * the Hopper kernel does not. For tests and benchmarks. */
+ * (fp32) kernels whatever the device: what the forward calls run (and will
+ * run where the Hopper kernel does not, once it is their default). For tests
+ * and benchmarks. */
 int mt_cuattn_forward_mma(void *stream, int dtype, void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int S, int H, int Hkv, int D, float scale, float softcap);
 /* Nonzero when the Hopper forward takes head size D (64, 128, 192, 256). */
