@@ -59,13 +59,6 @@ struct fwd_args {
     float cap, cap_arg;    /* the soft cap and scale / cap (CAP) */
 };
 
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -74,6 +67,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 
 #ifdef MT_SM90A
 using namespace mt_sm90;
+
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 /* The max over the 4 threads of a row (lanes 4 r .. 4 r + 3) */
 __device__ __forceinline__ float quad_max(float x)
@@ -388,7 +388,7 @@ struct bwd_args {
     float *dqacc;          /* (B, H, Sp, D) */
     const float *lse2, *Dq; /* (B, H, Sp) */
     int *sem;              /* (B, H, Sp / BMB) */
-    int B, S, Sp, H, Hkv, group, n_nb;
+    int B, S, Sp, H, Hkv, group;
     float scale, scale_log2;
 };
 
@@ -749,7 +749,7 @@ int bwd_run(cudaStream_t st, PFN_cuTensorMapEncodeTiled_v12000 encode, void *dq,
     if (cudaGetLastError() != cudaSuccess) return MT_CUATTN_ELAUNCH;
     const int n_nb = (S + BNB - 1) / BNB;
     const bwd_args a = {(__nv_bfloat16 *)dk, (__nv_bfloat16 *)dv, dqacc, lse2, Dq, sem, B, S, Sp, H, Hkv, H / Hkv,
-                        n_nb, scale, scale * 1.4426950408889634f};
+                        scale, scale * 1.4426950408889634f};
     bwd_kernel<D><<<(unsigned)((long long)n_nb * B * Hkv), THREADS, smem, st>>>(mq, mk, mv, mdo, a);
     if (cudaGetLastError() != cudaSuccess) return MT_CUATTN_ELAUNCH;
     const size_t n8 = (size_t)B * S * H * D / 8;
@@ -759,19 +759,6 @@ int bwd_run(cudaStream_t st, PFN_cuTensorMapEncodeTiled_v12000 encode, void *dq,
 
 bool misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 0; }
 
-/* cuTensorMapEncodeTiled from the driver, NULL where it has none */
-PFN_cuTensorMapEncodeTiled_v12000 encoder()
-{
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult qr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr) !=
-            cudaSuccess ||
-        qr != cudaDriverEntryPointSuccess || !fn) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
-}
 
 } // namespace
 
@@ -806,7 +793,7 @@ extern "C" int mt_cuattn_sm90_forward_ex(void *stream, void *out, float *lse, co
     if ((long long)((S + BM - 1) / BM) * B * H > 0x7fffffffLL) return MT_CUATTN_ETOOBIG;
     if (B == 0 || S == 0) return MT_CUATTN_OK;
     if (!mt_cuattn_sm90_device_ok()) return MT_CUATTN_EUNSUPPORTED;
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = mt_sm90_tensor_map_encoder();
     if (!encode) return MT_CUATTN_EUNSUPPORTED;
     cudaStream_t st = (cudaStream_t)stream;
     switch (D) {
@@ -848,7 +835,7 @@ extern "C" int mt_cuattn_sm90_backward(void *stream, void *dq, void *dk, void *d
     if (!workspace || misaligned(workspace, 256) || workspace_bytes < mt_cuattn_sm90_workspace_bytes(B, S, H, Hkv, D))
         return MT_CUATTN_EWORKSPACE;
     if (!mt_cuattn_sm90_device_ok()) return MT_CUATTN_EUNSUPPORTED;
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = mt_sm90_tensor_map_encoder();
     if (!encode) return MT_CUATTN_EUNSUPPORTED;
     cudaStream_t st = (cudaStream_t)stream;
     return D == 64 ? bwd_run<64>(st, encode, dq, dk, dv, dout, out, lse, q, k, v, B, S, H, Hkv, scale, workspace)

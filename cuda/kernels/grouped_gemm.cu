@@ -307,10 +307,8 @@ extern "C" mt_cu_gg *mt_cu_gg_create(char *why, size_t why_len)
         if (why) snprintf(why, why_len, "grouped GEMMs: compute capability %d.%d, not 9.0", major, minor);
         return NULL;
     }
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = mt_sm90_tensor_map_encoder();
+    if (!encode) {
         if (why) snprintf(why, why_len, "grouped GEMMs: the driver has no cuTensorMapEncodeTiled");
         return NULL;
     }
@@ -319,7 +317,7 @@ extern "C" mt_cu_gg *mt_cu_gg_create(char *why, size_t why_len)
         if (why) snprintf(why, why_len, "grouped GEMMs: out of host memory");
         return NULL;
     }
-    g->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    g->encode = encode;
     g->n_sm = n_sm;
     return g;
 }

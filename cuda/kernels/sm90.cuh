@@ -21,7 +21,24 @@
 #define MT_CUDA_SM90_CUH
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
+
+/* The driver's cuTensorMapEncodeTiled (host code), which the tensor maps of the bulk tensor copies are made
+ * with; NULL where the driver has none. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 mt_sm90_tensor_map_encoder(void)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr) !=
+            cudaSuccess ||
+        qr != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_SM90A 1
